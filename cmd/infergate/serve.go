@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/policies"
+)
+
+type serveConfig struct {
+	policy       string
+	extprocAddr  string
+	xdsAddr      string
+	metricsAddr  string
+	redisAddr    string
+	logLevel     string
+	drainTimeout time.Duration
+}
+
+func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
+	var cfg serveConfig
+	fs := newFlagSet("serve", stderr)
+	fs.StringVar(&cfg.policy, "policy", "", "policy YAML file (required); reloaded when it changes")
+	fs.StringVar(&cfg.extprocAddr, "extproc-addr", ":9002", "ext_proc gRPC listen address (with the gRPC health service)")
+	fs.StringVar(&cfg.xdsAddr, "xds-addr", ":18000", "xDS (ADS) gRPC listen address; empty disables it")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", ":9090", "Prometheus /metrics and /healthz listen address; empty disables it")
+	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis address for tenant quotas (host:port)")
+	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.policy == "" {
+		fmt.Fprintln(stderr, "infergate serve: --policy is required")
+		return 2
+	}
+	log, err := newLogger(stderr, cfg.logLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, "infergate serve:", err)
+		return 2
+	}
+	if err := serve(ctx, cfg, log); err != nil {
+		var inv *policies.InvalidError
+		if errors.As(err, &inv) {
+			for _, p := range inv.Problems {
+				fmt.Fprintln(stderr, p.String())
+			}
+		}
+		log.Error("infergate stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
+	store, err := policies.NewStore(cfg.policy, log)
+	if err != nil {
+		return err
+	}
+	log.Info("policy loaded", "path", cfg.policy, "version", store.Current().Version)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerPolicyMetrics(reg, store)
+	metrics := extproc.NewMetrics(reg)
+
+	if cfg.redisAddr != "" {
+		log.Warn("tenant quotas are not enforced by this build; --redis-addr is ignored", "redis_addr", cfg.redisAddr)
+	}
+
+	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log})
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	health := srv.Register(gs)
+
+	lis, err := net.Listen("tcp", cfg.extprocAddr)
+	if err != nil {
+		return fmt.Errorf("listen ext_proc on %s: %w", cfg.extprocAddr, err)
+	}
+	log.Info("ext_proc listening", "addr", lis.Addr().String())
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 4)
+	go func() { errc <- gs.Serve(lis) }()
+
+	var metricsSrv *http.Server
+	if cfg.metricsAddr != "" {
+		mlis, err := net.Listen("tcp", cfg.metricsAddr)
+		if err != nil {
+			gs.Stop()
+			return fmt.Errorf("listen metrics on %s: %w", cfg.metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		log.Info("metrics listening", "addr", mlis.Addr().String())
+		go func() {
+			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics server: %w", err)
+			}
+		}()
+	}
+	if cfg.xdsAddr != "" {
+		log.Warn("the xDS control plane is not part of this build yet; --xds-addr is ignored", "xds_addr", cfg.xdsAddr)
+	}
+
+	go func() {
+		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
+			log.Error("policy watch stopped; reload with SIGHUP", "err", err)
+		}
+	}()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	for {
+		select {
+		case <-hup:
+			_ = store.Reload()
+			continue
+		case err := <-errc:
+			gs.Stop()
+			return err
+		case <-ctx.Done():
+		}
+		break
+	}
+
+	// Drain: tell health checkers we are going away, let open streams (requests in flight) finish, then stop.
+	log.Info("draining", "timeout", cfg.drainTimeout.String())
+	for _, name := range extproc.HealthServices {
+		health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(cfg.drainTimeout):
+		log.Warn("drain timeout; closing open streams")
+		gs.Stop()
+		<-done
+	}
+	if metricsSrv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		_ = metricsSrv.Shutdown(sctx)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// registerPolicyMetrics exposes reload results, so an alert can fire when a bad policy is being refused and
+// the fleet is running on an older one.
+func registerPolicyMetrics(reg prometheus.Registerer, store *policies.Store) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "infergate_policy_reloads_total", Help: "Policy reload attempts, by result (ok, rejected).",
+			ConstLabels: prometheus.Labels{"result": "ok"},
+		}, func() float64 { ok, _, _ := store.ReloadStats(); return float64(ok) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "infergate_policy_reloads_total", Help: "Policy reload attempts, by result (ok, rejected).",
+			ConstLabels: prometheus.Labels{"result": "rejected"},
+		}, func() float64 { _, failed, _ := store.ReloadStats(); return float64(failed) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_policy_last_reload_success",
+			Help: "1 if the last policy load succeeded, 0 if the last attempt was rejected and an older policy is live.",
+		}, func() float64 {
+			if _, _, ok := store.ReloadStats(); ok {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_policy_loaded_timestamp_seconds",
+			Help: "When the live policy was loaded (Unix seconds).",
+		}, func() float64 { return float64(store.Current().LoadedAt.Unix()) }),
+	)
+}

@@ -1,0 +1,496 @@
+package extproc
+
+import (
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+)
+
+// Header names of the routing contract (see the architecture document).
+const (
+	HeaderDestination = "x-gateway-destination-endpoint"
+	HeaderModel       = "x-infergate-model"
+	HeaderPool        = "x-infergate-pool"
+	HeaderTenant      = "x-infergate-tenant"
+	HeaderRequestID   = "x-request-id"
+	// MetadataNamespace is where Envoy's override_host policy reads the destination from dynamic metadata.
+	MetadataNamespace = "envoy.lb"
+)
+
+// streamChunkBytes is the size of streamed_response chunks sent back in FULL_DUPLEX_STREAMED mode; Envoy
+// recommends at most 64 KiB per chunk, and the reference endpoint picker uses 62,000 bytes.
+const streamChunkBytes = 62000
+
+// maxResponseBodyBytes bounds how much of a non-streaming response is held to read its usage.
+const maxResponseBodyBytes = 16 << 20
+
+type bodyMode = filterv3.ProcessingMode_BodySendMode
+
+// requestState follows one HTTP request through its ext_proc stream. It is used by one goroutine.
+type requestState struct {
+	srv *Server
+	ctx context.Context
+
+	seenFirst bool
+	reqMode   bodyMode
+	respMode  bodyMode
+	finished  bool // an immediate response was sent
+
+	// request path
+	started   time.Time
+	snap      *policies.Snapshot
+	tenant    *policies.Tenant
+	endpoint  openai.Endpoint
+	requestID string
+	hadReqID  bool
+	strip     []string // client-supplied routing headers to remove
+	body      []byte
+	limit     int64
+	decided   bool
+
+	// routing decision
+	model    *policies.Model
+	decision picker.Decision
+	req      openai.Request
+	injected bool // we turned on stream_options.include_usage
+
+	// response path
+	upstreamStatus int
+	sse            *openai.SSEScanner
+	respBody       []byte
+	respTooBig     bool
+	settled        bool
+}
+
+func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }
+
+// handle answers one message from Envoy; it may return zero, one or several responses.
+func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+	if !rs.seenFirst {
+		rs.seenFirst = true
+		rs.reqMode, rs.respMode = filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE
+		if pc := msg.GetProtocolConfig(); pc != nil {
+			rs.reqMode, rs.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+	}
+	switch r := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return rs.requestHeaders(r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return rs.requestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return rs.requestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return rs.responseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return rs.responseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return rs.responseTrailers()
+	}
+	return nil
+}
+
+// reject ends the request with an OpenAI-shaped error.
+func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse {
+	rs.finished = true
+	rs.srv.opts.Metrics.Requests.WithLabelValues(e.Code).Inc()
+	rs.log().Debug("request rejected", "request_id", rs.requestID, "status", e.Status, "code", e.Code,
+		"tenant", tenantName(rs.tenant))
+	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code))
+}
+
+func tenantName(t *policies.Tenant) string {
+	if t == nil {
+		return ""
+	}
+	return t.Name
+}
+
+func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	rs.started = time.Now()
+	rs.snap = rs.srv.opts.Policies.Current()
+	gw := rs.snap.Gateway()
+	rs.limit = gw.MaxRequestBodyBytes
+	var method, path, auth, contentLength string
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		key := hv.GetKey()
+		switch {
+		case key == ":method":
+			method = headerValue(hv)
+		case key == ":path":
+			path = headerValue(hv)
+		case key == "authorization":
+			auth = headerValue(hv)
+		case key == "content-length":
+			contentLength = headerValue(hv)
+		case key == HeaderRequestID:
+			rs.requestID, rs.hadReqID = headerValue(hv), true
+		case strings.HasPrefix(key, "x-gateway-") || strings.HasPrefix(key, "x-infergate-"):
+			rs.strip = append(rs.strip, key)
+		}
+	}
+	if rs.requestID == "" {
+		rs.requestID, rs.hadReqID = rand.Text(), false
+	}
+	rs.endpoint = openai.EndpointForPath(path)
+	if rs.endpoint == openai.EndpointNone {
+		return rs.reject(openai.NotFound(method, path))
+	}
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		key, ok = strings.CutPrefix(auth, "bearer ")
+	}
+	key = strings.TrimSpace(key)
+	if !ok || key == "" {
+		return rs.reject(openai.InvalidAPIKey(true))
+	}
+	if rs.tenant, ok = rs.snap.TenantForKey(key); !ok {
+		return rs.reject(openai.InvalidAPIKey(false))
+	}
+	if rs.endpoint == openai.EndpointModels {
+		if method != http.MethodGet {
+			return rs.reject(openai.MethodNotAllowed(method, path))
+		}
+		rs.finished = true
+		rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
+		return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, ""))
+	}
+	if method != http.MethodPost {
+		return rs.reject(openai.MethodNotAllowed(method, path))
+	}
+	if h.GetEndOfStream() {
+		return rs.reject(openai.BadRequest("", "The request has no body; send a JSON object."))
+	}
+	if contentLength != "" {
+		n, err := strconv.ParseInt(contentLength, 10, 64)
+		if err == nil && n > rs.limit {
+			return rs.reject(openai.BodyTooLarge(rs.limit))
+		}
+		if err == nil && n > 0 {
+			rs.body = make([]byte, 0, n)
+		}
+	}
+	switch rs.reqMode {
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// Envoy sends the body only after this answer; the routing headers follow in the body answer.
+		return one(headersResponse(rs.headerMutation(nil), false, nil))
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		return nil // answered once the whole body has been read
+	default:
+		return rs.reject(openai.Internal(
+			"The gateway is misconfigured: ext_proc request body mode %s cannot carry the body to route on; use BUFFERED or FULL_DUPLEX_STREAMED.",
+			rs.reqMode))
+	}
+}
+
+func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+	if rs.decided {
+		// FULL_DUPLEX_STREAMED data after the decision (only possible if Envoy sent trailers first); drop it.
+		return nil
+	}
+	if int64(len(rs.body))+int64(len(b.GetBody())) > rs.limit {
+		return rs.reject(openai.BodyTooLarge(rs.limit))
+	}
+	rs.body = append(rs.body, b.GetBody()...)
+	switch rs.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if !b.GetEndOfStream() {
+			return nil
+		}
+		return rs.decideStreamed(true)
+	case filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		if !b.GetEndOfStream() {
+			// Envoy sent what fit in its buffer, not the whole body: we cannot route on a partial prompt.
+			return rs.reject(openai.BodyTooLarge(int64(len(rs.body))))
+		}
+	}
+	return rs.decideBuffered()
+}
+
+func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
+	if rs.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !rs.decided {
+		out := rs.decideStreamed(true)
+		if rs.finished {
+			return out
+		}
+		return append(out, &extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	return one(&extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// decide parses the body, resolves the model, checks the tenant's permission and picks the endpoints. It
+// returns the body to forward (rewritten when needed) or an error to send back.
+func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
+	req, err := openai.ParseRequest(rs.endpoint, rs.body)
+	if err != nil {
+		return nil, false, asOpenAIError(err)
+	}
+	rs.req = req
+	model, ok := rs.snap.Model(req.Model)
+	if !ok {
+		return nil, false, openai.ModelNotFound(req.Model)
+	}
+	if !rs.snap.Allows(rs.tenant, model) {
+		return nil, false, openai.ModelForbidden(req.Model)
+	}
+	rs.model = model
+	dec, err := rs.srv.opts.Picker.Pick(rs.snap, model, &rs.req)
+	if err != nil {
+		return nil, false, asOpenAIError(err)
+	}
+	rs.decision = dec
+	body := rs.body
+	rename := ""
+	if dec.Pool.ServedModel != req.Model {
+		rename = dec.Pool.ServedModel
+	}
+	rs.injected = req.Stream && !req.IncludeUsage && rs.endpoint != openai.EndpointEmbeddings
+	changed := rename != "" || rs.injected
+	if changed {
+		if body, err = openai.Rewrite(body, rename, rs.injected); err != nil {
+			return nil, false, openai.Internal("The gateway could not rewrite the request body.")
+		}
+	}
+	rs.decided = true
+	rs.srv.opts.InFlight.Start(dec.Endpoints[0])
+	m := rs.srv.opts.Metrics
+	m.InFlight.Inc()
+	m.Requests.WithLabelValues("routed").Inc()
+	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(time.Since(rs.started).Seconds())
+	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", model.Name,
+		"pool", dec.Pool.Name, "endpoints", dec.Endpoints, "stream", req.Stream)
+	return body, changed, nil
+}
+
+func asOpenAIError(err error) *openai.Error {
+	if e, ok := err.(*openai.Error); ok {
+		return e
+	}
+	return openai.Internal("The gateway failed to route the request.")
+}
+
+// decideBuffered answers the single BUFFERED body message: routing headers, metadata and the possibly
+// rewritten body travel together in the body response, with clear_route_cache so Envoy re-matches the route.
+func (rs *requestState) decideBuffered() []*extprocv3.ProcessingResponse {
+	body, changed, e := rs.decide()
+	if e != nil {
+		return rs.reject(e)
+	}
+	hm := rs.routingMutation()
+	cr := &extprocv3.CommonResponse{HeaderMutation: hm, ClearRouteCache: true}
+	if changed {
+		// Envoy keeps content-length in BUFFERED mode and refuses a body whose length differs; the header
+		// mutation in the same response is applied first.
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+		cr.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+	}
+	return one(&extprocv3.ProcessingResponse{
+		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}},
+		DynamicMetadata: rs.metadata(),
+	})
+}
+
+// decideStreamed answers FULL_DUPLEX_STREAMED once the body is complete: the deferred headers response with
+// the routing decision, then the body as streamed_response chunks.
+func (rs *requestState) decideStreamed(endOfStream bool) []*extprocv3.ProcessingResponse {
+	body, _, e := rs.decide()
+	if e != nil {
+		return rs.reject(e)
+	}
+	hm := rs.headerMutation(rs.routingMutation().SetHeaders)
+	hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+	out := make([]*extprocv3.ProcessingResponse, 0, 2+len(body)/streamChunkBytes)
+	out = append(out, headersResponse(hm, true, rs.metadata()))
+	return append(out, streamedBody(body, endOfStream, true)...)
+}
+
+// routingMutation sets the contract headers for the decision.
+func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+		setHeader(HeaderDestination, strings.Join(rs.decision.Endpoints, ",")),
+		setHeader(HeaderModel, rs.model.Name),
+		setHeader(HeaderPool, rs.decision.Pool.Name),
+	}}
+	if rs.snap.Gateway().TenantHeader {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderTenant, rs.tenant.Name))
+	}
+	if !rs.hadReqID {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderRequestID, rs.requestID))
+	}
+	return hm
+}
+
+// headerMutation removes forged routing headers and the client's API key, and adds set.
+func (rs *requestState) headerMutation(set []*corev3.HeaderValueOption) *extprocv3.HeaderMutation {
+	remove := make([]string, 0, len(rs.strip)+1)
+	remove = append(remove, "authorization")
+	for _, name := range rs.strip {
+		if !setsHeader(set, name) {
+			remove = append(remove, name)
+		}
+	}
+	return &extprocv3.HeaderMutation{RemoveHeaders: remove, SetHeaders: set}
+}
+
+func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
+	for _, h := range set {
+		if h.GetHeader().GetKey() == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (rs *requestState) metadata() *structpbStruct {
+	return lbMetadata(strings.Join(rs.decision.Endpoints, ","))
+}
+
+// ---- response path ----
+
+func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":status" {
+			rs.upstreamStatus, _ = strconv.Atoi(headerValue(hv))
+		}
+	}
+	var hm *extprocv3.HeaderMutation
+	if rs.decided && rs.req.Stream {
+		rs.sse = &openai.SSEScanner{DropUsageChunk: rs.injected}
+		if rs.injected {
+			// We may shorten the stream by the usage event we asked for.
+			hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
+		}
+	}
+	resp := responseHeadersResponse(hm)
+	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
+		rs.settle(false)
+	}
+	return one(resp)
+}
+
+func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+	chunk, end := b.GetBody(), b.GetEndOfStream()
+	out := chunk
+	if rs.sse != nil {
+		out = rs.sse.Process(chunk, end)
+	} else if rs.decided && !rs.respTooBig {
+		if len(rs.respBody)+len(chunk) > maxResponseBodyBytes {
+			rs.respTooBig, rs.respBody = true, nil
+		} else {
+			rs.respBody = append(rs.respBody, chunk...)
+		}
+	}
+	if end {
+		rs.settle(false)
+	}
+	switch rs.respMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if len(out) == 0 && !end {
+			return nil
+		}
+		return streamedBody(out, end, false)
+	default:
+		var mut *extprocv3.BodyMutation
+		if rs.sse != nil && rs.sse.DropUsageChunk && !sameBytes(out, chunk) {
+			if len(out) == 0 {
+				mut = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_ClearBody{ClearBody: true}}
+			} else {
+				mut = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+			}
+		}
+		return one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: mut}}}})
+	}
+}
+
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0] || string(a) == string(b))
+}
+
+func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
+	var out []*extprocv3.ProcessingResponse
+	if rs.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && rs.sse != nil && !rs.settled {
+		// The body ended with trailers: flush anything held back, then close the body.
+		out = append(out, streamedBody(rs.sse.Process(nil, true), true, false)...)
+	}
+	rs.settle(false)
+	return append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// settle accounts for the request once: usage from the engine when it reported it, otherwise an estimate.
+func (rs *requestState) settle(aborted bool) {
+	if !rs.decided || rs.settled {
+		return
+	}
+	rs.settled = true
+	opts := rs.srv.opts
+	endpoint := rs.decision.Endpoints[0]
+	opts.InFlight.Done(endpoint)
+	opts.Metrics.InFlight.Dec()
+
+	var usage openai.Usage
+	var reported bool
+	switch {
+	case rs.sse != nil:
+		usage, reported = rs.sse.Usage()
+	case rs.respBody != nil:
+		usage, reported = openai.UsageFromJSON(rs.respBody)
+	}
+	result := "completed"
+	switch {
+	case aborted:
+		result = "aborted"
+	case rs.upstreamStatus >= 400 || rs.upstreamStatus == 0:
+		result = "upstream_error"
+	}
+	if !reported {
+		reason := result
+		if result == "completed" {
+			reason = "no_usage_in_response"
+		}
+		opts.Metrics.UsageEstimated.WithLabelValues(reason).Inc()
+		if result != "upstream_error" {
+			// Charge the prompt we sent; output is unknown, so count none rather than guess high.
+			usage = openai.Usage{PromptTokens: int64(rs.req.EstimatePromptTokens())}
+		}
+	}
+	pricing := rs.model.Pricing
+	cost := (float64(usage.PromptTokens)*pricing.InputPerMTok + float64(usage.CompletionTokens)*pricing.OutputPerMTok) / 1e6
+	tenant, model := rs.tenant.Name, rs.model.Name
+	opts.Metrics.Responses.WithLabelValues(result).Inc()
+	opts.Metrics.Tokens.WithLabelValues(tenant, model, "prompt").Add(float64(usage.PromptTokens))
+	opts.Metrics.Tokens.WithLabelValues(tenant, model, "completion").Add(float64(usage.CompletionTokens))
+	opts.Metrics.Tokens.WithLabelValues(tenant, model, "cached").Add(float64(usage.CachedTokens))
+	opts.Metrics.CostUSD.WithLabelValues(tenant, model).Add(cost)
+	st := Settlement{
+		RequestID: rs.requestID, Tenant: tenant, Model: model, Pool: rs.decision.Pool.Name, Endpoint: endpoint,
+		Status: rs.upstreamStatus, Result: result, Usage: usage, Reported: reported, CostUSD: cost, Started: rs.started,
+	}
+	rs.log().Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model,
+		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
+		"cached_tokens", usage.CachedTokens, "usage_reported", reported)
+	if opts.OnSettle != nil {
+		opts.OnSettle(st)
+	}
+}
+
+// close runs when the stream ends for any reason: a request that was routed but never saw the end of its
+// response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
+func (rs *requestState) close() {
+	rs.settle(true)
+}

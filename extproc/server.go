@@ -1,0 +1,130 @@
+// Package extproc is the per-request stage of infergate: an Envoy ext_proc server that reads each OpenAI-style
+// request, identifies the tenant, picks model, pool and replica, and answers Envoy with routing headers and
+// envoy.lb metadata or with an OpenAI-shaped error; on the way back it settles token usage.
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+)
+
+// Settlement is the final account of one routed request, handed to the quota and billing stages exactly once.
+type Settlement struct {
+	RequestID string
+	Tenant    string
+	Model     string
+	Pool      string
+	Endpoint  string
+	Status    int    // upstream HTTP status; 0 when the response never started
+	Result    string // completed, upstream_error or aborted
+	Usage     openai.Usage
+	Reported  bool // Usage came from the engine rather than an estimate
+	CostUSD   float64
+	Started   time.Time
+}
+
+// Options wires a Server to the other stages.
+type Options struct {
+	Policies *policies.Store
+	Picker   picker.Picker // default: least in-flight over InFlight
+	InFlight *fleet.InFlight
+	Metrics  *Metrics
+	Logger   *slog.Logger
+	// OnSettle, when set, receives every Settlement (quota settle, audit); it must not block for long.
+	OnSettle func(Settlement)
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessor.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	opts Options
+}
+
+// New builds a Server; Policies is required, everything else has a default.
+func New(opts Options) *Server {
+	if opts.InFlight == nil {
+		opts.InFlight = &fleet.InFlight{}
+	}
+	if opts.Picker == nil {
+		opts.Picker = &picker.LeastInFlight{InFlight: opts.InFlight}
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(nil)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{opts: opts}
+}
+
+// HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.
+var HealthServices = []string{"", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"}
+
+// Register adds the processor and a health server reporting SERVING on every HealthServices name to g. The
+// returned health server lets the caller report NOT_SERVING while draining.
+func (s *Server) Register(g *grpc.Server) *health.Server {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	hs := health.NewServer()
+	for _, name := range HealthServices {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(g, hs)
+	return hs
+}
+
+// MaxMessageBytes is the gRPC receive limit the server needs: a BUFFERED body arrives in one message, and the
+// largest body a policy may allow is 64 MiB, plus room for headers.
+const MaxMessageBytes = 64<<20 + 1<<20
+
+// ServerOptions are the gRPC options the ext_proc listener should use.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// A BUFFERED body arrives as one message; grpc-go's 4 MiB default would fail large prompts.
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		// Envoy multiplexes one stream per HTTP request on few connections; do not cap streams at 100.
+		grpc.MaxConcurrentStreams(1 << 20),
+	}
+}
+
+// Process handles one HTTP request's ext_proc stream, from request headers to the end of the response.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	m := s.opts.Metrics
+	m.ActiveStreams.Inc()
+	defer m.ActiveStreams.Dec()
+	rs := &requestState{srv: s, ctx: stream.Context()}
+	defer rs.close()
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		out := rs.handle(msg)
+		for _, resp := range out {
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+		if rs.finished {
+			// An immediate response ends processing; closing the stream with OK tells Envoy we are done.
+			return nil
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package policies
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
+)
+
+// Snapshot is a validated, compiled policy. It is immutable once built: the request path reads it without
+// locks and a reload swaps the whole pointer, so one request always sees one consistent policy.
+type Snapshot struct {
+	// Policy is the document as loaded, with defaults filled in. Treat it as read-only.
+	Policy *Policy
+	// Source is the file the policy came from; Version is a short content hash that names this policy in logs.
+	Source   string
+	Version  string
+	LoadedAt time.Time
+
+	gateway     Gateway
+	models      map[string]*Model // canonical names and aliases
+	tenantByKey map[[sha256.Size]byte]*Tenant
+	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
+}
+
+func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
+	s := &Snapshot{
+		Policy:      pol,
+		Source:      source,
+		Version:     version,
+		LoadedAt:    now,
+		gateway:     pol.Spec.Gateway,
+		models:      map[string]*Model{},
+		tenantByKey: map[[sha256.Size]byte]*Tenant{},
+		allowed:     map[*Tenant]map[*Model]bool{},
+	}
+	if s.gateway.MaxRequestBodyBytes == 0 {
+		s.gateway.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
+	}
+	if s.gateway.MaxEndpointsPerDecision == 0 {
+		s.gateway.MaxEndpointsPerDecision = DefaultMaxEndpointsPerDecision
+	}
+	if s.gateway.DefaultMaxTokens == 0 {
+		s.gateway.DefaultMaxTokens = DefaultMaxTokens
+	}
+	pol.Spec.Gateway = s.gateway
+	for i := range pol.Spec.Models {
+		m := &pol.Spec.Models[i]
+		for j := range m.Pools {
+			if m.Pools[j].ServedModel == "" {
+				m.Pools[j].ServedModel = m.Name
+			}
+		}
+		s.models[m.Name] = m
+		for _, a := range m.Aliases {
+			s.models[a] = m
+		}
+	}
+	for i := range pol.Spec.Tenants {
+		t := &pol.Spec.Tenants[i]
+		for _, k := range t.APIKeys {
+			var d [sha256.Size]byte
+			raw, _ := hex.DecodeString(strings.TrimPrefix(k, "sha256:")) // validated already
+			copy(d[:], raw)
+			s.tenantByKey[d] = t
+		}
+		var set map[*Model]bool
+		for _, name := range t.Models {
+			if name == "*" {
+				set = nil
+				break
+			}
+			if set == nil {
+				set = map[*Model]bool{}
+			}
+			set[s.models[name]] = true
+		}
+		s.allowed[t] = set
+	}
+	return s
+}
+
+// Gateway returns the gateway limits with defaults applied.
+func (s *Snapshot) Gateway() Gateway { return s.gateway }
+
+// Model resolves a client-supplied model name or alias to its canonical model.
+func (s *Snapshot) Model(name string) (*Model, bool) {
+	m, ok := s.models[name]
+	return m, ok
+}
+
+// TenantForKey finds the tenant owning a plaintext bearer key by its sha256 digest, so the policy never needs
+// to hold keys in the clear.
+func (s *Snapshot) TenantForKey(key string) (*Tenant, bool) {
+	t, ok := s.tenantByKey[sha256.Sum256([]byte(key))]
+	return t, ok
+}
+
+// Allows reports whether a tenant may call a model.
+func (s *Snapshot) Allows(t *Tenant, m *Model) bool {
+	set, ok := s.allowed[t]
+	if !ok {
+		return false
+	}
+	return set == nil || set[m]
+}
+
+// ModelsFor lists the canonical models a tenant may call, in policy order, for GET /v1/models.
+func (s *Snapshot) ModelsFor(t *Tenant) []*Model {
+	var out []*Model
+	for i := range s.Policy.Spec.Models {
+		m := &s.Policy.Spec.Models[i]
+		if s.Allows(t, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// HashKey returns the policy form ("sha256:<hex>") of a plaintext API key.
+func HashKey(key string) string {
+	d := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(d[:])
+}

@@ -1,0 +1,124 @@
+// Package policies holds the platform team's routing policy: the YAML they write, its strict loader with
+// file:line errors, the immutable snapshot the request path reads, and hot reload that keeps the last good one.
+package policies
+
+// APIVersion is the only policy schema version this build understands; a different value is refused so that a
+// future, incompatible file is never half-read.
+const APIVersion = "infergate.io/v1alpha1"
+
+// Kind is the document kind a policy file must declare.
+const Kind = "Policy"
+
+// Policy is one policy document exactly as written in YAML. The request path never reads it directly: it reads
+// the compiled Snapshot, so lookups are maps rather than scans.
+type Policy struct {
+	APIVersion string    `yaml:"apiVersion" json:"apiVersion" jsonschema:"enum=infergate.io/v1alpha1"`
+	Kind       string    `yaml:"kind" json:"kind" jsonschema:"enum=Policy"`
+	Metadata   *Metadata `yaml:"metadata,omitempty" json:"metadata,omitempty"`
+	Spec       Spec      `yaml:"spec" json:"spec"`
+}
+
+// Metadata names a policy so that logs and metrics can say which one is live.
+type Metadata struct {
+	Name string `yaml:"name,omitempty" json:"name,omitempty"`
+}
+
+// Spec is the body of a policy: gateway limits, hardware, models with their pools, and tenants.
+type Spec struct {
+	Gateway         Gateway                  `yaml:"gateway,omitempty" json:"gateway,omitempty"`
+	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
+	Models          []Model                  `yaml:"models" json:"models"`
+	Tenants         []Tenant                 `yaml:"tenants" json:"tenants"`
+}
+
+// Gateway holds request-path limits that apply to every tenant. Zero values take the defaults below, so a
+// minimal policy stays short.
+type Gateway struct {
+	// MaxRequestBodyBytes bounds what the processor buffers per request; larger bodies get a 413.
+	MaxRequestBodyBytes int64 `yaml:"maxRequestBodyBytes,omitempty" json:"maxRequestBodyBytes,omitempty" jsonschema:"minimum=1024"`
+	// MaxEndpointsPerDecision bounds the x-gateway-destination-endpoint list (chosen endpoint plus retry fallbacks).
+	MaxEndpointsPerDecision int `yaml:"maxEndpointsPerDecision,omitempty" json:"maxEndpointsPerDecision,omitempty" jsonschema:"minimum=1,maximum=16"`
+	// DefaultMaxTokens is the output-token estimate for requests that set no max_tokens.
+	DefaultMaxTokens int `yaml:"defaultMaxTokens,omitempty" json:"defaultMaxTokens,omitempty" jsonschema:"minimum=1"`
+	// TenantHeader, when true, passes x-infergate-tenant upstream so replicas can log who asked.
+	TenantHeader bool `yaml:"tenantHeader,omitempty" json:"tenantHeader,omitempty"`
+}
+
+// Defaults for Gateway fields left at zero.
+const (
+	DefaultMaxRequestBodyBytes     = 4 << 20
+	DefaultMaxEndpointsPerDecision = 3
+	DefaultMaxTokens               = 256
+)
+
+// HardwareClass describes one GPU type; its speeds feed routing and capacity weights, its price feeds cost.
+type HardwareClass struct {
+	CostPerHour            float64 `yaml:"costPerHour" json:"costPerHour" jsonschema:"minimum=0"`
+	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond" json:"prefillTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
+	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond" json:"decodeTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
+}
+
+// Model is one model as clients name it, with the pools that serve it and the managed APIs behind them.
+type Model struct {
+	Name      string     `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	Aliases   []string   `yaml:"aliases,omitempty" json:"aliases,omitempty"`
+	Pricing   Pricing    `yaml:"pricing,omitempty" json:"pricing,omitempty"`
+	Pools     []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
+	Fallbacks []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
+}
+
+// Pricing is what a tenant is charged, per million tokens, in USD.
+type Pricing struct {
+	InputPerMTok  float64 `yaml:"inputPerMTok,omitempty" json:"inputPerMTok,omitempty" jsonschema:"minimum=0"`
+	OutputPerMTok float64 `yaml:"outputPerMTok,omitempty" json:"outputPerMTok,omitempty" jsonschema:"minimum=0"`
+}
+
+// Engines the pools may run; the engine decides the metrics dialect that is scraped.
+var Engines = []string{"vllm", "sglang", "trtllm"}
+
+// Pool is a set of identical replicas of one model on one hardware class: one Envoy cluster.
+type Pool struct {
+	Name          string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	HardwareClass string `yaml:"hardwareClass" json:"hardwareClass"`
+	Engine        string `yaml:"engine" json:"engine" jsonschema:"enum=vllm,enum=sglang,enum=trtllm"`
+	// ServedModel is the name the engine was started with; the request body is rewritten to it when it differs.
+	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
+	// Endpoints are the replicas as ip:port; they become EDS endpoints and x-gateway-destination-endpoint values.
+	Endpoints []string `yaml:"endpoints" json:"endpoints" jsonschema:"minItems=1"`
+}
+
+// Fallback conditions: when the self-hosted pools cannot take a request.
+const (
+	WhenSaturated   = "saturated"
+	WhenUnavailable = "unavailable"
+)
+
+// Fallback is a managed API (Together, Fireworks, …) that takes a model's overflow.
+type Fallback struct {
+	Name    string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	BaseURL string `yaml:"baseURL" json:"baseURL" jsonschema:"format=uri"`
+	// Model is the provider's name for the model; the body is rewritten to it on that leg.
+	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
+	// APIKeyFrom says where the provider key lives ("env:NAME" or "file:/path"); the key itself is never in the policy.
+	APIKeyFrom string   `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
+	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable"`
+}
+
+// Tenant is a customer of the platform: who they are (API key hashes), what they may use, and how much.
+type Tenant struct {
+	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	Tier string `yaml:"tier,omitempty" json:"tier,omitempty"`
+	// APIKeys are "sha256:<hex>" digests of the bearer keys; plaintext keys never appear in a policy.
+	APIKeys []string `yaml:"apiKeys" json:"apiKeys" jsonschema:"minItems=1"`
+	// Models the tenant may call, by canonical name or alias; "*" allows every model.
+	Models []string `yaml:"models" json:"models" jsonschema:"minItems=1"`
+	Quota  Quota    `yaml:"quota,omitempty" json:"quota,omitempty"`
+}
+
+// Quota bounds a tenant's use of the fleet; a zero field means "no limit of that kind".
+type Quota struct {
+	RequestsPerSecond float64 `yaml:"requestsPerSecond,omitempty" json:"requestsPerSecond,omitempty" jsonschema:"minimum=0"`
+	TokensPerMinute   int64   `yaml:"tokensPerMinute,omitempty" json:"tokensPerMinute,omitempty" jsonschema:"minimum=0"`
+	MaxConcurrent     int     `yaml:"maxConcurrent,omitempty" json:"maxConcurrent,omitempty" jsonschema:"minimum=0"`
+	MonthlySpendUSD   float64 `yaml:"monthlySpendUSD,omitempty" json:"monthlySpendUSD,omitempty" jsonschema:"minimum=0"`
+}

@@ -1,0 +1,318 @@
+package policies
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// validator checks the meaning of a decoded policy and locates each problem in the YAML node tree.
+type validator struct {
+	file     string
+	root     *yaml.Node
+	problems []Problem
+}
+
+// seg is one step of a path into the document: a mapping key (string) or a sequence index (int).
+type seg = any
+
+// at finds the node for a path, or the deepest existing ancestor, so a missing field points at its parent.
+func (v *validator) at(path []seg) *yaml.Node {
+	n := v.root
+	for _, s := range path {
+		next := child(n, s)
+		if next == nil {
+			return n
+		}
+		n = next
+	}
+	return n
+}
+
+func child(n *yaml.Node, s seg) *yaml.Node {
+	if n == nil {
+		return nil
+	}
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch k := s.(type) {
+	case string:
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == k {
+				return n.Content[i+1]
+			}
+		}
+	case int:
+		if n.Kind == yaml.SequenceNode && k < len(n.Content) {
+			return n.Content[k]
+		}
+	}
+	return nil
+}
+
+func pathString(path []seg) string {
+	var b strings.Builder
+	for _, s := range path {
+		switch k := s.(type) {
+		case string:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(k)
+		case int:
+			b.WriteString("[" + strconv.Itoa(k) + "]")
+		}
+	}
+	return b.String()
+}
+
+func (v *validator) fail(path []seg, format string, args ...any) {
+	n := v.at(path)
+	p := Problem{File: v.file, Path: pathString(path), Message: fmt.Sprintf(format, args...)}
+	if n != nil {
+		p.Line, p.Column = n.Line, n.Column
+	}
+	v.problems = append(v.problems, p)
+}
+
+// p builds a path without the caller having to spell []seg{...}.
+func p(parts ...seg) []seg { return parts }
+
+func (v *validator) policy(pol *Policy) {
+	if pol.APIVersion != APIVersion {
+		v.fail(p("apiVersion"), "must be %q, got %q", APIVersion, pol.APIVersion)
+	}
+	if pol.Kind != Kind {
+		v.fail(p("kind"), "must be %q, got %q", Kind, pol.Kind)
+	}
+	s := &pol.Spec
+	v.gateway(&s.Gateway)
+	if len(s.HardwareClasses) == 0 {
+		v.fail(p("spec", "hardwareClasses"), "at least one hardware class is required")
+	}
+	names := make([]string, 0, len(s.HardwareClasses))
+	for name := range s.HardwareClasses {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		hc := s.HardwareClasses[name]
+		base := p("spec", "hardwareClasses", name)
+		if hc.CostPerHour < 0 {
+			v.fail(append(base, "costPerHour"), "must not be negative, got %v", hc.CostPerHour)
+		}
+		if hc.PrefillTokensPerSecond <= 0 {
+			v.fail(append(base, "prefillTokensPerSecond"), "must be greater than zero, got %v", hc.PrefillTokensPerSecond)
+		}
+		if hc.DecodeTokensPerSecond <= 0 {
+			v.fail(append(base, "decodeTokensPerSecond"), "must be greater than zero, got %v", hc.DecodeTokensPerSecond)
+		}
+	}
+	modelNames := v.models(s)
+	v.tenants(s, modelNames)
+}
+
+func (v *validator) gateway(g *Gateway) {
+	base := p("spec", "gateway")
+	if g.MaxRequestBodyBytes != 0 && (g.MaxRequestBodyBytes < 1024 || g.MaxRequestBodyBytes > 64<<20) {
+		v.fail(append(base, "maxRequestBodyBytes"), "must be between 1024 and %d, got %d", 64<<20, g.MaxRequestBodyBytes)
+	}
+	if g.MaxEndpointsPerDecision < 0 || g.MaxEndpointsPerDecision > 16 {
+		v.fail(append(base, "maxEndpointsPerDecision"), "must be between 1 and 16, got %d", g.MaxEndpointsPerDecision)
+	}
+	if g.DefaultMaxTokens < 0 {
+		v.fail(append(base, "defaultMaxTokens"), "must not be negative, got %d", g.DefaultMaxTokens)
+	}
+}
+
+// models validates every model and returns the set of names and aliases clients may use.
+func (v *validator) models(s *Spec) map[string]bool {
+	known := map[string]bool{}
+	if len(s.Models) == 0 {
+		v.fail(p("spec", "models"), "at least one model is required")
+	}
+	for i := range s.Models {
+		m := &s.Models[i]
+		base := p("spec", "models", i)
+		if m.Name == "" {
+			v.fail(append(base, "name"), "is required")
+		} else if known[m.Name] {
+			v.fail(append(base, "name"), "model name %q is already used by another model or alias", m.Name)
+		}
+		known[m.Name] = true
+		for j, a := range m.Aliases {
+			switch {
+			case a == "":
+				v.fail(append(base, "aliases", j), "alias must not be empty")
+			case known[a]:
+				v.fail(append(base, "aliases", j), "alias %q is already used by another model or alias", a)
+			}
+			known[a] = true
+		}
+		if m.Pricing.InputPerMTok < 0 {
+			v.fail(append(base, "pricing", "inputPerMTok"), "must not be negative, got %v", m.Pricing.InputPerMTok)
+		}
+		if m.Pricing.OutputPerMTok < 0 {
+			v.fail(append(base, "pricing", "outputPerMTok"), "must not be negative, got %v", m.Pricing.OutputPerMTok)
+		}
+		v.pools(s, m, base)
+		v.fallbacks(m, base)
+	}
+	return known
+}
+
+func (v *validator) pools(s *Spec, m *Model, base []seg) {
+	if len(m.Pools) == 0 {
+		v.fail(append(base, "pools"), "at least one pool is required")
+	}
+	poolNames := map[string]bool{}
+	endpoints := map[string]string{}
+	for j := range m.Pools {
+		pl := &m.Pools[j]
+		pb := append(slices.Clone(base), "pools", j)
+		if pl.Name == "" {
+			v.fail(append(pb, "name"), "is required")
+		} else if !validName(pl.Name) {
+			v.fail(append(pb, "name"), "%q must be lower-case letters, digits, '-', '_' or '.' (it names an Envoy cluster)", pl.Name)
+		} else if poolNames[pl.Name] {
+			v.fail(append(pb, "name"), "duplicate pool name %q", pl.Name)
+		}
+		poolNames[pl.Name] = true
+		if pl.HardwareClass == "" {
+			v.fail(append(pb, "hardwareClass"), "is required")
+		} else if _, ok := s.HardwareClasses[pl.HardwareClass]; !ok {
+			v.fail(append(pb, "hardwareClass"), "unknown hardware class %q (define it under spec.hardwareClasses)", pl.HardwareClass)
+		}
+		if !slices.Contains(Engines, pl.Engine) {
+			v.fail(append(pb, "engine"), "must be one of %s, got %q", strings.Join(Engines, ", "), pl.Engine)
+		}
+		if len(pl.Endpoints) == 0 {
+			v.fail(append(pb, "endpoints"), "at least one endpoint is required")
+		}
+		for k, ep := range pl.Endpoints {
+			ap, err := netip.ParseAddrPort(ep)
+			switch {
+			case err != nil:
+				v.fail(append(pb, "endpoints", k), "%q is not an ip:port address", ep)
+			case ap.Port() == 0:
+				v.fail(append(pb, "endpoints", k), "%q has port 0", ep)
+			case ap.Addr().IsUnspecified():
+				v.fail(append(pb, "endpoints", k), "%q is an unspecified address", ep)
+			default:
+				canon := ap.String()
+				if other, dup := endpoints[canon]; dup {
+					v.fail(append(pb, "endpoints", k), "endpoint %s is already listed in pool %q of this model", canon, other)
+				}
+				endpoints[canon] = pl.Name
+			}
+		}
+	}
+}
+
+func (v *validator) fallbacks(m *Model, base []seg) {
+	names := map[string]bool{}
+	for j := range m.Fallbacks {
+		f := &m.Fallbacks[j]
+		fb := append(slices.Clone(base), "fallbacks", j)
+		if f.Name == "" {
+			v.fail(append(fb, "name"), "is required")
+		} else if !validName(f.Name) {
+			v.fail(append(fb, "name"), "%q must be lower-case letters, digits, '-', '_' or '.' (it names an Envoy cluster)", f.Name)
+		} else if names[f.Name] {
+			v.fail(append(fb, "name"), "duplicate fallback name %q", f.Name)
+		}
+		names[f.Name] = true
+		if u, err := url.Parse(f.BaseURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			v.fail(append(fb, "baseURL"), "%q is not an http(s) URL with a host", f.BaseURL)
+		}
+		if f.Model == "" {
+			v.fail(append(fb, "model"), "is required (the provider's name for the model)")
+		}
+		if kind, rest, ok := strings.Cut(f.APIKeyFrom, ":"); !ok || rest == "" || (kind != "env" && kind != "file") {
+			v.fail(append(fb, "apiKeyFrom"), "must be env:NAME or file:/path, got %q", f.APIKeyFrom)
+		}
+		if len(f.When) == 0 {
+			v.fail(append(fb, "when"), "at least one condition is required (%s, %s)", WhenSaturated, WhenUnavailable)
+		}
+		for k, w := range f.When {
+			if w != WhenSaturated && w != WhenUnavailable {
+				v.fail(append(fb, "when", k), "must be %q or %q, got %q", WhenSaturated, WhenUnavailable, w)
+			}
+		}
+	}
+}
+
+func (v *validator) tenants(s *Spec, models map[string]bool) {
+	if len(s.Tenants) == 0 {
+		v.fail(p("spec", "tenants"), "at least one tenant is required (requests without a known API key are refused)")
+	}
+	names := map[string]bool{}
+	keys := map[string]string{}
+	for i := range s.Tenants {
+		t := &s.Tenants[i]
+		base := p("spec", "tenants", i)
+		if t.Name == "" {
+			v.fail(append(base, "name"), "is required")
+		} else if names[t.Name] {
+			v.fail(append(base, "name"), "duplicate tenant name %q", t.Name)
+		}
+		names[t.Name] = true
+		if len(t.APIKeys) == 0 {
+			v.fail(append(base, "apiKeys"), "at least one key digest is required")
+		}
+		for j, k := range t.APIKeys {
+			digest, ok := strings.CutPrefix(k, "sha256:")
+			if raw, err := hex.DecodeString(digest); !ok || err != nil || len(raw) != 32 {
+				v.fail(append(base, "apiKeys", j), "must be \"sha256:\" followed by 64 hex digits (hash the key with `infergate hash-key`)")
+				continue
+			}
+			digest = strings.ToLower(digest)
+			if other, dup := keys[digest]; dup {
+				v.fail(append(base, "apiKeys", j), "API key digest is already assigned to tenant %q", other)
+			}
+			keys[digest] = t.Name
+		}
+		if len(t.Models) == 0 {
+			v.fail(append(base, "models"), "at least one model (or \"*\") is required")
+		}
+		for j, m := range t.Models {
+			if m != "*" && !models[m] {
+				v.fail(append(base, "models", j), "unknown model %q", m)
+			}
+		}
+		q := t.Quota
+		qb := append(slices.Clone(base), "quota")
+		if q.RequestsPerSecond < 0 {
+			v.fail(append(qb, "requestsPerSecond"), "must not be negative, got %v", q.RequestsPerSecond)
+		}
+		if q.TokensPerMinute < 0 {
+			v.fail(append(qb, "tokensPerMinute"), "must not be negative, got %d", q.TokensPerMinute)
+		}
+		if q.MaxConcurrent < 0 {
+			v.fail(append(qb, "maxConcurrent"), "must not be negative, got %d", q.MaxConcurrent)
+		}
+		if q.MonthlySpendUSD < 0 {
+			v.fail(append(qb, "monthlySpendUSD"), "must not be negative, got %v", q.MonthlySpendUSD)
+		}
+	}
+}
+
+// validName keeps pool and fallback names usable inside Envoy cluster names and metric labels.
+func validName(s string) bool {
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' && r != '_' && r != '.' {
+			return false
+		}
+	}
+	return s != ""
+}
