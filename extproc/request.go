@@ -125,7 +125,7 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	rs.limit = gw.MaxRequestBodyBytes
 	var method, path, auth, contentLength string
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		key := hv.GetKey()
+		key := strings.ToLower(hv.GetKey()) // Envoy sends lower case; be safe with other clients
 		switch {
 		case key == ":method":
 			method = headerValue(hv)

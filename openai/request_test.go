@@ -1,0 +1,206 @@
+package openai
+
+import (
+	"encoding/json"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestEndpointForPath(t *testing.T) {
+	tests := map[string]Endpoint{
+		"/v1/chat/completions":           EndpointChat,
+		"/v1/chat/completions?x=1":       EndpointChat,
+		"/v1/chat/completions/":          EndpointChat,
+		"/v1/completions":                EndpointCompletions,
+		"/v1/embeddings":                 EndpointEmbeddings,
+		"/v1/models":                     EndpointModels,
+		"/v1/chat":                       EndpointNone,
+		"/":                              EndpointNone,
+		"/v1/chat/completions/../models": EndpointNone,
+	}
+	for path, want := range tests {
+		if got := EndpointForPath(path); got != want {
+			t.Errorf("EndpointForPath(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+func TestParseRequest(t *testing.T) {
+	tests := []struct {
+		name      string
+		ep        Endpoint
+		body      string
+		want      Request
+		wantParam string // for errors: the param named
+		wantErr   string // substring of the message
+	}{
+		{name: "chat minimal", ep: EndpointChat,
+			body: `{"model":"llama","messages":[{"role":"user","content":"hi"}]}`,
+			want: Request{Model: "llama"}},
+		{name: "chat streaming with usage and limits", ep: EndpointChat,
+			body: `{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"user":"u1","model":"m"}`,
+			want: Request{Model: "m", Stream: true, IncludeUsage: true, MaxTokens: 7, User: "u1"}},
+		{name: "max_completion_tokens wins", ep: EndpointChat,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":7,"max_completion_tokens":9}`,
+			want: Request{Model: "m", MaxTokens: 9}},
+		{name: "escaped model name", ep: EndpointChat,
+			body: `{"model":"a\/b\u0041","messages":[{}]}`,
+			want: Request{Model: "a/bA"}},
+		{name: "nulls are absent", ep: EndpointChat,
+			body: `{"model":"m","messages":[{}],"stream":null,"stream_options":null,"max_tokens":null}`,
+			want: Request{Model: "m"}},
+		{name: "completions string prompt", ep: EndpointCompletions,
+			body: `{"model":"m","prompt":"once upon"}`, want: Request{Model: "m"}},
+		{name: "completions array prompt", ep: EndpointCompletions,
+			body: `{"model":"m","prompt":["a","b"]}`, want: Request{Model: "m"}},
+		{name: "embeddings", ep: EndpointEmbeddings,
+			body: `{"model":"m","input":"text"}`, want: Request{Model: "m"}},
+
+		{name: "empty body", ep: EndpointChat, body: ``, wantErr: "empty"},
+		{name: "malformed JSON", ep: EndpointChat, body: `{"model":"m",`, wantErr: "could not parse the JSON"},
+		{name: "trailing garbage", ep: EndpointChat, body: `{"model":"m","messages":[{}]} x`, wantErr: "could not parse the JSON"},
+		{name: "not an object", ep: EndpointChat, body: `[1,2]`, wantErr: "must be a JSON object"},
+		{name: "missing model", ep: EndpointChat, body: `{"messages":[{}]}`, wantParam: "model", wantErr: "model parameter"},
+		{name: "model not a string", ep: EndpointChat, body: `{"model":3,"messages":[{}]}`, wantParam: "model"},
+		{name: "missing messages", ep: EndpointChat, body: `{"model":"m"}`, wantParam: "messages", wantErr: "'messages'"},
+		{name: "messages not array", ep: EndpointChat, body: `{"model":"m","messages":"hi"}`, wantParam: "messages"},
+		{name: "messages empty", ep: EndpointChat, body: `{"model":"m","messages":[]}`, wantParam: "messages", wantErr: "at least one"},
+		{name: "message not object", ep: EndpointChat, body: `{"model":"m","messages":["hi"]}`, wantParam: "messages"},
+		{name: "stream not bool", ep: EndpointChat, body: `{"model":"m","messages":[{}],"stream":"yes"}`, wantParam: "stream"},
+		{name: "include_usage not bool", ep: EndpointChat, body: `{"model":"m","messages":[{}],"stream_options":{"include_usage":1}}`, wantParam: "stream_options.include_usage"},
+		{name: "stream_options not object", ep: EndpointChat, body: `{"model":"m","messages":[{}],"stream_options":true}`, wantParam: "stream_options"},
+		{name: "max_tokens negative", ep: EndpointChat, body: `{"model":"m","messages":[{}],"max_tokens":-1}`, wantParam: "max_tokens"},
+		{name: "max_tokens fraction", ep: EndpointChat, body: `{"model":"m","messages":[{}],"max_tokens":1.5}`, wantParam: "max_tokens"},
+		{name: "missing prompt", ep: EndpointCompletions, body: `{"model":"m","messages":[{}]}`, wantParam: "prompt"},
+		{name: "prompt number", ep: EndpointCompletions, body: `{"model":"m","prompt":5}`, wantParam: "prompt"},
+		{name: "missing input", ep: EndpointEmbeddings, body: `{"model":"m"}`, wantParam: "input"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseRequest(tc.ep, []byte(tc.body))
+			if tc.wantErr != "" || tc.wantParam != "" {
+				e, ok := err.(*Error)
+				if !ok {
+					t.Fatalf("err = %v (%T), want *Error", err, err)
+				}
+				if e.Status != http.StatusBadRequest || e.Type != TypeInvalidRequest {
+					t.Errorf("status/type = %d/%s", e.Status, e.Type)
+				}
+				if tc.wantParam != "" && e.Param != tc.wantParam {
+					t.Errorf("param = %q, want %q", e.Param, tc.wantParam)
+				}
+				if !strings.Contains(e.Message, tc.wantErr) {
+					t.Errorf("message %q lacks %q", e.Message, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if got.Prompt == nil {
+				t.Error("Prompt not captured")
+			}
+			got.Prompt, got.Endpoint = nil, 0
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRewrite(t *testing.T) {
+	tests := []struct {
+		name        string
+		body        string
+		model       string
+		inject      bool
+		wantModel   string
+		wantInclude any
+	}{
+		{"rename only", `{"model":"alias","messages":[{"role":"user","content":"x"}]}`, "meta/Llama-3", false, "meta/Llama-3", nil},
+		{"inject without stream_options", `{"model":"m","stream":true,"messages":[]}`, "", true, "m", true},
+		{"inject over false", `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, "", true, "m", true},
+		{"inject over null", `{"model":"m","stream":true,"stream_options":null}`, "", true, "m", true},
+		{"inject keeps other options", `{"model":"m","stream_options":{"continuous_usage_stats":true}}`, "x\"y", true, "x\"y", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := Rewrite([]byte(tc.body), tc.model, tc.inject)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc map[string]any
+			if err := json.Unmarshal(out, &doc); err != nil {
+				t.Fatalf("rewritten body is not JSON: %v\n%s", err, out)
+			}
+			if doc["model"] != tc.wantModel {
+				t.Errorf("model = %v, want %v", doc["model"], tc.wantModel)
+			}
+			if tc.wantInclude != nil {
+				so, _ := doc["stream_options"].(map[string]any)
+				if so["include_usage"] != tc.wantInclude {
+					t.Errorf("stream_options = %v", doc["stream_options"])
+				}
+				if strings.Contains(tc.body, "continuous_usage_stats") && so["continuous_usage_stats"] != true {
+					t.Error("other stream_options lost")
+				}
+			}
+		})
+	}
+}
+
+func TestErrorBodyShape(t *testing.T) {
+	for _, e := range []*Error{BadRequest("messages", "bad"), InvalidAPIKey(true), ModelNotFound("x"), ModelForbidden("x"),
+		BodyTooLarge(10), NotFound("GET", "/x"), NoCapacity("m"), Internal("boom")} {
+		var env struct {
+			Error struct {
+				Message *string `json:"message"`
+				Type    *string `json:"type"`
+				Code    any     `json:"code"`
+				Param   any     `json:"param"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(e.Body(), &env); err != nil {
+			t.Fatalf("%v: %v", e, err)
+		}
+		if env.Error.Message == nil || *env.Error.Message == "" || env.Error.Type == nil || *env.Error.Type == "" {
+			t.Errorf("incomplete error body: %s", e.Body())
+		}
+		if !strings.Contains(string(e.Body()), `"code":`) || !strings.Contains(string(e.Body()), `"param":`) {
+			t.Errorf("code/param keys missing: %s", e.Body())
+		}
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, uint8(1))
+	f.Add(`{"model":"m","prompt":"x","max_tokens":3}`, uint8(2))
+	f.Add(`{"model":"m","input":["a"],"stream_options":{"include_usage":false}}`, uint8(3))
+	f.Add(`{"model":"\u00e9","messages":[{}],"max_completion_tokens":1e3}`, uint8(1))
+	f.Fuzz(func(t *testing.T, body string, ep uint8) {
+		endpoint := Endpoint(ep%3 + 1)
+		req, err := ParseRequest(endpoint, []byte(body))
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("non-API error %T: %v", err, err)
+			}
+			return
+		}
+		if req.Model == "" || req.Prompt == nil {
+			t.Fatalf("accepted request without model or prompt: %q", body)
+		}
+		out, err := Rewrite([]byte(body), "renamed", true)
+		if err != nil {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("Rewrite produced invalid JSON from %q: %q", body, out)
+		}
+		again, err := ParseRequest(endpoint, out)
+		if err != nil || again.Model != "renamed" || !again.IncludeUsage {
+			t.Fatalf("rewritten body does not parse back: %v %+v from %q", err, again, out)
+		}
+	})
+}

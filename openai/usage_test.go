@@ -1,0 +1,142 @@
+package openai
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+)
+
+func readFixture(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestUsageFromJSON(t *testing.T) {
+	u, ok := UsageFromJSON(readFixture(t, "vllm-chat-completion.json"))
+	if !ok || u != (Usage{PromptTokens: 6, CompletionTokens: 1}) {
+		t.Fatalf("usage = %+v, %v", u, ok)
+	}
+	for _, body := range []string{`{}`, `{"usage":null}`, `not json`, `{"usage":{"foo":1}}`} {
+		if _, ok := UsageFromJSON([]byte(body)); ok {
+			t.Errorf("UsageFromJSON(%s) reported usage", body)
+		}
+	}
+}
+
+// runChunks feeds data to a scanner cut at the given offsets and returns what it forwards.
+func runChunks(s *SSEScanner, data []byte, cuts ...int) []byte {
+	var out []byte
+	prev := 0
+	for _, c := range append(cuts, len(data)) {
+		chunk := append([]byte(nil), data[prev:c]...) // a fresh buffer, as gRPC gives each message
+		out = append(out, s.Process(chunk, c == len(data))...)
+		prev = c
+	}
+	return out
+}
+
+func TestSSEScannerEverySplit(t *testing.T) {
+	stream := readFixture(t, "vllm-chat-stream.sse")
+	crlf := bytes.ReplaceAll(stream, []byte("\n"), []byte("\r\n"))
+	want := Usage{PromptTokens: 26, CompletionTokens: 1, CachedTokens: 16}
+	for name, data := range map[string][]byte{"lf": stream, "crlf": crlf} {
+		withoutUsage := dropUsageEvent(t, data)
+		for cut := 0; cut <= len(data); cut++ {
+			for _, drop := range []bool{false, true} {
+				s := &SSEScanner{DropUsageChunk: drop}
+				out := runChunks(s, data, cut)
+				u, ok := s.Usage()
+				if !ok || u != want {
+					t.Fatalf("%s cut=%d drop=%v: usage = %+v, %v", name, cut, drop, u, ok)
+				}
+				wantOut := data
+				if drop {
+					wantOut = withoutUsage
+				}
+				if !bytes.Equal(out, wantOut) {
+					t.Fatalf("%s cut=%d drop=%v: forwarded\n%q\nwant\n%q", name, cut, drop, out, wantOut)
+				}
+			}
+		}
+	}
+}
+
+// dropUsageEvent removes the usage-only event from a stream by hand, as the expected output.
+func dropUsageEvent(t *testing.T, data []byte) []byte {
+	sep := "\n\n"
+	if bytes.Contains(data, []byte("\r\n")) {
+		sep = "\r\n\r\n"
+	}
+	events := strings.Split(string(data), sep)
+	var kept []string
+	for _, ev := range events {
+		if strings.Contains(ev, `"choices":[]`) {
+			continue
+		}
+		kept = append(kept, ev)
+	}
+	out := strings.Join(kept, sep)
+	if len(out) == len(data) {
+		t.Fatal("fixture has no usage-only event")
+	}
+	return []byte(out)
+}
+
+func TestSSEScannerThreeWaySplits(t *testing.T) {
+	data := readFixture(t, "vllm-chat-stream.sse")
+	want := dropUsageEvent(t, data)
+	for a := 0; a < len(data); a += 7 {
+		for b := a; b < len(data); b += 11 {
+			s := &SSEScanner{DropUsageChunk: true}
+			if out := runChunks(s, data, a, b); !bytes.Equal(out, want) {
+				t.Fatalf("cuts %d,%d: got %q", a, b, out)
+			}
+		}
+	}
+}
+
+func TestSSEScannerKeepsUsageChunkWithChoices(t *testing.T) {
+	// Engines that attach usage to every chunk (continuous usage) must not lose content.
+	data := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n")
+	s := &SSEScanner{DropUsageChunk: true}
+	if out := s.Process(data, true); !bytes.Equal(out, data) {
+		t.Fatalf("content chunk dropped: %q", out)
+	}
+	if u, _ := s.Usage(); u.CompletionTokens != 2 {
+		t.Fatalf("usage = %+v, want the last report", u)
+	}
+}
+
+func FuzzSSEScanner(f *testing.F) {
+	f.Add(readFixture(f, "vllm-chat-stream.sse"), uint16(10), uint16(100))
+	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":1},\"choices\":[]}\r\n\r\n: keep-alive\n\n"), uint16(3), uint16(4))
+	f.Fuzz(func(t *testing.T, data []byte, a, b uint16) {
+		cutA, cutB := int(a)%(len(data)+1), int(b)%(len(data)+1)
+		if cutA > cutB {
+			cutA, cutB = cutB, cutA
+		}
+		for _, drop := range []bool{false, true} {
+			whole := &SSEScanner{DropUsageChunk: drop}
+			wantOut := whole.Process(append([]byte(nil), data...), true)
+			split := &SSEScanner{DropUsageChunk: drop}
+			got := runChunks(split, data, cutA, cutB)
+			if !bytes.Equal(got, wantOut) {
+				t.Fatalf("drop=%v: split output differs from whole output", drop)
+			}
+			u1, ok1 := whole.Usage()
+			u2, ok2 := split.Usage()
+			if u1 != u2 || ok1 != ok2 {
+				t.Fatalf("drop=%v: usage differs: %+v/%v vs %+v/%v", drop, u1, ok1, u2, ok2)
+			}
+			if !drop && !bytes.Equal(got, data) {
+				t.Fatal("scan mode changed the stream")
+			}
+		}
+	})
+}
