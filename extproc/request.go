@@ -178,8 +178,8 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		if err == nil && n > rs.limit {
 			return rs.reject(openai.BodyTooLarge(rs.limit))
 		}
-		if err == nil && n > 0 {
-			rs.body = make([]byte, 0, n)
+		if err == nil && n > 0 && rs.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			rs.body = make([]byte, 0, n) // the body arrives in frames; collect them without regrowing
 		}
 	}
 	switch rs.reqMode {
@@ -203,7 +203,14 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	if int64(len(rs.body))+int64(len(b.GetBody())) > rs.limit {
 		return rs.reject(openai.BodyTooLarge(rs.limit))
 	}
-	rs.body = append(rs.body, b.GetBody()...)
+	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		rs.body = b.GetBody() // the whole body in one message: use it in place
+	} else {
+		if rs.body == nil {
+			rs.body = make([]byte, 0, min(rs.limit, int64(4*len(b.GetBody())))) // no content-length: guess
+		}
+		rs.body = append(rs.body, b.GetBody()...)
+	}
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		if !b.GetEndOfStream() {
@@ -240,6 +247,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 		return nil, false, asOpenAIError(err)
 	}
 	rs.req = req
+	defer rs.req.Release()
 	model, ok := rs.snap.Model(req.Model)
 	if !ok {
 		return nil, false, openai.ModelNotFound(req.Model)
@@ -261,9 +269,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.injected = req.Stream && !req.IncludeUsage && rs.endpoint != openai.EndpointEmbeddings
 	changed := rename != "" || rs.injected
 	if changed {
-		if body, err = openai.Rewrite(body, rename, rs.injected); err != nil {
-			return nil, false, openai.Internal("The gateway could not rewrite the request body.")
-		}
+		body = rs.req.Rewrite(make([]byte, 0, len(body)+64), rename, rs.injected)
 	}
 	rs.decided = true
 	rs.srv.opts.InFlight.Start(dec.Endpoints[0])

@@ -13,6 +13,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -98,8 +99,16 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		// Envoy multiplexes one stream per HTTP request on few connections; do not cap streams at 100.
 		grpc.MaxConcurrentStreams(1 << 20),
+		// Let Envoy send a whole prompt without waiting for window updates: with grpc-go's 64 KiB starting
+		// window a 256 KiB body costs several round trips before BDP probing catches up.
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(64 << 20),
+		// Body-sized messages: see BufferPool.
+		experimental.BufferPool(sharedBufferPool),
 	}
 }
+
+var sharedBufferPool = &BufferPool{}
 
 // Process handles one HTTP request's ext_proc stream, from request headers to the end of the response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {

@@ -1,12 +1,9 @@
 package openai
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
 
-	"github.com/buger/jsonparser"
+	"github.com/valyala/fastjson"
 )
 
 // Endpoint is one of the inference APIs the gateway routes.
@@ -75,8 +72,9 @@ func (e Endpoint) promptField() string {
 	return ""
 }
 
-// Request is what routing and accounting need from an inference request body. Prompt aliases the body it was
-// parsed from: nothing of the prompt is decoded or copied here.
+// Request is what routing and accounting need from an inference request body. The body is parsed once
+// (fastjson: no Go value per JSON value, strings left escaped until read); Prompt and the parsed document stay
+// valid until Release.
 type Request struct {
 	Endpoint     Endpoint
 	Model        string
@@ -84,76 +82,88 @@ type Request struct {
 	IncludeUsage bool // stream_options.include_usage
 	MaxTokens    int  // max_completion_tokens, else max_tokens; 0 when absent
 	User         string
-	Prompt       []byte // raw JSON of messages / prompt / input
+	// Prompt is the parsed messages / prompt / input value.
+	Prompt *fastjson.Value
+	// BodyBytes is the size of the body as received; the prompt is nearly all of it.
+	BodyBytes int
+
+	doc    *fastjson.Value
+	parser *fastjson.Parser
 }
 
+var parsers fastjson.ParserPool
+
 // ParseRequest validates the body as JSON and reads the routing fields. A malformed body or a missing or
-// mistyped field gives a 400 *Error naming it.
+// mistyped field gives a 400 *Error naming it. Call Release when done with the request.
 func ParseRequest(ep Endpoint, body []byte) (Request, error) {
-	req := Request{Endpoint: ep}
+	req := Request{Endpoint: ep, BodyBytes: len(body)}
 	if len(body) == 0 {
 		return req, BadRequest("", "The request body is empty; send a JSON object.")
 	}
-	if !json.Valid(body) {
-		return req, BadRequest("", "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)")
+	if err := fastjson.ValidateBytes(body); err != nil {
+		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", trimErr(err))
 	}
-	if _, vt, _, _ := jsonparser.Get(body); vt != jsonparser.Object {
+	p := parsers.Get()
+	doc, err := p.ParseBytes(body)
+	if err != nil { // unreachable after ValidateBytes, kept for safety
+		parsers.Put(p)
+		return req, BadRequest("", "We could not parse the JSON body of your request: %s.", trimErr(err))
+	}
+	req.doc, req.parser = doc, p
+	obj, err := doc.Object()
+	if err != nil {
+		req.Release()
 		return req, BadRequest("", "The request body must be a JSON object.")
 	}
 	promptField := ep.promptField()
 	var maxTokens, maxCompletion int64
 	var fieldErr *Error
-	err := jsonparser.ObjectEach(body, func(key, value []byte, vt jsonparser.ValueType, _ int) error {
+	obj.Visit(func(key []byte, v *fastjson.Value) {
 		var e *Error
 		switch string(key) {
 		case "model":
-			if vt != jsonparser.String {
+			b, err := v.StringBytes()
+			if err != nil {
 				e = BadRequest("model", "'model' must be a string.")
 				break
 			}
-			s, err := jsonparser.ParseString(value)
-			if err != nil {
-				e = BadRequest("model", "'model' is not a valid string.")
-			}
-			req.Model = s
+			req.Model = string(b)
 		case "stream":
-			switch vt {
-			case jsonparser.Boolean:
-				req.Stream = value[0] == 't'
-			case jsonparser.Null:
+			switch v.Type() {
+			case fastjson.TypeTrue:
+				req.Stream = true
+			case fastjson.TypeFalse, fastjson.TypeNull:
 			default:
 				e = BadRequest("stream", "'stream' must be a boolean.")
 			}
 		case "stream_options":
-			e = parseStreamOptions(&req, value, vt)
+			e = parseStreamOptions(&req, v)
 		case "max_tokens":
-			maxTokens, e = parseCount("max_tokens", value, vt)
+			maxTokens, e = parseCount("max_tokens", v)
 		case "max_completion_tokens":
-			maxCompletion, e = parseCount("max_completion_tokens", value, vt)
+			maxCompletion, e = parseCount("max_completion_tokens", v)
 		case "user":
-			if vt == jsonparser.String {
-				req.User, _ = jsonparser.ParseString(value)
+			if b, err := v.StringBytes(); err == nil {
+				req.User = string(b)
 			}
 		case promptField:
-			req.Prompt = value
-			e = checkPrompt(ep, value, vt)
+			req.Prompt = v
+			e = checkPrompt(ep, v)
 		}
 		if e != nil && fieldErr == nil {
 			fieldErr = e
 		}
-		return nil
 	})
-	if err != nil {
-		return req, BadRequest("", "We could not parse the JSON body of your request: %v.", err)
+	switch {
+	case fieldErr != nil:
+	case req.Model == "":
+		fieldErr = BadRequest("model", "You must provide a model parameter.")
+	case req.Prompt == nil:
+		fieldErr = BadRequest(promptField, "Missing required parameter: '%s'.", promptField)
 	}
 	if fieldErr != nil {
+		req.Release()
 		return req, fieldErr
-	}
-	if req.Model == "" {
-		return req, BadRequest("model", "You must provide a model parameter.")
-	}
-	if req.Prompt == nil {
-		return req, BadRequest(promptField, "Missing required parameter: '%s'.", promptField)
 	}
 	switch {
 	case maxCompletion > 0:
@@ -164,94 +174,109 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	return req, nil
 }
 
-func parseStreamOptions(req *Request, value []byte, vt jsonparser.ValueType) *Error {
-	switch vt {
-	case jsonparser.Null:
+// trimErr keeps a parser error short: fastjson quotes the tail of the input, which may be a whole prompt.
+func trimErr(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "; unparsed tail"); i >= 0 {
+		msg = msg[:i]
+	}
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	return msg
+}
+
+// Release returns the parser to its pool; Prompt must not be used afterwards.
+func (r *Request) Release() {
+	if r.parser != nil {
+		parsers.Put(r.parser)
+		r.parser, r.doc, r.Prompt = nil, nil, nil
+	}
+}
+
+func parseStreamOptions(req *Request, v *fastjson.Value) *Error {
+	switch v.Type() {
+	case fastjson.TypeNull:
 		return nil
-	case jsonparser.Object:
+	case fastjson.TypeObject:
 	default:
 		return BadRequest("stream_options", "'stream_options' must be an object.")
 	}
-	v, t, _, err := jsonparser.Get(value, "include_usage")
-	switch {
-	case errors.Is(err, jsonparser.KeyPathNotFoundError) || t == jsonparser.Null:
+	iu := v.Get("include_usage")
+	if iu == nil {
 		return nil
-	case err != nil || t != jsonparser.Boolean:
+	}
+	switch iu.Type() {
+	case fastjson.TypeTrue:
+		req.IncludeUsage = true
+	case fastjson.TypeFalse, fastjson.TypeNull:
+	default:
 		return BadRequest("stream_options.include_usage", "'stream_options.include_usage' must be a boolean.")
 	}
-	req.IncludeUsage = v[0] == 't'
 	return nil
 }
 
-func parseCount(field string, value []byte, vt jsonparser.ValueType) (int64, *Error) {
-	if vt == jsonparser.Null {
+func parseCount(field string, v *fastjson.Value) (int64, *Error) {
+	switch v.Type() {
+	case fastjson.TypeNull:
 		return 0, nil
-	}
-	if vt != jsonparser.Number {
+	case fastjson.TypeNumber:
+	default:
 		return 0, BadRequest(field, "'%s' must be an integer.", field)
 	}
-	n, err := jsonparser.ParseInt(value)
+	n, err := v.Int64()
 	if err != nil || n < 1 {
-		return 0, BadRequest(field, "'%s' must be a positive integer, got %s.", field, value)
+		return 0, BadRequest(field, "'%s' must be a positive integer, got %s.", field, v.String())
 	}
 	return n, nil
 }
 
-func checkPrompt(ep Endpoint, value []byte, vt jsonparser.ValueType) *Error {
+func checkPrompt(ep Endpoint, v *fastjson.Value) *Error {
 	field := ep.promptField()
 	switch ep {
 	case EndpointChat:
-		if vt != jsonparser.Array {
+		msgs, err := v.Array()
+		if err != nil {
 			return BadRequest(field, "'messages' must be an array of message objects.")
 		}
-		n := 0
-		var bad bool
-		_, _ = jsonparser.ArrayEach(value, func(_ []byte, t jsonparser.ValueType, _ int, _ error) {
-			n++
-			if t != jsonparser.Object {
-				bad = true
-			}
-		})
-		if n == 0 {
+		if len(msgs) == 0 {
 			return BadRequest(field, "'messages' must contain at least one message.")
 		}
-		if bad {
-			return BadRequest(field, "each entry of 'messages' must be an object.")
+		for _, m := range msgs {
+			if m.Type() != fastjson.TypeObject {
+				return BadRequest(field, "each entry of 'messages' must be an object.")
+			}
 		}
 	default:
-		if vt != jsonparser.String && vt != jsonparser.Array {
+		if t := v.Type(); t != fastjson.TypeString && t != fastjson.TypeArray {
 			return BadRequest(field, "'%s' must be a string or an array.", field)
 		}
 	}
 	return nil
 }
 
-// EstimatePromptTokens approximates prompt tokens from the raw prompt JSON (about four bytes a token), for
+// EstimatePromptTokens approximates prompt tokens from the body size (about four bytes a token), for
 // admission before the engine reports the real count.
 func (r *Request) EstimatePromptTokens() int {
-	return len(r.Prompt)/4 + 1
+	return r.BodyBytes/4 + 1
 }
 
-// Rewrite returns the body with the model renamed (when newModel is not empty) and, when injectUsage is set,
-// stream_options.include_usage forced to true. Everything else is kept byte for byte.
-func Rewrite(body []byte, newModel string, injectUsage bool) ([]byte, error) {
-	var err error
+// Rewrite returns the body re-encoded with the model renamed (when newModel is not empty) and, when
+// injectUsage is set, stream_options.include_usage forced to true. Field order and string escapes are kept;
+// insignificant whitespace is not. It appends to dst, which may be nil.
+func (r *Request) Rewrite(dst []byte, newModel string, injectUsage bool) []byte {
+	var a fastjson.Arena
 	if newModel != "" {
-		quoted, _ := json.Marshal(newModel) // a string: cannot fail
-		body, err = jsonparser.Set(body, quoted, "model")
-		if err != nil {
-			return nil, fmt.Errorf("rewrite model: %w", err)
-		}
+		r.doc.Set("model", a.NewString(newModel))
 	}
 	if injectUsage {
-		if _, vt, _, _ := jsonparser.Get(body, "stream_options"); vt == jsonparser.Object {
-			body, err = jsonparser.Set(body, []byte("true"), "stream_options", "include_usage")
-		} else {
-			body, err = jsonparser.Set(body, []byte(`{"include_usage":true}`), "stream_options")
+		so := r.doc.Get("stream_options")
+		if so == nil || so.Type() != fastjson.TypeObject {
+			so = a.NewObject()
+			r.doc.Set("stream_options", so)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("inject stream_options.include_usage: %w", err)
-		}
+		so.Set("include_usage", a.NewTrue())
+		r.IncludeUsage = true
 	}
-	return body, nil
+	return r.doc.MarshalTo(dst)
 }

@@ -102,7 +102,8 @@ func TestParseRequest(t *testing.T) {
 			if got.Prompt == nil {
 				t.Error("Prompt not captured")
 			}
-			got.Prompt, got.Endpoint = nil, 0
+			got.Release()
+			got.Endpoint, got.BodyBytes = 0, 0
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
@@ -119,7 +120,7 @@ func TestRewrite(t *testing.T) {
 		wantModel   string
 		wantInclude any
 	}{
-		{"rename only", `{"model":"alias","messages":[{"role":"user","content":"x"}]}`, "meta/Llama-3", false, "meta/Llama-3", nil},
+		{"rename only", `{"model":"alias","messages":[{"role":"user","content":"x\u00e9\n"}]}`, "meta/Llama-3", false, "meta/Llama-3", nil},
 		{"inject without stream_options", `{"model":"m","stream":true,"messages":[]}`, "", true, "m", true},
 		{"inject over false", `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, "", true, "m", true},
 		{"inject over null", `{"model":"m","stream":true,"stream_options":null}`, "", true, "m", true},
@@ -127,13 +128,18 @@ func TestRewrite(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := Rewrite([]byte(tc.body), tc.model, tc.inject)
+			req, err := ParseRequest(EndpointCompletions, []byte(strings.Replace(tc.body, `"model"`, `"prompt":"p","model"`, 1)))
 			if err != nil {
 				t.Fatal(err)
 			}
+			out := req.Rewrite(nil, tc.model, tc.inject)
+			req.Release()
 			var doc map[string]any
 			if err := json.Unmarshal(out, &doc); err != nil {
 				t.Fatalf("rewritten body is not JSON: %v\n%s", err, out)
+			}
+			if strings.Contains(tc.body, "content") && !strings.Contains(string(out), `"x\u00e9\n"`) {
+				t.Errorf("prompt string escapes not kept verbatim: %s", out)
 			}
 			if doc["model"] != tc.wantModel {
 				t.Errorf("model = %v, want %v", doc["model"], tc.wantModel)
@@ -191,14 +197,13 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Model == "" || req.Prompt == nil {
 			t.Fatalf("accepted request without model or prompt: %q", body)
 		}
-		out, err := Rewrite([]byte(body), "renamed", true)
-		if err != nil {
-			return
-		}
+		out := req.Rewrite(nil, "renamed", true)
+		req.Release()
 		if !json.Valid(out) {
 			t.Fatalf("Rewrite produced invalid JSON from %q: %q", body, out)
 		}
 		again, err := ParseRequest(endpoint, out)
+		defer again.Release()
 		if err != nil || again.Model != "renamed" || !again.IncludeUsage {
 			t.Fatalf("rewritten body does not parse back: %v %+v from %q", err, again, out)
 		}

@@ -3,7 +3,7 @@ package openai
 import (
 	"bytes"
 
-	"github.com/buger/jsonparser"
+	"github.com/valyala/fastjson"
 )
 
 // Usage is the token count an engine reports for one request; it is what quotas settle and cost is billed on.
@@ -16,39 +16,35 @@ type Usage struct {
 // Total is prompt plus completion tokens.
 func (u Usage) Total() int64 { return u.PromptTokens + u.CompletionTokens }
 
-var usagePaths = [][]string{
-	{"prompt_tokens"},
-	{"completion_tokens"},
-	{"prompt_tokens_details", "cached_tokens"},
-}
-
 // parseUsageObject reads a "usage" object; ok is false when it holds no token counts.
-func parseUsageObject(obj []byte) (u Usage, ok bool) {
-	jsonparser.EachKey(obj, func(idx int, value []byte, vt jsonparser.ValueType, err error) {
-		if err != nil || vt != jsonparser.Number {
-			return
+func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {
+	count := func(v *fastjson.Value) int64 {
+		if v == nil || v.Type() != fastjson.TypeNumber {
+			return 0
 		}
-		n, perr := jsonparser.ParseInt(value)
-		if perr != nil || n < 0 {
-			return
+		n, err := v.Int64()
+		if err != nil || n < 0 {
+			return 0
 		}
 		ok = true
-		switch idx {
-		case 0:
-			u.PromptTokens = n
-		case 1:
-			u.CompletionTokens = n
-		case 2:
-			u.CachedTokens = n
-		}
-	}, usagePaths...)
+		return n
+	}
+	u.PromptTokens = count(obj.Get("prompt_tokens"))
+	u.CompletionTokens = count(obj.Get("completion_tokens"))
+	u.CachedTokens = count(obj.Get("prompt_tokens_details", "cached_tokens"))
 	return u, ok
 }
 
 // UsageFromJSON reads the usage of a non-streaming response body.
 func UsageFromJSON(body []byte) (Usage, bool) {
-	obj, vt, _, err := jsonparser.Get(body, "usage")
-	if err != nil || vt != jsonparser.Object {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	doc, err := p.ParseBytes(body)
+	if err != nil {
+		return Usage{}, false
+	}
+	obj := doc.Get("usage")
+	if obj == nil || obj.Type() != fastjson.TypeObject {
 		return Usage{}, false
 	}
 	return parseUsageObject(obj)
@@ -171,24 +167,31 @@ func (s *SSEScanner) event(ev []byte) (drop bool) {
 		if len(payload) == 0 || payload[0] != '{' {
 			continue // [DONE] and keep-alives
 		}
-		obj, vt, _, err := jsonparser.Get(payload, "usage")
-		if err != nil || vt != jsonparser.Object {
-			continue
-		}
-		if u, ok := parseUsageObject(obj); ok {
-			s.usage, s.sawUsage = u, true
-			if s.DropUsageChunk && emptyChoices(payload) {
-				drop = true
-			}
-		}
+		s.eventJSON(payload, &drop)
 	}
 	return drop
 }
 
-func emptyChoices(payload []byte) bool {
-	v, vt, _, err := jsonparser.Get(payload, "choices")
-	if err != nil || vt != jsonparser.Array {
-		return false
+// eventJSON reads one data payload: its usage, and whether it is the usage-only chunk to drop.
+func (s *SSEScanner) eventJSON(payload []byte, drop *bool) {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	doc, err := p.ParseBytes(payload)
+	if err != nil {
+		return
 	}
-	return len(bytes.TrimSpace(v[1:len(v)-1])) == 0
+	obj := doc.Get("usage")
+	if obj == nil || obj.Type() != fastjson.TypeObject {
+		return
+	}
+	u, ok := parseUsageObject(obj)
+	if !ok {
+		return
+	}
+	s.usage, s.sawUsage = u, true
+	if s.DropUsageChunk {
+		if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray && len(choices.GetArray()) == 0 {
+			*drop = true
+		}
+	}
 }

@@ -1,0 +1,314 @@
+// Command extprocbench measures infergate's decision latency the way Envoy drives it: one ext_proc stream per
+// request over loopback gRPC, for several prompt sizes, both request body modes and two concurrencies. It
+// prints a Markdown table of medians over several runs (p50, p99, requests/s, allocations per request).
+//
+//	go run ./test/extprocbench -runs 5
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"runtime/debug"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/policies"
+)
+
+type config struct {
+	promptBytes int
+	mode        filterv3.ProcessingMode_BodySendMode
+	concurrency int
+	requests    int
+}
+
+type result struct {
+	p50, p99    time.Duration
+	rps         float64
+	allocsPerRq float64
+}
+
+func main() {
+	policyPath := flag.String("policy", "examples/quickstart/policy.yaml", "policy file")
+	runs := flag.Int("runs", 3, "runs per configuration; the table shows medians")
+	scale := flag.Float64("scale", 1, "multiply the request counts (lower for a quick look)")
+	chunk := flag.Int("chunk", 16384, "request body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
+	only := flag.String("only", "", "run only rows whose description contains this (e.g. \"256 KiB | FULL\")")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	snap, err := policies.LoadFile(*policyPath)
+	if err != nil {
+		log.Fatal(err)
+	}
+	extproc.InstallBufferPool() // as infergate serve does
+	gcPercent := 400 // infergate serve's default unless GOGC is set
+	if os.Getenv("GOGC") != "" {
+		gcPercent = debug.SetGCPercent(-1)
+	}
+	debug.SetGCPercent(gcPercent)
+	srv := extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)})
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	srv.Register(gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	// Envoy's HTTP/2 windows default to 256 MiB; the processor's answers are never held by flow control.
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(extproc.MaxMessageBytes), grpc.MaxCallRecvMsgSize(extproc.MaxMessageBytes)),
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20),
+		// Envoy (C++) does not zero a 1 MiB buffer per message as grpc-go's default pool does; keep the
+		// emulated client from charging that to the processor.
+		experimental.WithBufferPool(&extproc.BufferPool{}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	client := extprocv3.NewExternalProcessorClient(conn)
+
+	var configs []config
+	for _, size := range []int{2 << 10, 32 << 10, 256 << 10} {
+		n := map[int]int{2 << 10: 4000, 32 << 10: 2000, 256 << 10: 400}[size]
+		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
+			for _, c := range []int{1, 32} {
+				configs = append(configs, config{promptBytes: size, mode: mode, concurrency: c, requests: max(64, int(float64(n)*(*scale)))})
+			}
+		}
+	}
+
+	fmt.Printf("GOMAXPROCS=%d, %s, GOGC=%d, %d runs per row (medians), body frames of %d bytes in FULL_DUPLEX_STREAMED\n\n",
+		runtime.GOMAXPROCS(0), runtime.Version(), gcPercent, *runs, *chunk)
+	fmt.Println("| prompt | body mode | concurrency | p50 | p99 | requests/s | allocs/request |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|")
+	for _, cfg := range configs {
+		desc := fmt.Sprintf("%d KiB | %s | %d |", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency)
+		if !strings.Contains(desc, *only) {
+			continue
+		}
+		body := chatBody(cfg.promptBytes)
+		var rs []result
+		for range *runs {
+			r, err := measure(client, cfg, body, *chunk)
+			if err != nil {
+				log.Fatalf("%+v: %v", cfg, err)
+			}
+			rs = append(rs, r)
+		}
+		med := medianResult(rs)
+		fmt.Printf("| %s %s | %s | %.0f | %.0f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq)
+	}
+}
+
+func modeName(m filterv3.ProcessingMode_BodySendMode) string {
+	if m == filterv3.ProcessingMode_BUFFERED {
+		return "BUFFERED"
+	}
+	return "FULL_DUPLEX_STREAMED"
+}
+
+func fmtDur(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
+
+// chatBody builds a chat request of about n bytes: a long system prompt and a short question, to a model whose
+// pools serve another name, so the body rewrite is part of what is measured.
+func chatBody(n int) []byte {
+	head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
+	tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
+	fill := max(0, n-len(head)-len(tail))
+	words := strings.Repeat("You are a helpful assistant who answers briefly. ", fill/49+1)[:fill]
+	return []byte(head + words + tail)
+}
+
+func requestHeaders(bodyLen int) *corev3.HeaderMap {
+	return &corev3.HeaderMap{Headers: append(slices.Clone(baseHeaders),
+		&corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(bodyLen))})}
+}
+
+var baseHeaders = []*corev3.HeaderValue{
+	{Key: ":method", RawValue: []byte("POST")},
+	{Key: ":path", RawValue: []byte("/v1/chat/completions")},
+	{Key: ":authority", RawValue: []byte("gateway")},
+	{Key: "content-type", RawValue: []byte("application/json")},
+	{Key: "authorization", RawValue: []byte("Bearer sk-demo-acme")},
+	{Key: "x-request-id", RawValue: []byte("bench")},
+}
+
+// oneRequest runs one request's stream and returns the time from request headers to the routing decision
+// being complete (for FULL_DUPLEX_STREAMED, the last streamed body chunk).
+func oneRequest(client extprocv3.ExternalProcessorClient, cfg config, body []byte, chunk int) (time.Duration, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := client.Process(ctx)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := st.Send(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: cfg.mode, ResponseBodyMode: filterv3.ProcessingMode_NONE},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: requestHeaders(len(body))}},
+	}); err != nil {
+		return 0, err
+	}
+	var elapsed time.Duration
+	if cfg.mode == filterv3.ProcessingMode_BUFFERED {
+		if _, err := st.Recv(); err != nil {
+			return 0, err
+		}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+			return 0, err
+		}
+		r, err := st.Recv()
+		if err != nil {
+			return 0, err
+		}
+		if r.GetRequestBody() == nil {
+			return 0, fmt.Errorf("unexpected answer %v", r)
+		}
+		elapsed = time.Since(start)
+	} else {
+		for off := 0; off < len(body); off += chunk {
+			end := min(off+chunk, len(body))
+			if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}); err != nil {
+				return 0, err
+			}
+		}
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return 0, err
+			}
+			if r.GetImmediateResponse() != nil {
+				return 0, fmt.Errorf("rejected: %s", r.GetImmediateResponse().GetBody())
+			}
+			if r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+				break
+			}
+		}
+		elapsed = time.Since(start)
+	}
+	// Finish the request as Envoy would, so in-flight counts return to zero.
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true}}}); err != nil {
+		return 0, err
+	}
+	if _, err := st.Recv(); err != nil {
+		return 0, err
+	}
+	_ = st.CloseSend()
+	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return 0, fmt.Errorf("closing stream: %w", err)
+	}
+	return elapsed, nil
+}
+
+func heapAllocs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func measure(client extprocv3.ExternalProcessorClient, cfg config, body []byte, chunk int) (result, error) {
+	// Warm up connections and pools.
+	for range 20 {
+		if _, err := oneRequest(client, cfg, body, chunk); err != nil {
+			return result{}, err
+		}
+	}
+	runtime.GC()
+	lat := make([]time.Duration, cfg.requests)
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	allocs0 := heapAllocs()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range cfg.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= cfg.requests {
+					return
+				}
+				d, err := oneRequest(client, cfg, body, chunk)
+				if err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+				lat[i] = d
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	allocs := heapAllocs() - allocs0
+	if firstErr != nil {
+		return result{}, firstErr
+	}
+	slices.Sort(lat)
+	return result{
+		p50:         lat[len(lat)/2],
+		p99:         lat[len(lat)*99/100],
+		rps:         float64(cfg.requests) / wall.Seconds(),
+		allocsPerRq: float64(allocs) / float64(cfg.requests),
+	}, nil
+}
+
+func medianResult(rs []result) result {
+	pick := func(f func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	return result{
+		p50:         time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
+		p99:         time.Duration(pick(func(r result) float64 { return float64(r.p99) })),
+		rps:         pick(func(r result) float64 { return r.rps }),
+		allocsPerRq: pick(func(r result) float64 { return r.allocsPerRq }),
+	}
+}
+
+func init() {
+	log.SetFlags(0)
+	log.SetOutput(os.Stderr)
+}
