@@ -37,10 +37,6 @@ func BenchmarkDecision(b *testing.B) {
 			} else {
 				frames = [][]byte{body}
 			}
-			msgs := make([]any, 0, len(frames))
-			for i, f := range frames {
-				msgs = append(msgs, reqBody(f, i == len(frames)-1))
-			}
 			b.Run(fmt.Sprintf("%dKiB/%s", size>>10, mode.name), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()

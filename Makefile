@@ -1,0 +1,55 @@
+# infergate — run `make help` for the targets.
+SHELL := /usr/bin/env bash
+GO ?= go
+BIN := bin/infergate
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME ?= 20s
+DEMO_DURATION ?= 0
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/infergate
+	$(GO) build -o $(BIN) ./cmd/infergate
+
+.PHONY: test-deps
+test-deps: ## install what the tests run for real (Debian packages) when missing
+	@bash scripts/ensure-test-deps.sh
+
+.PHONY: test
+test: test-deps ## vet and run every test with the race detector
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+.PHONY: bench
+bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go micro-benchmarks
+	$(GO) run ./test/extprocbench -runs 5
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for fz in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+	    echo "== $$pkg $$fz"; \
+	    $(GO) test $$pkg -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME); \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+.PHONY: demo
+demo: build ## run the quickstart: validate the policy and serve it (DEMO_DURATION=30s stops by itself)
+	@bash scripts/demo.sh
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf bin
