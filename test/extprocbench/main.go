@@ -15,8 +15,8 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"runtime/metrics"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -73,7 +73,7 @@ func main() {
 		log.Fatal(err)
 	}
 	extproc.InstallBufferPool() // as infergate serve does
-	gcPercent := 400 // infergate serve's default unless GOGC is set
+	gcPercent := 400            // infergate serve's default unless GOGC is set
 	if os.Getenv("GOGC") != "" {
 		gcPercent = debug.SetGCPercent(-1)
 	}
