@@ -1,0 +1,513 @@
+package fleetsim
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+var errTooLong = errors.New("prompt and max_tokens exceed the replica's KV capacity")
+
+// Faults are failures injected into a replica at run time.
+type Faults struct {
+	ErrorRate float64 `json:"errorRate"` // fraction of inference requests answered with a 500
+	Hang      bool    `json:"hang"`      // accept requests and never answer
+	Slowdown  float64 `json:"slowdown"`  // multiply engine step times (1 = normal)
+	Refuse    bool    `json:"refuse"`    // close the listener: connections are refused
+}
+
+// ReplicaConfig describes one simulated model server.
+type ReplicaConfig struct {
+	Name         string   `yaml:"name"`
+	Addr         string   `yaml:"addr"`
+	Model        string   `yaml:"model"`
+	Hardware     string   `yaml:"hardware"`
+	Dialect      string   `yaml:"dialect"` // vllm (default) or sglang
+	BlockSize    int      `yaml:"blockSize"`
+	NumGPUBlocks int      `yaml:"numGPUBlocks"`
+	MaxNumSeqs   int      `yaml:"maxNumSeqs"`
+	LoRAs        []string `yaml:"loras"`
+	// MaxTokensDefault is the output length for requests that set no max_tokens.
+	MaxTokensDefault int `yaml:"maxTokensDefault"`
+}
+
+// Replica is one simulated vLLM- or SGLang-compatible server.
+type Replica struct {
+	cfg     ReplicaConfig
+	eng     *engine
+	reg     *prometheus.Registry
+	ttft    prometheus.Histogram
+	faults  atomic.Pointer[Faults]
+	reqID   atomic.Uint64
+	created int64
+
+	// Set for a managed API: TLS, a required bearer key and a fixed network delay.
+	tlsConfig *tls.Config
+	apiKey    string
+	delay     time.Duration
+
+	mu       sync.Mutex
+	lis      net.Listener
+	srv      *http.Server
+	addr     string
+	inflight sync.WaitGroup
+}
+
+// NewReplica builds a replica; Start binds it.
+func NewReplica(cfg ReplicaConfig, timeScale float64) (*Replica, error) {
+	hw, ok := Profiles[cfg.Hardware]
+	if !ok {
+		return nil, fmt.Errorf("replica %s: unknown hardware %q", cfg.Name, cfg.Hardware)
+	}
+	return newReplica(cfg, hw, timeScale), nil
+}
+
+func newReplica(cfg ReplicaConfig, hw Hardware, timeScale float64) *Replica {
+	if cfg.NumGPUBlocks == 0 {
+		cfg.NumGPUBlocks = 4096
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.Dialect == "" {
+		cfg.Dialect = "vllm"
+	}
+	if cfg.MaxTokensDefault == 0 {
+		cfg.MaxTokensDefault = 16
+	}
+	r := &Replica{cfg: cfg, created: time.Now().Unix()}
+	r.eng = newEngine(EngineConfig{Hardware: hw, BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks,
+		MaxNumSeqs: cfg.MaxNumSeqs, TimeScale: timeScale})
+	r.faults.Store(&Faults{})
+	r.reg = prometheus.NewRegistry()
+	ttftName := "vllm:time_to_first_token_seconds"
+	if cfg.Dialect == "sglang" {
+		ttftName = "sglang:time_to_first_token_seconds"
+	}
+	r.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: ttftName, Help: "Histogram of time to first token in seconds (simulated time).",
+		ConstLabels: prometheus.Labels{"model_name": cfg.Model},
+		Buckets:     []float64{.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10},
+	})
+	r.reg.MustRegister(r.ttft, replicaCollector{r})
+	return r
+}
+
+// Name is the replica's name from the fleet file.
+func (r *Replica) Name() string { return r.cfg.Name }
+
+// Addr is the address the replica listens on (host:port).
+func (r *Replica) Addr() string { r.mu.Lock(); defer r.mu.Unlock(); return r.addr }
+
+// Start binds the listener and runs the engine until ctx ends.
+func (r *Replica) Start(ctx context.Context) error {
+	go r.eng.run(ctx)
+	if err := r.listen(r.cfg.Addr); err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		r.stopListening()
+	}()
+	return nil
+}
+
+func (r *Replica) listen(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("replica %s: %w", r.cfg.Name, err)
+	}
+	r.mu.Lock()
+	r.addr = lis.Addr().String()
+	r.mu.Unlock()
+	if r.tlsConfig != nil {
+		lis = tls.NewListener(lis, r.tlsConfig)
+	}
+	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: 10 * time.Second}
+	r.mu.Lock()
+	r.lis, r.srv = lis, srv
+	r.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+	return nil
+}
+
+func (r *Replica) stopListening() {
+	r.mu.Lock()
+	srv := r.srv
+	r.srv, r.lis = nil, nil
+	r.mu.Unlock()
+	if srv != nil {
+		_ = srv.Close()
+	}
+}
+
+// SetFaults replaces the replica's injected faults. Refuse closes the listener; clearing it listens again on
+// the same address.
+func (r *Replica) SetFaults(f Faults) error {
+	old := r.faults.Swap(&f)
+	r.eng.setSlowdown(f.Slowdown)
+	switch {
+	case f.Refuse && !old.Refuse:
+		r.stopListening()
+	case !f.Refuse && old.Refuse:
+		return r.listen(r.Addr())
+	}
+	return nil
+}
+
+func (r *Replica) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", r.inference)
+	mux.HandleFunc("POST /v1/completions", r.inference)
+	mux.HandleFunc("POST /v1/embeddings", r.inference)
+	mux.HandleFunc("GET /v1/models", r.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func (r *Replica) models(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+		Root    string `json:"root"`
+	}
+	data := []model{{ID: r.cfg.Model, Object: "model", Created: r.created, OwnedBy: "vllm", Root: r.cfg.Model}}
+	for _, l := range r.cfg.LoRAs {
+		data = append(data, model{ID: l, Object: "model", Created: r.created, OwnedBy: "vllm", Root: r.cfg.Model})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// apiRequest is the part of an OpenAI request body the simulator reads.
+type apiRequest struct {
+	Model    string `json:"model"`
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Input               json.RawMessage `json:"input"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           int `json:"max_tokens"`
+	MaxCompletionTokens int `json:"max_completion_tokens"`
+}
+
+// vllmError writes vLLM's error envelope (integer code, class-like type).
+func vllmError(w http.ResponseWriter, status int, typ, msg string) {
+	writeJSON(w, status, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": status})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
+	r.inflight.Add(1)
+	defer r.inflight.Done()
+	if r.apiKey != "" && req.Header.Get("Authorization") != "Bearer "+r.apiKey {
+		writeJSON(w, http.StatusUnauthorized, map[string]any{"error": map[string]any{
+			"message": "Invalid API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}})
+		return
+	}
+	if r.delay > 0 {
+		select {
+		case <-time.After(r.delay):
+		case <-req.Context().Done():
+			return
+		}
+	}
+	f := r.faults.Load()
+	if f.Hang {
+		<-req.Context().Done()
+		return
+	}
+	if f.ErrorRate > 0 && rand.Float64() < f.ErrorRate {
+		vllmError(w, http.StatusInternalServerError, "InternalServerError", "injected fault")
+		return
+	}
+	var body apiRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, req.Body, 64<<20)).Decode(&body); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error())
+		return
+	}
+	if body.Model != r.cfg.Model && !contains(r.cfg.LoRAs, body.Model) {
+		vllmError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", body.Model))
+		return
+	}
+	kind := strings.TrimPrefix(req.URL.Path, "/v1/")
+	tokens := promptTokens(kind, &body)
+	if len(tokens) == 0 {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "empty prompt")
+		return
+	}
+	maxOut := body.MaxCompletionTokens
+	if maxOut == 0 {
+		maxOut = body.MaxTokens
+	}
+	if maxOut == 0 {
+		maxOut = r.cfg.MaxTokensDefault
+	}
+	if kind == "embeddings" {
+		maxOut = 0
+	}
+	s, err := r.eng.submit(req.Context(), tokens, maxOut)
+	if err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+		return
+	}
+	id := fmt.Sprintf("%s-%s-%d", map[string]string{"chat/completions": "chatcmpl", "completions": "cmpl", "embeddings": "embd"}[kind], r.cfg.Name, r.reqID.Add(1))
+	switch {
+	case kind == "embeddings":
+		r.embeddings(w, req, s, body.Model, id)
+	case body.Stream:
+		r.stream(w, req, s, kind, body.Model, id, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
+	default:
+		r.complete(w, req, s, kind, body.Model, id)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// promptTokens renders the prompt and splits it into whitespace tokens, the simulator's tokenizer.
+func promptTokens(kind string, body *apiRequest) []string {
+	var b strings.Builder
+	switch kind {
+	case "chat/completions":
+		for _, m := range body.Messages {
+			b.WriteString("<|" + m.Role + "|> ")
+			b.WriteString(textOf(m.Content))
+			b.WriteString(" ")
+		}
+		b.WriteString("<|assistant|>")
+	case "completions":
+		b.WriteString(textOf(body.Prompt))
+	case "embeddings":
+		b.WriteString(textOf(body.Input))
+	}
+	return strings.Fields(b.String())
+}
+
+// textOf reads a string, an array of strings, or an array of content parts with "text".
+func textOf(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return ""
+	}
+	var out []string
+	for _, p := range parts {
+		if json.Unmarshal(p, &s) == nil {
+			out = append(out, s)
+			continue
+		}
+		var part struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(p, &part) == nil {
+			out = append(out, part.Text)
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+var words = strings.Fields("the model answers with simulated tokens from a replica of the fleet")
+
+func word(i int) string { return words[i%len(words)] + " " }
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func usageOf(s *seq) usage {
+	u := usage{PromptTokens: s.prompt, CompletionTokens: s.out, TotalTokens: s.prompt + s.out}
+	u.PromptTokensDetails.CachedTokens = s.cached
+	return u
+}
+
+// wait drains the sequence's token channel; false when the client left first.
+func wait(req *http.Request, s *seq) bool {
+	for {
+		select {
+		case _, ok := <-s.tokens:
+			if !ok {
+				return req.Context().Err() == nil
+			}
+		case <-req.Context().Done():
+			return false
+		}
+	}
+}
+
+func (r *Replica) complete(w http.ResponseWriter, req *http.Request, s *seq, kind, model, id string) {
+	if !wait(req, s) {
+		return
+	}
+	var text strings.Builder
+	for i := range s.out {
+		text.WriteString(word(i))
+	}
+	resp := map[string]any{"id": id, "model": model, "created": time.Now().Unix(), "usage": usageOf(s)}
+	if kind == "chat/completions" {
+		resp["object"] = "chat.completion"
+		resp["choices"] = []any{map[string]any{"index": 0, "finish_reason": "length",
+			"message": map[string]any{"role": "assistant", "content": text.String()}}}
+	} else {
+		resp["object"] = "text_completion"
+		resp["choices"] = []any{map[string]any{"index": 0, "finish_reason": "length", "text": text.String()}}
+	}
+	w.Header().Set("x-simulated-replica", r.cfg.Name)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (r *Replica) embeddings(w http.ResponseWriter, req *http.Request, s *seq, model, id string) {
+	if !wait(req, s) {
+		return
+	}
+	vec := make([]float64, 8)
+	for i := range vec {
+		vec[i] = float64((s.prompt*31+i*17)%100) / 100
+	}
+	u := usageOf(s)
+	w.Header().Set("x-simulated-replica", r.cfg.Name)
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "id": id, "model": model,
+		"data":  []any{map[string]any{"object": "embedding", "index": 0, "embedding": vec}},
+		"usage": map[string]any{"prompt_tokens": u.PromptTokens, "total_tokens": u.PromptTokens}})
+}
+
+func (r *Replica) stream(w http.ResponseWriter, req *http.Request, s *seq, kind, model, id string, includeUsage bool) {
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("x-simulated-replica", r.cfg.Name)
+	w.WriteHeader(http.StatusOK)
+	created := time.Now().Unix()
+	object := "chat.completion.chunk"
+	if kind != "chat/completions" {
+		object = "text_completion"
+	}
+	send := func(choices []any, u *usage) {
+		chunk := map[string]any{"id": id, "model": model, "object": object, "created": created, "choices": choices, "usage": u}
+		b, _ := json.Marshal(chunk)
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	delta := func(i int, finish any) []any {
+		if kind == "chat/completions" {
+			d := map[string]any{"content": word(i)}
+			if i == 0 {
+				d["role"] = "assistant"
+			}
+			return []any{map[string]any{"index": 0, "delta": d, "finish_reason": finish}}
+		}
+		return []any{map[string]any{"index": 0, "text": word(i), "finish_reason": finish}}
+	}
+	sent := 0
+	for {
+		select {
+		case n, ok := <-s.tokens:
+			if !ok {
+				if req.Context().Err() != nil {
+					return
+				}
+				if kind == "chat/completions" {
+					send([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}, nil)
+				}
+				if includeUsage {
+					u := usageOf(s)
+					send([]any{}, &u)
+				}
+				_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+				if flusher != nil {
+					flusher.Flush()
+				}
+				return
+			}
+			for ; sent < n; sent++ {
+				send(delta(sent, nil), nil)
+			}
+		case <-req.Context().Done():
+			return
+		}
+	}
+}
+
+// replicaCollector exports the engine's state under the dialect's metric names at scrape time.
+type replicaCollector struct{ r *Replica }
+
+func (c replicaCollector) Describe(chan<- *prometheus.Desc) {} // unchecked collector: names depend on the dialect
+
+func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.r
+	snap := r.eng.snapshot()
+	for _, t := range snap.ttfts {
+		r.ttft.Observe(t)
+	}
+	model := prometheus.Labels{"model_name": r.cfg.Model}
+	gauge := func(name, help string, v float64, labels prometheus.Labels) {
+		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, help, nil, labels), prometheus.GaugeValue, v)
+	}
+	counter := func(name, help string, v float64, labels prometheus.Labels) {
+		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, help, nil, labels), prometheus.CounterValue, v)
+	}
+	if r.cfg.Dialect == "sglang" {
+		gauge("sglang:num_running_reqs", "The number of running requests.", float64(snap.running), model)
+		gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", float64(snap.waiting), model)
+		gauge("sglang:token_usage", "The token usage.", snap.kvUsage, model)
+		gauge("sglang:cache_config_info", "Cache geometry.", 1, prometheus.Labels{
+			"page_size": strconv.Itoa(r.cfg.BlockSize), "num_pages": strconv.Itoa(r.cfg.NumGPUBlocks)})
+		counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", float64(snap.promptTokens), model)
+		counter("sglang:generation_tokens_total", "Number of generation tokens processed.", float64(snap.genTokens), model)
+		counter("sglang:cached_tokens_total", "Number of cached prompt tokens.", float64(snap.cacheHits), model)
+		return
+	}
+	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(snap.running), model)
+	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(snap.waiting), model)
+	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", snap.kvUsage, model)
+	gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", 1, prometheus.Labels{
+		"block_size": strconv.Itoa(r.cfg.BlockSize), "num_gpu_blocks": strconv.Itoa(r.cfg.NumGPUBlocks)})
+	gauge("vllm:lora_requests_info", "Running stats on lora requests.", float64(r.created), prometheus.Labels{
+		"max_lora": strconv.Itoa(len(r.cfg.LoRAs)), "running_lora_adapters": strings.Join(r.cfg.LoRAs, ","), "waiting_lora_adapters": ""})
+	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", float64(snap.cacheQueries), model)
+	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", float64(snap.cacheHits), model)
+	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", float64(snap.promptTokens), model)
+	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", float64(snap.genTokens), model)
+	counter("vllm:request_success_total", "Count of successfully processed requests.", float64(snap.finished), model)
+}
