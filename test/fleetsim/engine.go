@@ -25,12 +25,12 @@ var Profiles = map[string]Hardware{
 
 // EngineConfig sizes one simulated replica.
 type EngineConfig struct {
-	Hardware             Hardware
-	BlockSize            int     // tokens per KV block (vLLM default 16)
-	NumGPUBlocks         int     // KV capacity in blocks
-	MaxNumSeqs           int     // running sequences at most (continuous batching)
-	MaxNumBatchedTokens  int     // tokens per engine step (chunked prefill budget)
-	TimeScale            float64 // real seconds per simulated second (0.1 runs ten times faster)
+	Hardware            Hardware
+	BlockSize           int     // tokens per KV block (vLLM default 16)
+	NumGPUBlocks        int     // KV capacity in blocks
+	MaxNumSeqs          int     // running sequences at most (continuous batching)
+	MaxNumBatchedTokens int     // tokens per engine step (chunked prefill budget)
+	TimeScale           float64 // real seconds per simulated second (0.1 runs ten times faster)
 }
 
 // seq is one request inside the engine.

@@ -90,7 +90,7 @@ func chat(t *testing.T, client *http.Client, base, model, system, user string, m
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": maxTokens,
 		"stream_options": map[string]any{"include_usage": true},
-		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
+		"messages":       []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
 	start := time.Now()
 	resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {

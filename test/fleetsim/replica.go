@@ -201,10 +201,10 @@ type apiRequest struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Input               json.RawMessage `json:"input"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *struct {
+	Prompt        json.RawMessage `json:"prompt"`
+	Input         json.RawMessage `json:"input"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	MaxTokens           int `json:"max_tokens"`
