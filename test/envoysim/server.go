@@ -1,0 +1,341 @@
+package envoysim
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// DetailsHeader carries Envoy's %RESPONSE_CODE_DETAILS% on local replies, so tests can tell a processor's
+// 413 from Envoy's own. Real Envoy only logs it.
+const DetailsHeader = "x-envoysim-response-code-details"
+
+// Options adjust a DataPlane for tests.
+type Options struct {
+	// ExtProcAddr overrides the processor address from the config (tests bind free ports).
+	ExtProcAddr string
+	// Upstreams rewrites cluster endpoint addresses (config address -> real address).
+	Upstreams map[string]string
+	Logger    *slog.Logger
+}
+
+// DataPlane is the emulated Envoy: an http.Handler.
+type DataPlane struct {
+	cfg       *Config
+	conn      *grpc.ClientConn
+	processor extprocv3.ExternalProcessorClient
+	checker   *checker
+	forward   *headerForwardRules
+	hosts     *hostPicker
+	transport *http.Transport
+	log       *slog.Logger
+}
+
+// New connects to the processor (if the config has one) and prepares routing.
+func New(cfg *Config, opts Options) (*DataPlane, error) {
+	dp := &DataPlane{cfg: cfg, hosts: &hostPicker{active: map[string]int{}}, log: opts.Logger}
+	if dp.log == nil {
+		dp.log = slog.New(slog.DiscardHandler)
+	}
+	if len(opts.Upstreams) > 0 {
+		for _, c := range cfg.Clusters {
+			for i, ep := range c.Endpoints {
+				if real, ok := opts.Upstreams[ep]; ok {
+					c.Endpoints[i] = real
+				}
+			}
+		}
+	}
+	dp.transport = &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		ForceAttemptHTTP2:   false,
+	}
+	if cfg.ExtProc != nil {
+		addr := cfg.ExtProcAddr
+		if opts.ExtProcAddr != "" {
+			addr = opts.ExtProcAddr
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)),
+			grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20))
+		if err != nil {
+			return nil, fmt.Errorf("ext_proc client: %w", err)
+		}
+		dp.conn, dp.processor = conn, extprocv3.NewExternalProcessorClient(conn)
+		chk, err := newChecker(cfg.ExtProc.GetMutationRules())
+		if err != nil {
+			return nil, err
+		}
+		dp.checker, dp.forward = chk, buildForwardRules(cfg.ExtProc)
+	}
+	return dp, nil
+}
+
+// Close releases the processor connection and idle upstream connections.
+func (dp *DataPlane) Close() {
+	if dp.conn != nil {
+		_ = dp.conn.Close()
+	}
+	dp.transport.CloseIdleConnections()
+}
+
+// Serve answers HTTP/1.1 on lis until ctx ends.
+func (dp *DataPlane) Serve(ctx context.Context, lis net.Listener) error {
+	srv := &http.Server{Handler: dp, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+var hopByHop = map[string]bool{"connection": true, "keep-alive": true, "transfer-encoding": true, "te": true,
+	"upgrade": true, "proxy-connection": true, "trailer": true}
+
+// trailerReader fills the trailers map from the request once its body is read to the end.
+type trailerReader struct {
+	r    io.Reader
+	src  func() http.Header
+	dst  *headerMap
+	done bool
+}
+
+func (t *trailerReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if errors.Is(err, io.EOF) && !t.done {
+		t.done = true
+		for k, vs := range t.src() {
+			for _, v := range vs {
+				t.dst.add(strings.ToLower(k), v)
+			}
+		}
+	}
+	return n, err
+}
+
+// ServeHTTP handles one request as Envoy's HTTP connection manager would.
+func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := &headerMap{}
+	h.add(":authority", r.Host)
+	h.add(":path", r.URL.RequestURI())
+	h.add(":method", r.Method)
+	h.add(":scheme", "http")
+	for k, vs := range r.Header {
+		lk := strings.ToLower(k)
+		if hopByHop[lk] {
+			continue
+		}
+		for _, v := range vs {
+			h.add(lk, v)
+		}
+	}
+	if _, ok := h.get("x-request-id"); !ok {
+		h.add("x-request-id", rand.Text()) // the HCM generates one by default
+	}
+	var body io.Reader
+	reqTrailers := &headerMap{}
+	if r.ContentLength != 0 {
+		body = &trailerReader{r: r.Body, src: func() http.Header { return r.Trailer }, dst: reqTrailers}
+	}
+	d := &downstream{w: w}
+	// The route is resolved when the request headers arrive; a processor's header changes re-route only
+	// if it clears the route cache.
+	route := routeFor(dp.cfg.Routes, h)
+
+	var f *filter
+	if dp.cfg.ExtProc != nil {
+		f = newFilter(r.Context(), dp)
+		defer f.close()
+		up, err := f.requestPath(h, body, reqTrailers)
+		if err != nil {
+			dp.fail(d, err)
+			return
+		}
+		body = up
+		if f.routeCleared {
+			route = routeFor(dp.cfg.Routes, h)
+		}
+	}
+	status, respHeaders, respBody, respTrailers, finish := dp.forwardUpstream(r.Context(), route, h, body, f)
+	defer finish()
+	if status == 0 {
+		return // the client went away
+	}
+	if f != nil {
+		if err := f.responsePath(respHeaders, respBody, respTrailers, d); err != nil {
+			dp.fail(d, err)
+		}
+		return
+	}
+	d.writeHeaders(respHeaders)
+	if respBody != nil {
+		_ = copyFlush(d, respBody)
+	}
+}
+
+// fail answers a local reply, or resets the stream when the response has already started.
+func (dp *DataPlane) fail(d *downstream, err error) {
+	var lr *localReply
+	if !errors.As(err, &lr) {
+		if errors.Is(err, context.Canceled) {
+			return
+		}
+		lr = &localReply{status: http.StatusInternalServerError, body: []byte(err.Error()), details: "envoysim_internal_error"}
+	}
+	if d.headersSent {
+		panic(http.ErrAbortHandler) // Envoy resets the downstream stream
+	}
+	for _, e := range lr.headers.kv {
+		if e.k[0] != ':' {
+			d.w.Header().Add(e.k, e.v)
+		}
+	}
+	if d.w.Header().Get("content-type") == "" {
+		d.w.Header().Set("content-type", "text/plain")
+	}
+	d.w.Header().Set(DetailsHeader, lr.details)
+	d.w.WriteHeader(lr.status)
+	_, _ = d.w.Write(lr.body)
+	d.headersSent = true
+}
+
+// localResponse is a router-generated reply (direct_response, no route, no upstream): encoder filters,
+// the ext_proc among them, still see it.
+func localResponse(status int, body, details string) (int, *headerMap, io.Reader, *headerMap, func()) {
+	h := &headerMap{}
+	h.add(":status", itoa(status))
+	h.add("content-type", "text/plain")
+	h.add("content-length", itoa(len(body)))
+	h.add(DetailsHeader, details)
+	return status, h, strings.NewReader(body), nil, func() {}
+}
+
+// forwardUpstream runs the router: pick the cluster, choose hosts (override_host list, then the fallback
+// policy), retry on connect failure as the route's retry policy allows, and return the response.
+func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, h *headerMap, body io.Reader, f *filter) (int, *headerMap, io.Reader, *headerMap, func()) {
+	if route == nil {
+		return localResponse(http.StatusNotFound, "", "route_not_found")
+	}
+	if dr := route.GetDirectResponse(); dr != nil {
+		return localResponse(int(dr.GetStatus()), string(dr.GetBody().GetInlineString()), "direct_response")
+	}
+	ra := route.GetRoute()
+	cluster, ok := dp.cfg.Clusters[pickCluster(ra, h)]
+	if !ok {
+		return localResponse(http.StatusServiceUnavailable, "no healthy upstream", "cluster_not_found")
+	}
+	retries := 0
+	if rp := ra.GetRetryPolicy(); rp != nil && strings.Contains(rp.GetRetryOn(), "connect-failure") {
+		retries = 1
+		if n := rp.GetNumRetries(); n != nil {
+			retries = int(n.GetValue())
+		}
+	}
+	timeout := 15 * time.Second
+	if t := ra.GetTimeout(); t != nil && t.AsDuration() > 0 {
+		timeout = t.AsDuration()
+	}
+	var md func(string) *structpb.Struct
+	if f != nil {
+		md = f.namespace
+	} else {
+		md = func(string) *structpb.Struct { return nil }
+	}
+	listed := overrideList(cluster, h, md)
+	tried := map[string]bool{}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	for attempt := 0; attempt <= retries; attempt++ {
+		host := dp.hosts.next(cluster, listed, tried)
+		if host == "" {
+			break
+		}
+		tried[host] = true
+		req, err := http.NewRequestWithContext(ctx, headerValueOr(h, ":method", "GET"), "http://"+host+h.value(":path"), body)
+		if err != nil {
+			cancel()
+			return localResponse(http.StatusBadRequest, err.Error(), "bad_request")
+		}
+		for _, e := range h.kv {
+			switch {
+			case e.k[0] == ':' || hopByHop[e.k]:
+			case e.k == "content-length":
+				if n, err := atoi64(e.v); err == nil {
+					req.ContentLength = n
+				}
+			default:
+				req.Header.Add(e.k, e.v)
+			}
+		}
+		if _, ok := h.get("content-length"); !ok && body != nil {
+			req.ContentLength = -1 // chunked
+		}
+		req.Host = h.value(":authority")
+		dialCtx, dialCancel := context.WithTimeout(ctx, cluster.ConnectTimeout)
+		conn, err := (&net.Dialer{}).DialContext(dialCtx, "tcp", host)
+		dialCancel()
+		if err != nil {
+			dp.log.Debug("upstream connect failure", "host", host, "err", err)
+			continue // connect-failure: the next host
+		}
+		_ = conn.Close()
+		dp.hosts.start(host)
+		resp, err := dp.transport.RoundTrip(req)
+		if err != nil {
+			dp.hosts.done(host)
+			if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
+				cancel()
+				return 0, nil, nil, nil, func() {}
+			}
+			cancel()
+			return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers", "upstream_reset_before_response_started")
+		}
+		if f != nil && cluster.OverrideHost.GetSelectedHostKey() != nil {
+			f.setMetadata(cluster.OverrideHost.GetSelectedHostKey().GetKey(), cluster.OverrideHost.GetSelectedHostKey().GetPath()[0].GetKey(), host)
+		}
+		rh := &headerMap{}
+		rh.add(":status", itoa(resp.StatusCode))
+		for k, vs := range resp.Header {
+			lk := strings.ToLower(k)
+			if hopByHop[lk] {
+				continue
+			}
+			for _, v := range vs {
+				rh.add(lk, v)
+			}
+		}
+		trailers := &headerMap{}
+		var rb io.Reader = &trailerReader{r: resp.Body, src: func() http.Header { return resp.Trailer }, dst: trailers}
+		if resp.ContentLength == 0 {
+			rb = nil
+		}
+		return resp.StatusCode, rh, rb, trailers, func() { resp.Body.Close(); dp.hosts.done(host); cancel() }
+	}
+	cancel()
+	return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", "upstream_connection_failure")
+}
+
+func headerValueOr(h *headerMap, k, def string) string {
+	if v, ok := h.get(k); ok {
+		return v
+	}
+	return def
+}
