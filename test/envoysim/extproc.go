@@ -64,6 +64,7 @@ type filter struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	stream   extprocv3.ExternalProcessor_ProcessClient
+	sendMu   sync.Mutex // the sender goroutine and the request goroutine both send; gRPC allows one at a time
 	recv     chan received
 	sentAny  bool
 	complete bool // processing is over: immediate response sent, bypassed, or server closed
@@ -148,7 +149,9 @@ func (f *filter) open() error {
 // close ends the stream: a half-close, then the context is cancelled (a reset) when the request is done.
 func (f *filter) close() {
 	if f.stream != nil {
+		f.sendMu.Lock()
 		_ = f.stream.CloseSend()
+		f.sendMu.Unlock()
 	}
 	f.cancel()
 }
@@ -172,7 +175,7 @@ func (f *filter) send(m *extprocv3.ProcessingRequest) error {
 	if md := f.metadataContext(); md != nil {
 		m.MetadataContext = md
 	}
-	if err := f.stream.Send(m); err != nil {
+	if err := f.sendLocked(m); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The server closed the stream; its status arrives through Recv.
 			return f.await(0, nil)
@@ -490,3 +493,9 @@ func (f *filter) setMetadata(ns, key, value string) {
 }
 
 func atoi64(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+
+func (f *filter) sendLocked(m *extprocv3.ProcessingRequest) error {
+	f.sendMu.Lock()
+	defer f.sendMu.Unlock()
+	return f.stream.Send(m)
+}

@@ -285,7 +285,6 @@ func (f *filter) startSender(request bool, body io.Reader, trailers *headerMap, 
 	if !request {
 		sendTrailers = f.sendsResponseTrailers()
 	}
-	stream := f.stream
 	go func() {
 		defer close(sd.queue)
 		defer close(sd.trailersSent)
@@ -308,7 +307,7 @@ func (f *filter) startSender(request bool, body io.Reader, trailers *headerMap, 
 					m.ProtocolConfig, attachConfig = protocol, false
 				}
 				m.MetadataContext = md
-				if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
+				if err := f.sendLocked(m); err != nil && !errors.Is(err, io.EOF) {
 					sd.err <- err
 					return
 				}
@@ -320,7 +319,7 @@ func (f *filter) startSender(request bool, body io.Reader, trailers *headerMap, 
 				if hasTrailers && !sd.bypass.Load() {
 					m := trailersMsg(request, trailers)
 					m.MetadataContext = md
-					if stream.Send(m) == nil {
+					if f.sendLocked(m) == nil {
 						sd.trailersSent <- true
 					}
 				}

@@ -1,0 +1,170 @@
+// Package e2e runs the whole request path on loopback: the Envoy-faithful data plane (reading the shipped
+// deploy/envoy config), infergate's ext_proc server, and a simulated fleet. The demo and the end-to-end
+// tests share this wiring.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/envoysim"
+	"github.com/infergate/infergate/test/fleetsim"
+)
+
+// Stack is a running gateway stack.
+type Stack struct {
+	// URL is the data plane's base URL (http://127.0.0.1:port).
+	URL string
+	// Fleet is the simulated fleet; Settled receives every settlement the processor makes.
+	Fleet    *fleetsim.Fleet
+	Settled  chan extproc.Settlement
+	Policies *policies.Store
+	// ExtProcAddr is where infergate's ext_proc server listens.
+	ExtProcAddr string
+}
+
+// Options choose the files and addresses of a Stack.
+type Options struct {
+	Root       string // repository root
+	EnvoyFile  string // relative to Root
+	PolicyFile string // relative to Root
+	FleetFile  string // relative to Root
+	// FreePorts rebinds every replica and server on a free port (tests); otherwise the files' ports are used.
+	FreePorts  bool
+	ListenAddr string // data plane address when not FreePorts
+	Logger     *slog.Logger
+	// Extproc, when set, is an already running processor to use instead of starting one in-process.
+	ExtprocAddr string
+}
+
+var addrRe = regexp.MustCompile(`127\.0\.0\.1:\d+`)
+
+// Start brings the stack up; everything stops when ctx ends.
+func Start(ctx context.Context, o Options) (*Stack, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	fcfg, err := fleetsim.LoadConfig(filepath.Join(o.Root, o.FleetFile))
+	if err != nil {
+		return nil, err
+	}
+	configured := map[string]string{} // replica name -> address in the files
+	for i := range fcfg.Replicas {
+		configured[fcfg.Replicas[i].Name] = fcfg.Replicas[i].Addr
+		if o.FreePorts {
+			fcfg.Replicas[i].Addr = "127.0.0.1:0"
+		}
+	}
+	if o.FreePorts {
+		fcfg.AdminAddr = "127.0.0.1:0"
+		for i := range fcfg.Managed {
+			fcfg.Managed[i].Addr = "127.0.0.1:0"
+		}
+	}
+	fleet, err := fleetsim.Start(ctx, fcfg)
+	if err != nil {
+		return nil, err
+	}
+	real := map[string]string{} // address in the files -> address bound
+	for _, r := range fleet.Replicas {
+		real[configured[r.Name()]] = r.Addr()
+	}
+
+	policyData, err := os.ReadFile(filepath.Join(o.Root, o.PolicyFile))
+	if err != nil {
+		return nil, err
+	}
+	policyPath := filepath.Join(o.Root, o.PolicyFile)
+	if o.FreePorts {
+		rewritten := addrRe.ReplaceAllStringFunc(string(policyData), func(a string) string {
+			if r, ok := real[a]; ok {
+				return r
+			}
+			return a
+		})
+		dir, err := os.MkdirTemp("", "infergate-e2e")
+		if err != nil {
+			return nil, err
+		}
+		go func() { <-ctx.Done(); _ = os.RemoveAll(dir) }()
+		policyPath = filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(policyPath, []byte(rewritten), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	st := &Stack{Fleet: fleet, Settled: make(chan extproc.Settlement, 4096)}
+
+	procAddr := o.ExtprocAddr
+	if procAddr == "" {
+		store, err := policies.NewStore(policyPath, o.Logger)
+		if err != nil {
+			return nil, err
+		}
+		st.Policies = store
+		srv := extproc.New(extproc.Options{Policies: store, Logger: o.Logger, OnSettle: func(s extproc.Settlement) {
+			select {
+			case st.Settled <- s:
+			default:
+			}
+		}})
+		gs := grpc.NewServer(extproc.ServerOptions()...)
+		srv.Register(gs)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		go func() { _ = gs.Serve(lis) }()
+		go func() { <-ctx.Done(); gs.Stop() }()
+		procAddr = lis.Addr().String()
+	}
+	st.ExtProcAddr = procAddr
+
+	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
+	if err != nil {
+		return nil, err
+	}
+	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: real, Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	listen := o.ListenAddr
+	if o.FreePorts || listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("data plane: %w", err)
+	}
+	go func() { _ = dp.Serve(ctx, lis); dp.Close() }()
+	st.URL = "http://" + lis.Addr().String()
+	return st, nil
+}
+
+// FindRoot walks up from the working directory to the directory holding go.mod.
+func FindRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above %s", strings.TrimSpace(dir))
+		}
+		dir = parent
+	}
+}
