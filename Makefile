@@ -4,7 +4,6 @@ GO ?= go
 BIN := bin/infergate
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 20s
-DEMO_DURATION ?= 0
 
 .DEFAULT_GOAL := help
 
@@ -47,8 +46,10 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run $(STATICCHECK) ./...
 
 .PHONY: demo
-demo: build ## run the quickstart: validate the policy and serve it (DEMO_DURATION=30s stops by itself)
-	@bash scripts/demo.sh
+demo: build ## simulated fleet + infergate + data plane on :8080 + traffic, live table (DEMO_DURATION=30s stops)
+	$(GO) build -o bin/demo ./test/demo
+	./$(BIN) validate examples/quickstart/policy.yaml
+	./bin/demo --infergate $(BIN)
 
 .PHONY: clean
 clean: ## remove build output

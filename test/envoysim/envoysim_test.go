@@ -621,3 +621,73 @@ func TestDirectResponse(t *testing.T) {
 		t.Errorf("got %d %q %v", r.status, r.body, r.header)
 	}
 }
+
+// §16.1 weighted_clusters: the split follows the weights.
+func TestWeightedClusters(t *testing.T) {
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SKIP}"), 1<<20, nil)
+	for range 400 {
+		s.do("GET", "/x", "", "x-route", "weighted")
+	}
+	a := s.a1.count() + s.a2.count()
+	if b := s.b.count(); a+b != 400 || b < 250 || b > 350 {
+		t.Errorf("a=%d b=%d, want about 100/300", a, b)
+	}
+}
+
+// The response body in BUFFERED (one message, mutation replaces it, content-length follows) and
+// FULL_DUPLEX_STREAMED (streamed_response chunks) modes.
+func TestResponseBodyModes(t *testing.T) {
+	upper := func(request bool) script {
+		return func(t *testing.T, p *procStream) {
+			p.next()
+			p.reply(respHeadersResp(nil))
+			m := p.next()
+			p.reply(respBodyResp(&extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{
+				Body: []byte(strings.ToUpper(string(m.GetResponseBody().GetBody())))}}}))
+		}
+	}
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SEND, response_body_mode: BUFFERED}"), 1<<20, upper(false))
+	r := s.do("GET", "/x", "")
+	if r.status != 200 || !strings.Contains(r.body, `"UPSTREAM"`) || r.header.Get("content-length") != fmt.Sprint(len(r.body)) {
+		t.Errorf("BUFFERED response: %d %q cl=%s", r.status, r.body, r.header.Get("content-length"))
+	}
+
+	s = newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SEND, response_body_mode: FULL_DUPLEX_STREAMED, response_trailer_mode: SEND}"), 1<<20,
+		func(t *testing.T, p *procStream) {
+			p.next()
+			var body []byte
+			for {
+				m := p.next()
+				body = append(body, m.GetResponseBody().GetBody()...)
+				if m.GetResponseBody().GetEndOfStream() {
+					break
+				}
+			}
+			p.reply(respHeadersResp(&extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{set("x-processed", "1")}}}))
+			p.reply(streamed(false, "[", false))
+			p.reply(streamed(false, string(body)+"]", true))
+		})
+	r = s.do("GET", "/x", "")
+	if r.status != 200 || !strings.HasPrefix(r.body, "[{") || !strings.HasSuffix(r.body, "]") || r.header.Get("x-processed") != "1" {
+		t.Errorf("FULL_DUPLEX_STREAMED response: %d %q %v", r.status, r.body, r.header)
+	}
+}
+
+// §6: CONTINUE_AND_REPLACE in a headers answer replaces the body; no body message follows.
+func TestContinueAndReplace(t *testing.T) {
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, response_header_mode: SKIP}"), 1<<20,
+		func(t *testing.T, p *procStream) {
+			p.next()
+			p.reply(reqHeadersResp(&extprocv3.CommonResponse{Status: extprocv3.CommonResponse_CONTINUE_AND_REPLACE,
+				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("replaced")}}}))
+			if _, err := p.Recv(); err == nil {
+				t.Error("a body message followed CONTINUE_AND_REPLACE")
+			}
+		})
+	if r := s.do("POST", "/x", "original body"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	if got := s.a1.lastOrOther(t, s.a2).Body; got != "replaced" {
+		t.Errorf("upstream body %q", got)
+	}
+}

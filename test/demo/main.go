@@ -1,0 +1,368 @@
+// Command demo runs the quickstart: a simulated heterogeneous fleet, `infergate serve` with the quickstart
+// policy, the Envoy-faithful data plane on 127.0.0.1:8080, and shared-prefix chat traffic from three tenants.
+// It prints a live table every second and a summary at the end. Ctrl-C stops everything; DEMO_DURATION=30s
+// stops by itself.
+//
+//	go run ./test/demo --infergate bin/infergate
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/test/e2e"
+)
+
+type tenant struct {
+	name, key string
+	models    []string
+	rate      float64 // requests per second
+}
+
+var tenants = []tenant{
+	{"acme", "sk-demo-acme", []string{"llama-3.3-70b", "qwen2.5-7b"}, 6},
+	{"globex", "sk-demo-globex", []string{"llama-70b", "qwen2.5-7b"}, 4},
+	{"initech", "sk-demo-initech", []string{"qwen-7b", "llama-3.3-70b"}, 2}, // llama is not allowed: 403s
+}
+
+// sample is one finished request as the client saw it.
+type sample struct {
+	tenant, replica string
+	status          int
+	ttft            time.Duration
+	prompt, cached  int64
+	completion      int64
+}
+
+type stats struct {
+	mu      sync.Mutex
+	samples []sample
+}
+
+func (s *stats) add(x sample) { s.mu.Lock(); s.samples = append(s.samples, x); s.mu.Unlock() }
+
+func (s *stats) snapshot() []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.samples)
+}
+
+func main() {
+	bin := flag.String("infergate", "bin/infergate", "infergate binary to run as `serve`")
+	envoyFile := flag.String("envoy", "deploy/envoy/envoy.yaml", "Envoy config the data plane reads")
+	listen := flag.String("listen", "127.0.0.1:8080", "data plane address")
+	flag.Parse()
+	duration := time.Duration(0)
+	if v := os.Getenv("DEMO_DURATION"); v != "" && v != "0" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo: bad DEMO_DURATION:", err)
+			os.Exit(2)
+		}
+		duration = d
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, duration)
+		defer cancel()
+	}
+	if err := run(ctx, *bin, *envoyFile, *listen); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, bin, envoyFile, listen string) error {
+	root, err := e2e.FindRoot()
+	if err != nil {
+		return err
+	}
+	// infergate itself runs as its own process, exactly as in production.
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	defer stopServe()
+	logFile, err := os.CreateTemp("", "infergate-demo-*.log")
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.CommandContext(serveCtx, bin, "serve", "--policy", "examples/quickstart/policy.yaml",
+		"--extproc-addr", "127.0.0.1:9002", "--metrics-addr", "127.0.0.1:9090", "--xds-addr", "")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = root, logFile, logFile
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start infergate: %w", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- cmd.Wait() }()
+	if err := waitHTTP(ctx, "http://127.0.0.1:9090/healthz"); err != nil {
+		return fmt.Errorf("infergate did not come up (log: %s): %w", logFile.Name(), err)
+	}
+
+	stackCtx, stopStack := context.WithCancel(context.Background())
+	defer stopStack()
+	st, err := e2e.Start(stackCtx, e2e.Options{Root: root, EnvoyFile: envoyFile, PolicyFile: "examples/quickstart/policy.yaml",
+		FleetFile: "examples/quickstart/fleet.yaml", ListenAddr: listen, ExtprocAddr: "127.0.0.1:9002"})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("infergate demo: gateway %s, infergate ext_proc 127.0.0.1:9002, metrics http://127.0.0.1:9090/metrics (log %s)\n",
+		st.URL, logFile.Name())
+	fmt.Printf("try: curl %s/v1/chat/completions -H 'Authorization: Bearer sk-demo-acme' -d '{\"model\":\"llama-70b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n", st.URL)
+
+	s := &stats{}
+	var wg sync.WaitGroup
+	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	defer stopTraffic()
+	for _, t := range tenants {
+		wg.Add(1)
+		go func() { defer wg.Done(); generate(trafficCtx, st.URL, t, s, &wg) }()
+	}
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-served:
+			return fmt.Errorf("infergate exited: %v (log: %s)", err, logFile.Name())
+		case <-tick.C:
+			fmt.Print("\033[H\033[2J")
+			render(os.Stdout, st, s.snapshot(), time.Since(start), false)
+		}
+	}
+	stopTraffic()
+	wg.Wait()
+	fmt.Print("\033[H\033[2J")
+	render(os.Stdout, st, s.snapshot(), time.Since(start), true)
+	stopServe()
+	<-served
+	fmt.Println("\nstopped: traffic, data plane, fleet and infergate.")
+	return nil
+}
+
+func waitHTTP(ctx context.Context, url string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return errors.New("timed out")
+}
+
+// Shared system prompts: conversations in a group share a long prefix, as chat products and agents do.
+var groups = func() []string {
+	topics := []string{"retail returns", "travel bookings", "tax questions", "IT helpdesk", "insurance claims", "recipes", "car rentals", "school timetables"}
+	out := make([]string, len(topics))
+	for i, t := range topics {
+		out[i] = strings.Repeat(fmt.Sprintf("You are the %s assistant; follow the policy handbook section %d exactly and cite it. ", t, i), 30)
+	}
+	return out
+}()
+
+// generate sends Poisson arrivals of streaming chat for one tenant until ctx ends.
+func generate(ctx context.Context, base string, t tenant, s *stats, wg *sync.WaitGroup) {
+	client := &http.Client{Timeout: 60 * time.Second}
+	for {
+		wait := time.Duration(rand.ExpFloat64() / t.rate * float64(time.Second))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			model := t.models[rand.IntN(len(t.models))]
+			group := groups[rand.IntN(len(groups))]
+			s.add(chat(ctx, client, base, t, model, group, fmt.Sprintf("Question %d: what applies here?", rand.IntN(1000))))
+		}()
+	}
+}
+
+func chat(ctx context.Context, client *http.Client, base string, t tenant, model, system, user string) sample {
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 32 + rand.IntN(32),
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(string(body)))
+	req.Header.Set("Authorization", "Bearer "+t.key)
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	x := sample{tenant: t.name}
+	resp, err := client.Do(req)
+	if err != nil {
+		return x
+	}
+	defer resp.Body.Close()
+	x.status, x.replica = resp.StatusCode, resp.Header.Get("x-simulated-replica")
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return x
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *struct {
+				PromptTokens        int64 `json:"prompt_tokens"`
+				CompletionTokens    int64 `json:"completion_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int64 `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal([]byte(line), &chunk) != nil {
+			continue
+		}
+		if x.ttft == 0 && len(chunk.Choices) > 0 {
+			x.ttft = time.Since(start)
+		}
+		if u := chunk.Usage; u != nil {
+			x.prompt, x.completion, x.cached = u.PromptTokens, u.CompletionTokens, u.PromptTokensDetails.CachedTokens
+		}
+	}
+	return x
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)-1, int(float64(len(d))*p))]
+}
+
+func ms(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f ms", float64(d)/1e6)
+}
+
+// inflight scrapes a replica's running + waiting requests.
+func inflight(addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "down"
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return "?"
+	}
+	get := func(name string) float64 {
+		if f := fams[name]; f != nil && len(f.GetMetric()) > 0 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+		return 0
+	}
+	return fmt.Sprintf("%.0f", get("vllm:num_requests_running")+get("vllm:num_requests_waiting"))
+}
+
+func render(w io.Writer, st *e2e.Stack, samples []sample, elapsed time.Duration, final bool) {
+	title := "live"
+	if final {
+		title = "summary"
+	}
+	fmt.Fprintf(w, "infergate demo (%s) — %s elapsed, gateway %s, simulated time runs 4x faster than the GPUs\n\n",
+		title, elapsed.Round(time.Second), st.URL)
+	fmt.Fprintf(w, "%-18s %6s %10s %10s %10s %9s\n", "REPLICA", "REQS", "TTFT p50", "TTFT p95", "CACHE HIT", "IN-FLIGHT")
+	byReplica := map[string][]sample{}
+	for _, x := range samples {
+		if x.replica != "" {
+			byReplica[x.replica] = append(byReplica[x.replica], x)
+		}
+	}
+	var allTTFT []time.Duration
+	var allPrompt, allCached int64
+	for _, r := range st.Fleet.Replicas {
+		xs := byReplica[r.Name()]
+		var ttfts []time.Duration
+		var prompt, cached int64
+		for _, x := range xs {
+			if x.ttft > 0 {
+				ttfts = append(ttfts, x.ttft)
+			}
+			prompt, cached = prompt+x.prompt, cached+x.cached
+		}
+		allTTFT = append(allTTFT, ttfts...)
+		allPrompt, allCached = allPrompt+prompt, allCached+cached
+		hit := "-"
+		if prompt > 0 {
+			hit = fmt.Sprintf("%.0f%%", 100*float64(cached)/float64(prompt))
+		}
+		fmt.Fprintf(w, "%-18s %6d %10s %10s %10s %9s\n", r.Name(), len(xs), ms(percentile(ttfts, .5)), ms(percentile(ttfts, .95)), hit, inflight(r.Addr()))
+	}
+	hit := "-"
+	if allPrompt > 0 {
+		hit = fmt.Sprintf("%.0f%%", 100*float64(allCached)/float64(allPrompt))
+	}
+	fmt.Fprintf(w, "%-18s %6d %10s %10s %10s\n\n", "all replicas", len(allTTFT), ms(percentile(allTTFT, .5)), ms(percentile(allTTFT, .95)), hit)
+
+	fmt.Fprintf(w, "%-10s %6s %12s %12s %6s %6s %8s\n", "TENANT", "REQS", "TOKENS IN", "TOKENS OUT", "429s", "403s", "ERRORS")
+	type agg struct{ reqs, in, out, r429, r403, errs int64 }
+	byTenant := map[string]*agg{}
+	for _, x := range samples {
+		a := byTenant[x.tenant]
+		if a == nil {
+			a = &agg{}
+			byTenant[x.tenant] = a
+		}
+		a.reqs++
+		a.in += x.prompt
+		a.out += x.completion
+		switch {
+		case x.status == 429:
+			a.r429++
+		case x.status == 403:
+			a.r403++
+		case x.status != 200:
+			a.errs++
+		}
+	}
+	names := make([]string, 0, len(byTenant))
+	for n := range byTenant {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		a := byTenant[n]
+		fmt.Fprintf(w, "%-10s %6d %12d %12d %6d %6d %8d\n", n, a.reqs, a.in, a.out, a.r429, a.r403, a.errs)
+	}
+}
