@@ -16,7 +16,6 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // Any type in the bootstrap
@@ -168,12 +167,4 @@ func buildCluster(c *clusterv3.Cluster) (*Cluster, error) {
 		}
 	}
 	return cl, nil
-}
-
-// headerValueOf reads a HeaderValue as Envoy does (raw_value when set).
-func headerValueOf(h *corev3.HeaderValue) string {
-	if len(h.GetRawValue()) > 0 {
-		return string(h.GetRawValue())
-	}
-	return h.GetValue()
 }

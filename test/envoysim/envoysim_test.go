@@ -351,6 +351,7 @@ func TestHeaderMutationRules(t *testing.T) {
 		}
 	}
 	valueOnly := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-value-only", Value: "lost"}}
+	//lint:ignore SA1019 the deprecated BoolValue append is the one Envoy's ext_proc reads (§5.3)
 	appendOpt := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-multi", RawValue: []byte("second")}, Append: wrapperspb.Bool(true)}
 	hm := &extprocv3.HeaderMutation{
 		SetHeaders: []*corev3.HeaderValueOption{valueOnly, appendOpt, set("x-over", "new"), set("x-envoy-internal", "1"),

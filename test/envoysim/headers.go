@@ -218,6 +218,7 @@ func (c *checker) applyMutation(h *headerMap, hm *extprocv3.HeaderMutation, drop
 			continue
 		}
 		// Only the deprecated BoolValue append is read; default false means overwrite.
+		//lint:ignore SA1019 Envoy's ext_proc reads exactly this deprecated field (§5.3), so the emulator must too.
 		appendVal := opt.GetAppend().GetValue()
 		_, exists := h.get(key)
 		op := opSet

@@ -80,8 +80,10 @@ func headersMatch(ms []*routev3.HeaderMatcher, h *headerMap) bool {
 		case *routev3.HeaderMatcher_PresentMatch:
 			ok = present == spec.PresentMatch
 		case *routev3.HeaderMatcher_ExactMatch:
+			//lint:ignore SA1019 deprecated but still accepted by Envoy in route configs
 			ok = present && v == spec.ExactMatch
 		case *routev3.HeaderMatcher_PrefixMatch:
+			//lint:ignore SA1019 deprecated but still accepted by Envoy in route configs
 			ok = present && strings.HasPrefix(v, spec.PrefixMatch)
 		case nil:
 			ok = present
