@@ -180,14 +180,7 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 	for j := range m.Pools {
 		pl := &m.Pools[j]
 		pb := append(slices.Clone(base), "pools", j)
-		if pl.Name == "" {
-			v.fail(append(pb, "name"), "is required")
-		} else if !validName(pl.Name) {
-			v.fail(append(pb, "name"), "%q must be lower-case letters, digits, '-', '_' or '.' (it names an Envoy cluster)", pl.Name)
-		} else if poolNames[pl.Name] {
-			v.fail(append(pb, "name"), "duplicate pool name %q", pl.Name)
-		}
-		poolNames[pl.Name] = true
+		v.clusterName(append(pb, "name"), pl.Name, "pool", poolNames)
 		if pl.HardwareClass == "" {
 			v.fail(append(pb, "hardwareClass"), "is required")
 		} else if _, ok := s.HardwareClasses[pl.HardwareClass]; !ok {
@@ -224,14 +217,7 @@ func (v *validator) fallbacks(m *Model, base []seg) {
 	for j := range m.Fallbacks {
 		f := &m.Fallbacks[j]
 		fb := append(slices.Clone(base), "fallbacks", j)
-		if f.Name == "" {
-			v.fail(append(fb, "name"), "is required")
-		} else if !validName(f.Name) {
-			v.fail(append(fb, "name"), "%q must be lower-case letters, digits, '-', '_' or '.' (it names an Envoy cluster)", f.Name)
-		} else if names[f.Name] {
-			v.fail(append(fb, "name"), "duplicate fallback name %q", f.Name)
-		}
-		names[f.Name] = true
+		v.clusterName(append(fb, "name"), f.Name, "fallback", names)
 		if u, err := url.Parse(f.BaseURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.fail(append(fb, "baseURL"), "%q is not an http(s) URL with a host", f.BaseURL)
 		}
@@ -305,6 +291,19 @@ func (v *validator) tenants(s *Spec, models map[string]bool) {
 			v.fail(append(qb, "monthlySpendUSD"), "must not be negative, got %v", q.MonthlySpendUSD)
 		}
 	}
+}
+
+// clusterName checks a pool or fallback name, which becomes part of an Envoy cluster name, and records it in seen.
+func (v *validator) clusterName(path []seg, name, kind string, seen map[string]bool) {
+	switch {
+	case name == "":
+		v.fail(path, "is required")
+	case !validName(name):
+		v.fail(path, "%q must be lower-case letters, digits, '-', '_' or '.' (it names an Envoy cluster)", name)
+	case seen[name]:
+		v.fail(path, "duplicate %s name %q", kind, name)
+	}
+	seen[name] = true
 }
 
 // validName keeps pool and fallback names usable inside Envoy cluster names and metric labels.

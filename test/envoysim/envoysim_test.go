@@ -203,16 +203,7 @@ func (s *setup) doChunked(path string, chunks []string, hdr ...string) result {
 	s.t.Helper()
 	req, _ := http.NewRequest("POST", s.url+path, &slowBody{chunks: chunks})
 	req.ContentLength = -1
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("request: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, header: resp.Header, body: string(b), details: resp.Header.Get(DetailsHeader)}
+	return s.send(req, hdr...)
 }
 
 // §2.5, §3.3 STREAMED: chunks are pipelined (the next is sent before the previous is answered), answers apply

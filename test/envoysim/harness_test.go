@@ -291,6 +291,12 @@ func (s *setup) do(method, path, body string, hdr ...string) result {
 		rd = strings.NewReader(body)
 	}
 	req, _ := http.NewRequest(method, s.url+path, rd)
+	return s.send(req, hdr...)
+}
+
+// send sets the headers (Host as the request host) and returns what the client got.
+func (s *setup) send(req *http.Request, hdr ...string) result {
+	s.t.Helper()
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i] == "Host" {
 			req.Host = hdr[i+1]

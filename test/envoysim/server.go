@@ -111,6 +111,19 @@ func (dp *DataPlane) Serve(ctx context.Context, lis net.Listener) error {
 var hopByHop = map[string]bool{"connection": true, "keep-alive": true, "transfer-encoding": true, "te": true,
 	"upgrade": true, "proxy-connection": true, "trailer": true}
 
+// copyHeaders adds HTTP/1 headers to h in lower case, without hop-by-hop headers.
+func copyHeaders(h *headerMap, src http.Header) {
+	for k, vs := range src {
+		lk := strings.ToLower(k)
+		if hopByHop[lk] {
+			continue
+		}
+		for _, v := range vs {
+			h.add(lk, v)
+		}
+	}
+}
+
 // trailerReader fills the trailers map from the request once its body is read to the end.
 type trailerReader struct {
 	r    io.Reader
@@ -139,15 +152,7 @@ func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.add(":path", r.URL.RequestURI())
 	h.add(":method", r.Method)
 	h.add(":scheme", "http")
-	for k, vs := range r.Header {
-		lk := strings.ToLower(k)
-		if hopByHop[lk] {
-			continue
-		}
-		for _, v := range vs {
-			h.add(lk, v)
-		}
-	}
+	copyHeaders(h, r.Header)
 	if _, ok := h.get("x-request-id"); !ok {
 		h.add("x-request-id", rand.Text()) // the HCM generates one by default
 	}
@@ -313,15 +318,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		}
 		rh := &headerMap{}
 		rh.add(":status", itoa(resp.StatusCode))
-		for k, vs := range resp.Header {
-			lk := strings.ToLower(k)
-			if hopByHop[lk] {
-				continue
-			}
-			for _, v := range vs {
-				rh.add(lk, v)
-			}
-		}
+		copyHeaders(rh, resp.Header)
 		trailers := &headerMap{}
 		var rb io.Reader = &trailerReader{r: resp.Body, src: func() http.Header { return resp.Trailer }, dst: trailers}
 		if resp.ContentLength == 0 {
