@@ -99,6 +99,8 @@ func main() {
 	}
 	defer conn.Close()
 	client := extprocv3.NewExternalProcessorClient(conn)
+	baseline, stopBaseline := startBaseline()
+	defer stopBaseline()
 
 	var configs []config
 	for _, size := range []int{2 << 10, 32 << 10, 256 << 10} {
@@ -112,24 +114,30 @@ func main() {
 
 	fmt.Printf("GOMAXPROCS=%d, %s, GOGC=%d, %d runs per row (medians), body frames of %d bytes in FULL_DUPLEX_STREAMED\n\n",
 		runtime.GOMAXPROCS(0), runtime.Version(), gcPercent, *runs, *chunk)
-	fmt.Println("| prompt | body mode | concurrency | p50 | p99 | requests/s | allocs/request |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|")
+	fmt.Println("| prompt | body mode | concurrency | p50 | p99 | requests/s | allocs/request | baseline p50 | baseline p99 | p99 / baseline |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, cfg := range configs {
 		desc := fmt.Sprintf("%d KiB | %s | %d |", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency)
 		if !strings.Contains(desc, *only) {
 			continue
 		}
 		body := chatBody(cfg.promptBytes)
-		var rs []result
-		for range *runs {
+		var rs, bs []result
+		for range *runs { // interleaved, so both see the same machine
 			r, err := measure(client, cfg, body, *chunk)
 			if err != nil {
 				log.Fatalf("%+v: %v", cfg, err)
 			}
 			rs = append(rs, r)
+			b, err := measure(baseline, cfg, body, *chunk)
+			if err != nil {
+				log.Fatalf("baseline %+v: %v", cfg, err)
+			}
+			bs = append(bs, b)
 		}
-		med := medianResult(rs)
-		fmt.Printf("| %s %s | %s | %.0f | %.0f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq)
+		med, base := medianResult(rs), medianResult(bs)
+		fmt.Printf("| %s %s | %s | %.0f | %.0f | %s | %s | %.2f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq,
+			fmtDur(base.p50), fmtDur(base.p99), float64(med.p99)/float64(base.p99))
 	}
 }
 
@@ -306,6 +314,79 @@ func medianResult(rs []result) result {
 		rps:         pick(func(r result) float64 { return r.rps }),
 		allocsPerRq: pick(func(r result) float64 { return r.allocsPerRq }),
 	}
+}
+
+// echoProcessor is the baseline: it exchanges the same messages as infergate on the same transport but does no
+// work (no parsing, no decision), echoing the body back as infergate does when it rewrites it. The difference
+// between the two is what infergate itself costs.
+type echoProcessor struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (echoProcessor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	mode := filterv3.ProcessingMode_BUFFERED
+	var body []byte
+	dest := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("127.0.0.1:1")}}}}
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		if pc := m.GetProtocolConfig(); pc != nil {
+			mode = pc.GetRequestBodyMode()
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch r := m.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			if mode == filterv3.ProcessingMode_BUFFERED {
+				out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}})
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			body = append(body, r.RequestBody.GetBody()...)
+			if !r.RequestBody.GetEndOfStream() {
+				continue
+			}
+			if mode == filterv3.ProcessingMode_BUFFERED {
+				out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+					Response: &extprocv3.CommonResponse{HeaderMutation: dest, ClearRouteCache: true,
+						BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}}}}})
+				break
+			}
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+				Response: &extprocv3.CommonResponse{HeaderMutation: dest, ClearRouteCache: true}}}})
+			for off := 0; off < len(body); off += 62000 {
+				end := min(off+62000, len(body))
+				out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+					Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+						StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body[off:end], EndOfStream: end == len(body)}}}}}}})
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
+		}
+		for _, r := range out {
+			if err := st.Send(r); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// startBaseline serves echoProcessor on loopback with the same server and client options as infergate.
+func startBaseline() (extprocv3.ExternalProcessorClient, func()) {
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	extprocv3.RegisterExternalProcessorServer(gs, echoProcessor{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(extproc.MaxMessageBytes), grpc.MaxCallRecvMsgSize(extproc.MaxMessageBytes)),
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20), experimental.WithBufferPool(&extproc.BufferPool{}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return extprocv3.NewExternalProcessorClient(conn), func() { conn.Close(); gs.Stop() }
 }
 
 func init() {
