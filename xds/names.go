@@ -1,0 +1,16 @@
+// Package xds is infergate's control plane: it turns the policy and live fleet state into Envoy clusters,
+// endpoints and routes. This file fixes the resource names that the ext_proc's headers, the shipped Envoy
+// configuration and the generated resources must agree on (see the architecture document).
+package xds
+
+// RouteConfigName is the route configuration the listener's HTTP connection manager uses.
+const RouteConfigName = "infergate"
+
+// ClusterName is the Envoy cluster of one GPU pool.
+func ClusterName(model, pool string) string { return "pool/" + model + "/" + pool }
+
+// FallbackClusterName is the Envoy cluster of one managed-API fallback of a model.
+func FallbackClusterName(model, fallback string) string { return "fallback/" + model + "/" + fallback }
+
+// ExtProcClusterName is the cluster through which Envoy reaches infergate's ext_proc server.
+const ExtProcClusterName = "infergate-extproc"
