@@ -21,6 +21,7 @@ import (
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
 )
 
 const (
@@ -51,8 +52,14 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newHarnessWith(t, snap, nil)
+}
+
+// newHarnessWith serves a given policy, with quotas when a limiter is given.
+func newHarnessWith(t *testing.T, snap *policies.Snapshot, limiter *quota.Limiter) *harness {
+	t.Helper()
 	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan Settlement, 64), store: policies.NewStaticStore(snap)}
-	srv := New(Options{Policies: h.store, InFlight: h.inflight, OnSettle: func(s Settlement) { h.settled <- s }})
+	srv := New(Options{Policies: h.store, InFlight: h.inflight, Quotas: limiter, OnSettle: func(s Settlement) { h.settled <- s }})
 	gs := grpc.NewServer(ServerOptions()...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

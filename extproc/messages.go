@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -75,13 +76,21 @@ func streamedBody(body []byte, endOfStream, request bool) []*extprocv3.Processin
 }
 
 // immediate ends the request with a local reply from Envoy.
-func immediate(code int, body []byte, requestID, details string) *extprocv3.ProcessingResponse {
+func immediate(code int, body []byte, requestID, details string, extra map[string]string) *extprocv3.ProcessingResponse {
 	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if requestID != "" {
 		set = append(set, setHeader(HeaderRequestID, requestID))
 	}
-	if code == 429 || code == 503 {
+	if _, ok := extra["retry-after"]; !ok && (code == 429 || code == 503) {
 		set = append(set, setHeader("retry-after", "1"))
+	}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		set = append(set, setHeader(k, extra[k]))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
 )
 
 // Header names of the routing contract (see the architecture document).
@@ -61,10 +63,12 @@ type requestState struct {
 	decided   bool
 
 	// routing decision
-	model    *policies.Model
-	decision picker.Decision
-	req      openai.Request
-	injected bool // we turned on stream_options.include_usage
+	model        *policies.Model
+	decision     picker.Decision
+	req          openai.Request
+	injected     bool // we turned on stream_options.include_usage
+	ticket       *quota.Ticket
+	conversation string
 
 	// response path
 	upstreamStatus int
@@ -108,7 +112,7 @@ func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse 
 	rs.srv.opts.Metrics.Requests.WithLabelValues(e.Code).Inc()
 	rs.log().Debug("request rejected", "request_id", rs.requestID, "status", e.Status, "code", e.Code,
 		"tenant", tenantName(rs.tenant))
-	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code))
+	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code, e.Header))
 }
 
 func tenantName(t *policies.Tenant) string {
@@ -124,9 +128,12 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	gw := rs.snap.Gateway()
 	rs.limit = gw.MaxRequestBodyBytes
 	var method, path, auth, contentLength string
+	convHeader := rs.snap.QuotaSettings().ConversationHeader
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		key := strings.ToLower(hv.GetKey()) // Envoy sends lower case; be safe with other clients
 		switch {
+		case convHeader != "" && key == convHeader:
+			rs.conversation = headerValue(hv)
 		case key == ":method":
 			method = headerValue(hv)
 		case key == ":path":
@@ -165,7 +172,7 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		}
 		rs.finished = true
 		rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
-		return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, ""))
+		return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
 	}
 	if method != http.MethodPost {
 		return rs.reject(openai.MethodNotAllowed(method, path))
@@ -256,8 +263,12 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 		return nil, false, openai.ModelForbidden(req.Model)
 	}
 	rs.model = model
+	if e := rs.admit(); e != nil {
+		return nil, false, e
+	}
 	dec, err := rs.srv.opts.Picker.Pick(rs.snap, model, &rs.req)
 	if err != nil {
+		rs.releaseTicket()
 		return nil, false, asOpenAIError(err)
 	}
 	rs.decision = dec
@@ -271,6 +282,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	if changed {
 		body = rs.req.Rewrite(make([]byte, 0, len(body)+64), rename, rs.injected)
 	}
+	// From here on the request is routed: its reservation is settled by settle().
 	rs.decided = true
 	rs.srv.opts.InFlight.Start(dec.Endpoints[0])
 	m := rs.srv.opts.Metrics
@@ -280,6 +292,43 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", model.Name,
 		"pool", dec.Pool.Name, "endpoints", dec.Endpoints, "stream", req.Stream)
 	return body, changed, nil
+}
+
+// admit reserves the request's estimated tokens and cost against the tenant's quotas.
+func (rs *requestState) admit() *openai.Error {
+	q := rs.srv.opts.Quotas
+	if q == nil {
+		return nil
+	}
+	maxOut := int64(rs.req.MaxTokens)
+	if maxOut == 0 {
+		maxOut = int64(rs.snap.Gateway().DefaultMaxTokens)
+	}
+	if rs.endpoint == openai.EndpointEmbeddings {
+		maxOut = 0
+	}
+	prompt := int64(rs.req.EstimatePromptTokens())
+	t, rej, err := q.Admit(rs.ctx, quota.Request{Snapshot: rs.snap, Tenant: rs.tenant, Model: rs.model,
+		EstimatedTokens: prompt + maxOut, EstimatedCostMicros: quota.MicroUSD(rs.model, prompt, maxOut), Conversation: rs.conversation})
+	switch {
+	case errors.Is(err, quota.ErrUnavailable):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServiceUnavailable, Code: "quota_unavailable",
+			Message: "The quota service is unavailable and this gateway fails closed; please retry shortly."}
+	case err != nil:
+		return openai.Internal("The gateway could not check your quota.")
+	case rej != nil:
+		return rej.Error(rs.tenant.Name, rs.model.Name)
+	}
+	rs.ticket = t
+	return nil
+}
+
+// releaseTicket returns a reservation for a request that will not be sent.
+func (rs *requestState) releaseTicket() {
+	if rs.ticket != nil {
+		rs.srv.opts.Quotas.Settle(rs.ticket, 0, 0)
+		rs.ticket = nil
+	}
 }
 
 func asOpenAIError(err error) *openai.Error {
@@ -490,6 +539,9 @@ func (rs *requestState) settle(aborted bool) {
 	rs.log().Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model,
 		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
 		"cached_tokens", usage.CachedTokens, "usage_reported", reported)
+	if rs.ticket != nil {
+		opts.Quotas.Settle(rs.ticket, usage.Total(), quota.MicroUSD(rs.model, usage.PromptTokens, usage.CompletionTokens))
+	}
 	if opts.OnSettle != nil {
 		opts.OnSettle(st)
 	}

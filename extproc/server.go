@@ -22,6 +22,7 @@ import (
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
 )
 
 // Settlement is the final account of one routed request, handed to the quota and billing stages exactly once.
@@ -46,7 +47,9 @@ type Options struct {
 	InFlight *fleet.InFlight
 	Metrics  *Metrics
 	Logger   *slog.Logger
-	// OnSettle, when set, receives every Settlement (quota settle, audit); it must not block for long.
+	// Quotas, when set, admits each request against its tenant's limits and settles the real usage.
+	Quotas *quota.Limiter
+	// OnSettle, when set, receives every Settlement (audit, tests); it must not block for long.
 	OnSettle func(Settlement)
 }
 

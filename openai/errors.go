@@ -17,6 +17,8 @@ type Error struct {
 	Code    string // empty encodes as null
 	Param   string // empty encodes as null
 	Message string
+	// Header holds response headers that go with the error (retry-after, x-ratelimit-*).
+	Header map[string]string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Type, e.Message) }

@@ -21,6 +21,9 @@ type Snapshot struct {
 	models      map[string]*Model // canonical names and aliases
 	tenantByKey map[[sha256.Size]byte]*Tenant
 	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
+	modelQuota  map[*Tenant]map[*Model]Quota
+	quotas      QuotaSettings
+	redisTO     time.Duration
 }
 
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
@@ -33,6 +36,18 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		models:      map[string]*Model{},
 		tenantByKey: map[[sha256.Size]byte]*Tenant{},
 		allowed:     map[*Tenant]map[*Model]bool{},
+		modelQuota:  map[*Tenant]map[*Model]Quota{},
+		quotas:      pol.Spec.Quotas,
+		redisTO:     DefaultRedisTimeout,
+	}
+	if s.quotas.FailMode == "" {
+		s.quotas.FailMode = FailOpen
+	}
+	if s.quotas.GatewayReplicas == 0 {
+		s.quotas.GatewayReplicas = DefaultGatewayReplicas
+	}
+	if d, err := time.ParseDuration(s.quotas.RedisTimeout); err == nil && d > 0 {
+		s.redisTO = d
 	}
 	if s.gateway.MaxRequestBodyBytes == 0 {
 		s.gateway.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
@@ -76,8 +91,26 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 			set[s.models[name]] = true
 		}
 		s.allowed[t] = set
+		for _, mq := range t.ModelQuotas {
+			if s.modelQuota[t] == nil {
+				s.modelQuota[t] = map[*Model]Quota{}
+			}
+			s.modelQuota[t][s.models[mq.Model]] = mq.Quota
+		}
 	}
 	return s
+}
+
+// QuotaSettings returns how quotas are enforced, with defaults applied.
+func (s *Snapshot) QuotaSettings() QuotaSettings { return s.quotas }
+
+// RedisTimeout bounds one Redis call on the request path.
+func (s *Snapshot) RedisTimeout() time.Duration { return s.redisTO }
+
+// ModelQuota returns the tenant's extra quota on a model, if the policy sets one.
+func (s *Snapshot) ModelQuota(t *Tenant, m *Model) (Quota, bool) {
+	q, ok := s.modelQuota[t][m]
+	return q, ok
 }
 
 // Gateway returns the gateway limits with defaults applied.

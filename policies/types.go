@@ -2,6 +2,8 @@
 // file:line errors, the immutable snapshot the request path reads, and hot reload that keeps the last good one.
 package policies
 
+import "time"
+
 // APIVersion is the only policy schema version this build understands; a different value is refused so that a
 // future, incompatible file is never half-read.
 const APIVersion = "infergate.io/v1alpha1"
@@ -26,6 +28,7 @@ type Metadata struct {
 // Spec is the body of a policy: gateway limits, hardware, models with their pools, and tenants.
 type Spec struct {
 	Gateway         Gateway                  `yaml:"gateway,omitempty" json:"gateway,omitempty"`
+	Quotas          QuotaSettings            `yaml:"quotas,omitempty" json:"quotas,omitempty"`
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
 	Models          []Model                  `yaml:"models" json:"models"`
 	Tenants         []Tenant                 `yaml:"tenants" json:"tenants"`
@@ -49,6 +52,31 @@ const (
 	DefaultMaxRequestBodyBytes     = 4 << 20
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
+)
+
+// QuotaSettings say how quotas are enforced across gateway replicas.
+type QuotaSettings struct {
+	// FailMode is what admission does when Redis is down or slow: "open" admits under an in-process limiter
+	// at limit ÷ gatewayReplicas, "closed" answers 503.
+	FailMode string `yaml:"failMode,omitempty" json:"failMode,omitempty" jsonschema:"enum=open,enum=closed"`
+	// RedisTimeout bounds one Redis call on the request path, e.g. "50ms".
+	RedisTimeout string `yaml:"redisTimeout,omitempty" json:"redisTimeout,omitempty"`
+	// GatewayReplicas is how many infergate replicas share the limits, for the fail-open local limiter.
+	GatewayReplicas int `yaml:"gatewayReplicas,omitempty" json:"gatewayReplicas,omitempty" jsonschema:"minimum=1"`
+	// ConversationHeader names the request header that identifies a conversation for conversationTokens caps.
+	ConversationHeader string `yaml:"conversationHeader,omitempty" json:"conversationHeader,omitempty"`
+}
+
+// Quota fail modes.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+)
+
+// Quota defaults.
+const (
+	DefaultRedisTimeout    = 50 * time.Millisecond
+	DefaultGatewayReplicas = 1
 )
 
 // HardwareClass describes one GPU type; its speeds feed routing and capacity weights, its price feeds cost.
@@ -113,6 +141,14 @@ type Tenant struct {
 	// Models the tenant may call, by canonical name or alias; "*" allows every model.
 	Models []string `yaml:"models" json:"models" jsonschema:"minItems=1"`
 	Quota  Quota    `yaml:"quota,omitempty" json:"quota,omitempty"`
+	// ModelQuotas add limits for this tenant on one model, on top of the tenant-wide quota.
+	ModelQuotas []ModelQuota `yaml:"modelQuotas,omitempty" json:"modelQuotas,omitempty"`
+}
+
+// ModelQuota is a tenant's quota on one model.
+type ModelQuota struct {
+	Model string `yaml:"model" json:"model"`
+	Quota `yaml:",inline" json:",inline"`
 }
 
 // Quota bounds a tenant's use of the fleet; a zero field means "no limit of that kind".
@@ -121,4 +157,6 @@ type Quota struct {
 	TokensPerMinute   int64   `yaml:"tokensPerMinute,omitempty" json:"tokensPerMinute,omitempty" jsonschema:"minimum=0"`
 	MaxConcurrent     int     `yaml:"maxConcurrent,omitempty" json:"maxConcurrent,omitempty" jsonschema:"minimum=0"`
 	MonthlySpendUSD   float64 `yaml:"monthlySpendUSD,omitempty" json:"monthlySpendUSD,omitempty" jsonschema:"minimum=0"`
+	// ConversationTokens caps the tokens of one conversation (see quotas.conversationHeader).
+	ConversationTokens int64 `yaml:"conversationTokens,omitempty" json:"conversationTokens,omitempty" jsonschema:"minimum=0"`
 }

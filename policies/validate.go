@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -120,6 +121,43 @@ func (v *validator) policy(pol *Policy) {
 	}
 	modelNames := v.models(s)
 	v.tenants(s, modelNames)
+	v.quotaSettings(&s.Quotas)
+}
+
+func (v *validator) quotaSettings(q *QuotaSettings) {
+	base := p("spec", "quotas")
+	if q.FailMode != "" && q.FailMode != FailOpen && q.FailMode != FailClosed {
+		v.fail(append(base, "failMode"), "must be %q or %q, got %q", FailOpen, FailClosed, q.FailMode)
+	}
+	if q.RedisTimeout != "" {
+		if d, err := time.ParseDuration(q.RedisTimeout); err != nil || d <= 0 {
+			v.fail(append(base, "redisTimeout"), "must be a positive duration such as \"50ms\", got %q", q.RedisTimeout)
+		}
+	}
+	if q.GatewayReplicas < 0 {
+		v.fail(append(base, "gatewayReplicas"), "must not be negative, got %d", q.GatewayReplicas)
+	}
+	if h := q.ConversationHeader; h != "" && (h != strings.ToLower(h) || strings.ContainsAny(h, " :")) {
+		v.fail(append(base, "conversationHeader"), "must be a lower-case header name, got %q", h)
+	}
+}
+
+func (v *validator) quota(path []seg, q Quota) {
+	if q.RequestsPerSecond < 0 {
+		v.fail(append(path, "requestsPerSecond"), "must not be negative, got %v", q.RequestsPerSecond)
+	}
+	if q.TokensPerMinute < 0 {
+		v.fail(append(path, "tokensPerMinute"), "must not be negative, got %d", q.TokensPerMinute)
+	}
+	if q.MaxConcurrent < 0 {
+		v.fail(append(path, "maxConcurrent"), "must not be negative, got %d", q.MaxConcurrent)
+	}
+	if q.MonthlySpendUSD < 0 {
+		v.fail(append(path, "monthlySpendUSD"), "must not be negative, got %v", q.MonthlySpendUSD)
+	}
+	if q.ConversationTokens < 0 {
+		v.fail(append(path, "conversationTokens"), "must not be negative, got %d", q.ConversationTokens)
+	}
 }
 
 func (v *validator) gateway(g *Gateway) {
@@ -276,19 +314,18 @@ func (v *validator) tenants(s *Spec, models map[string]bool) {
 				v.fail(append(base, "models", j), "unknown model %q", m)
 			}
 		}
-		q := t.Quota
-		qb := append(slices.Clone(base), "quota")
-		if q.RequestsPerSecond < 0 {
-			v.fail(append(qb, "requestsPerSecond"), "must not be negative, got %v", q.RequestsPerSecond)
-		}
-		if q.TokensPerMinute < 0 {
-			v.fail(append(qb, "tokensPerMinute"), "must not be negative, got %d", q.TokensPerMinute)
-		}
-		if q.MaxConcurrent < 0 {
-			v.fail(append(qb, "maxConcurrent"), "must not be negative, got %d", q.MaxConcurrent)
-		}
-		if q.MonthlySpendUSD < 0 {
-			v.fail(append(qb, "monthlySpendUSD"), "must not be negative, got %v", q.MonthlySpendUSD)
+		v.quota(append(slices.Clone(base), "quota"), t.Quota)
+		seenModel := map[string]bool{}
+		for j, mq := range t.ModelQuotas {
+			mb := append(slices.Clone(base), "modelQuotas", j)
+			switch {
+			case !models[mq.Model]:
+				v.fail(append(mb, "model"), "unknown model %q", mq.Model)
+			case seenModel[mq.Model]:
+				v.fail(append(mb, "model"), "duplicate quota for model %q", mq.Model)
+			}
+			seenModel[mq.Model] = true
+			v.quota(mb, mq.Quota)
 		}
 	}
 }

@@ -3,7 +3,7 @@
 # quota suite) when they are missing, so `make test` passes on a fresh machine.
 # Each entry is "binary:debian-package".
 set -euo pipefail
-needs=()
+needs=("redis-server:redis-server")
 missing=()
 for entry in "${needs[@]+"${needs[@]}"}"; do
   command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
 )
 
 // defaultGCPercent is the GOGC serve runs with unless the environment sets one (see BENCHMARKS.md).
@@ -33,6 +35,7 @@ type serveConfig struct {
 	xdsAddr      string
 	metricsAddr  string
 	redisAddr    string
+	redisCluster bool
 	logLevel     string
 	drainTimeout time.Duration
 }
@@ -44,7 +47,8 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	fs.StringVar(&cfg.extprocAddr, "extproc-addr", ":9002", "ext_proc gRPC listen address (with the gRPC health service)")
 	fs.StringVar(&cfg.xdsAddr, "xds-addr", ":18000", "xDS (ADS) gRPC listen address; empty disables it")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", ":9090", "Prometheus /metrics and /healthz listen address; empty disables it")
-	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis address for tenant quotas (host:port)")
+	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
+	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
 	if err := fs.Parse(args); err != nil {
@@ -84,8 +88,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	registerPolicyMetrics(reg, store)
 	metrics := extproc.NewMetrics(reg)
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The quota store outlives the drain, so that requests finishing during it still settle.
+	quotaCtx, stopQuotas := context.WithCancel(context.Background())
+	defer stopQuotas()
+	var limiter *quota.Limiter
 	if cfg.redisAddr != "" {
-		log.Warn("tenant quotas are not enforced by this build; --redis-addr is ignored", "redis_addr", cfg.redisAddr)
+		addrs := strings.Split(cfg.redisAddr, ",")
+		limiter = quota.New(quotaCtx, quota.Options{Addrs: addrs, Cluster: cfg.redisCluster || len(addrs) > 1, Logger: log, Registerer: reg})
+		log.Info("tenant quotas enforced in Redis", "redis_addrs", len(addrs), "fail_mode", store.Current().QuotaSettings().FailMode)
+	} else {
+		log.Warn("no --redis-addr: tenant quotas are not enforced")
 	}
 
 	extproc.InstallBufferPool()
@@ -94,7 +108,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		// every few requests and shows up in p99 decision latency. GOGC (and GOMEMLIMIT) still override this.
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log})
+	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: limiter})
 	gs := grpc.NewServer(extproc.ServerOptions()...)
 	health := srv.Register(gs)
 
@@ -103,9 +117,6 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		return fmt.Errorf("listen ext_proc on %s: %w", cfg.extprocAddr, err)
 	}
 	log.Info("ext_proc listening", "addr", lis.Addr().String())
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- gs.Serve(lis) }()
 

@@ -56,6 +56,7 @@ func main() {
 	chunk := flag.Int("chunk", 16384, "request body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
 	only := flag.String("only", "", "run only rows whose description contains this (e.g. \"256 KiB | FULL\")")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	quotaRuns := flag.Bool("quota", true, "also measure the latency quotas add (starts a redis-server on a free port)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -78,27 +79,8 @@ func main() {
 		gcPercent = debug.SetGCPercent(-1)
 	}
 	debug.SetGCPercent(gcPercent)
-	srv := extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)})
-	gs := grpc.NewServer(extproc.ServerOptions()...)
-	srv.Register(gs)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	// Envoy's HTTP/2 windows default to 256 MiB; the processor's answers are never held by flow control.
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(extproc.MaxMessageBytes), grpc.MaxCallRecvMsgSize(extproc.MaxMessageBytes)),
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20),
-		// Envoy (C++) does not zero a 1 MiB buffer per message as grpc-go's default pool does; keep the
-		// emulated client from charging that to the processor.
-		experimental.WithBufferPool(&extproc.BufferPool{}))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	client := extprocv3.NewExternalProcessorClient(conn)
+	client, stopInfergate := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
+	defer stopInfergate()
 	baseline, stopBaseline := startBaseline()
 	defer stopBaseline()
 
@@ -139,6 +121,35 @@ func main() {
 		fmt.Printf("| %s %s | %s | %.0f | %.0f | %s | %s | %.2f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq,
 			fmtDur(base.p50), fmtDur(base.p99), float64(med.p99)/float64(base.p99))
 	}
+	if *quotaRuns {
+		benchQuotas(*policyPath, *runs, *scale, *chunk)
+	}
+}
+
+// startProcessor serves an ext_proc server on loopback and returns a client configured as the bench's Envoy.
+func startProcessor(srv *extproc.Server) (extprocv3.ExternalProcessorClient, func()) {
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	srv.Register(gs)
+	return serveAndDial(gs)
+}
+
+func serveAndDial(gs *grpc.Server) (extprocv3.ExternalProcessorClient, func()) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	// Envoy's HTTP/2 windows default to 256 MiB; the processor's answers are never held by flow control.
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(extproc.MaxMessageBytes), grpc.MaxCallRecvMsgSize(extproc.MaxMessageBytes)),
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20),
+		// Envoy (C++) does not zero a 1 MiB buffer per message as grpc-go's default pool does; keep the
+		// emulated client from charging that to the processor.
+		experimental.WithBufferPool(&extproc.BufferPool{}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return extprocv3.NewExternalProcessorClient(conn), func() { conn.Close(); gs.Stop() }
 }
 
 func modeName(m filterv3.ProcessingMode_BodySendMode) string {
@@ -375,18 +386,7 @@ func (echoProcessor) Process(st extprocv3.ExternalProcessor_ProcessServer) error
 func startBaseline() (extprocv3.ExternalProcessorClient, func()) {
 	gs := grpc.NewServer(extproc.ServerOptions()...)
 	extprocv3.RegisterExternalProcessorServer(gs, echoProcessor{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(extproc.MaxMessageBytes), grpc.MaxCallRecvMsgSize(extproc.MaxMessageBytes)),
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20), experimental.WithBufferPool(&extproc.BufferPool{}))
-	if err != nil {
-		log.Fatal(err)
-	}
-	return extprocv3.NewExternalProcessorClient(conn), func() { conn.Close(); gs.Stop() }
+	return serveAndDial(gs)
 }
 
 func init() {

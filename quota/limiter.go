@@ -1,0 +1,210 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// ErrUnavailable is returned by Admit when Redis is unreachable and the policy fails closed.
+var ErrUnavailable = errors.New("quota store unavailable")
+
+// Metrics are the quota stage's series.
+type Metrics struct {
+	Rejections  *prometheus.CounterVec // by tenant and limit kind
+	BackendUp   prometheus.Gauge
+	Transitions *prometheus.CounterVec // by state entered: up, down
+	RoundTrips  prometheus.CounterFunc
+}
+
+// Limiter admits and settles requests against tenants' quotas.
+type Limiter struct {
+	redis   *redisBackend
+	local   *localBackend
+	log     *slog.Logger
+	up      atomic.Bool
+	probing atomic.Bool
+	metrics *Metrics
+	now     func() time.Time
+	ctx     context.Context
+}
+
+// Options configure a Limiter.
+type Options struct {
+	// Addrs are Redis addresses: one for a standalone server, several (or Cluster) for Redis Cluster.
+	Addrs   []string
+	Cluster bool
+	Logger  *slog.Logger
+	// Registerer receives the metrics; nil skips registration.
+	Registerer prometheus.Registerer
+	// Now replaces the clock (tests of window rollover).
+	Now func() time.Time
+}
+
+// slogRedisLogger sends go-redis's own messages (pool dial failures) to the structured log. go-redis has one
+// process-wide logger, so it is installed once and follows the latest limiter's logger.
+type slogRedisLogger struct{}
+
+var (
+	redisLog     atomic.Pointer[slog.Logger]
+	redisLogOnce sync.Once
+)
+
+func (slogRedisLogger) Printf(_ context.Context, format string, v ...any) {
+	if l := redisLog.Load(); l != nil {
+		l.Warn("redis client", "msg", redactAddr(fmt.Errorf(format, v...)))
+	}
+}
+
+// New connects to Redis (lazily; the first request dials) and starts the settlement flusher, until ctx ends.
+func New(ctx context.Context, o Options) *Limiter {
+	client := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs: o.Addrs, IsClusterMode: o.Cluster,
+		// Short dial and I/O timeouts: the request path bounds each call with the policy's timeout anyway.
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		PoolSize: 64, MinIdleConns: 4, MaxRetries: -1,
+	})
+	l := &Limiter{redis: newRedisBackend(client), local: newLocalBackend(), log: o.Logger, now: o.Now, ctx: ctx}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	redisLog.Store(l.log)
+	redisLogOnce.Do(func() { redis.SetLogger(slogRedisLogger{}) })
+	if l.now == nil {
+		l.now = time.Now
+	}
+	l.up.Store(true)
+	l.metrics = &Metrics{
+		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_quota_rejections_total",
+			Help: "Requests refused by a quota, by tenant and limit (rps, tpm, conc, spend, conv)."}, []string{"tenant", "limit"}),
+		BackendUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "infergate_quota_backend_up",
+			Help: "1 while Redis answers; 0 while the policy's fail mode is in force."}),
+		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_quota_backend_transitions_total",
+			Help: "Changes of the quota store's state, by the state entered (up, down)."}, []string{"state"}),
+		RoundTrips: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "infergate_quota_redis_round_trips_total",
+			Help: "Network round trips to Redis (commands and pipelines)."}, func() float64 { return float64(l.redis.roundTrips.Load()) }),
+	}
+	l.metrics.BackendUp.Set(1)
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips)
+	}
+	go l.redis.runFlusher(ctx, time.Second)
+	go func() { <-ctx.Done(); time.Sleep(50 * time.Millisecond); _ = client.Close() }()
+	return l
+}
+
+// RoundTrips reports Redis round trips so far, for the one-round-trip-per-request budget.
+func (l *Limiter) RoundTrips() int64 { return l.redis.roundTrips.Load() }
+
+// Up reports whether Redis is considered reachable.
+func (l *Limiter) Up() bool { return l.up.Load() }
+
+// Admit reserves the request's estimate against every limit that applies. It returns a Ticket to settle
+// later, or a Rejection, or ErrUnavailable when Redis is down and the policy fails closed.
+func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, error) {
+	if r.Now.IsZero() {
+		r.Now = l.now()
+	}
+	t := &Ticket{ID: rand.Text(), Tenant: r.Tenant.Name, entries: entriesFor(r), est: r.EstimatedTokens, estCost: r.EstimatedCostMicros}
+	if len(t.entries) == 0 {
+		return t, nil, nil
+	}
+	settings := r.Snapshot.QuotaSettings()
+	l.local.setReplicas(settings.GatewayReplicas)
+	if l.up.Load() {
+		cctx, cancel := context.WithTimeout(ctx, r.Snapshot.RedisTimeout())
+		rej, err := l.redis.admit(cctx, r.Now, t)
+		cancel()
+		if err == nil {
+			return l.result(t, rej)
+		}
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err() // the client went away, Redis is not to blame
+		}
+		l.markDown(err)
+	}
+	if settings.FailMode == policies.FailClosed {
+		return nil, nil, ErrUnavailable
+	}
+	t.local = true
+	return l.result(t, l.local.admit(r.Now, t))
+}
+
+// result counts a rejection; a rejected request has no ticket, since nothing was reserved.
+func (l *Limiter) result(t *Ticket, rej *Rejection) (*Ticket, *Rejection, error) {
+	if rej != nil {
+		l.metrics.Rejections.WithLabelValues(t.Tenant, rej.Kind).Inc()
+		return nil, rej, nil
+	}
+	return t, nil, nil
+}
+
+// Settle corrects the reservation by the real usage (tokens and micro-USD) and frees the concurrency slot.
+// It never blocks on Redis: settlements are sent in batches.
+func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
+	if t == nil || len(t.entries) == 0 {
+		return
+	}
+	deltas := settleDeltas(t, tokens, costMicros)
+	if t.local {
+		l.local.settle(t, deltas)
+		return
+	}
+	l.redis.settleAsync(t, deltas)
+}
+
+// markDown switches to the fail mode and starts probing Redis until it answers again.
+func (l *Limiter) markDown(err error) {
+	if !l.up.CompareAndSwap(true, false) {
+		return
+	}
+	l.metrics.BackendUp.Set(0)
+	l.metrics.Transitions.WithLabelValues("down").Inc()
+	l.log.Error("quota store unreachable; applying the policy's fail mode", "err", redactAddr(err))
+	if l.probing.CompareAndSwap(false, true) {
+		go l.probe()
+	}
+}
+
+func (l *Limiter) probe() {
+	defer l.probing.Store(false)
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(l.ctx, 200*time.Millisecond)
+		err := l.redis.ping(cctx)
+		cancel()
+		if err == nil {
+			l.up.Store(true)
+			l.metrics.BackendUp.Set(1)
+			l.metrics.Transitions.WithLabelValues("up").Inc()
+			l.log.Info("quota store reachable again; enforcing shared quotas")
+			return
+		}
+	}
+}
+
+// redactAddr keeps log lines free of anything but the error's gist.
+func redactAddr(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "password"); i >= 0 {
+		return msg[:i] + "[redacted]"
+	}
+	return msg
+}

@@ -1,0 +1,99 @@
+package quota
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// localBackend is the fail-open limiter: the same limits, divided by the number of gateway replicas, kept in
+// this process while Redis is unreachable.
+type localBackend struct {
+	mu       sync.Mutex
+	counters map[string]*localCounter
+	replicas int64
+}
+
+type localCounter struct {
+	value   int64
+	expires time.Time
+	holders map[string]bool // concurrency: ticket ids
+}
+
+func newLocalBackend() *localBackend {
+	return &localBackend{counters: map[string]*localCounter{}, replicas: 1}
+}
+
+func (l *localBackend) setReplicas(n int) {
+	l.mu.Lock()
+	l.replicas = int64(max(1, n))
+	l.mu.Unlock()
+}
+
+func (l *localBackend) counter(key string, now time.Time, window time.Duration) *localCounter {
+	c, ok := l.counters[key]
+	if ok && !c.expires.IsZero() && now.After(c.expires) {
+		ok = false
+	}
+	if !ok {
+		c = &localCounter{holders: map[string]bool{}}
+		if window > 0 {
+			c.expires = now.Add(window)
+		}
+		l.counters[key] = c
+	}
+	return c
+}
+
+// admit checks and reserves like the Redis script, at limit ÷ replicas (rounded up, at least 1).
+func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.counters) > 100000 {
+		for k, c := range l.counters {
+			if !c.expires.IsZero() && now.After(c.expires) {
+				delete(l.counters, k)
+			}
+		}
+	}
+	for _, e := range t.entries {
+		limit := max(1, int64(math.Ceil(float64(e.limit)/float64(l.replicas))))
+		c := l.counter(e.key, now, e.window)
+		used := c.value
+		if e.kind == KindConcurrency {
+			used = int64(len(c.holders))
+		}
+		if used+e.amount > limit {
+			reset := time.Second
+			if !c.expires.IsZero() {
+				reset = c.expires.Sub(now)
+			}
+			return &Rejection{Kind: e.kind, Scope: e.scope, Limit: limit, Used: used, Requested: e.amount, Reset: reset}
+		}
+	}
+	for _, e := range t.entries {
+		c := l.counter(e.key, now, e.window)
+		if e.kind == KindConcurrency {
+			c.holders[t.ID] = true
+		} else {
+			c.value += e.amount
+		}
+	}
+	return nil
+}
+
+func (l *localBackend) settle(t *Ticket, deltas []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, e := range t.entries {
+		c, ok := l.counters[e.key]
+		if !ok {
+			continue
+		}
+		if e.kind == KindConcurrency {
+			delete(c.holders, t.ID)
+		} else {
+			c.value += deltas[i]
+		}
+	}
+}

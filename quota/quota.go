@@ -1,0 +1,192 @@
+// Package quota enforces tenants' limits — requests per second, tokens per minute, concurrent requests,
+// monthly spend and per-conversation tokens — across every gateway replica. Admission reserves an estimate
+// atomically in Redis (one Lua script, one round trip); the response path settles the real usage in batches,
+// refunding or charging the difference. When Redis is down the policy decides: fail open on an in-process
+// limiter at limit ÷ replicas, or fail closed with 503.
+package quota
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+// Limit kinds.
+const (
+	KindRequests     = "rps"
+	KindTokens       = "tpm"
+	KindConcurrency  = "conc"
+	KindSpend        = "spend"
+	KindConversation = "conv"
+)
+
+// Request is what admission needs to know about one request.
+type Request struct {
+	Snapshot *policies.Snapshot
+	Tenant   *policies.Tenant
+	Model    *policies.Model
+	// EstimatedTokens is prompt tokens (estimated from the body) plus max_tokens or the policy default.
+	EstimatedTokens int64
+	// EstimatedCostMicros is the estimate's price in micro-USD.
+	EstimatedCostMicros int64
+	// Conversation is the value of the policy's conversation header, if any.
+	Conversation string
+	Now          time.Time
+}
+
+// entry is one limit checked at admission: a counter in Redis (or locally) with its limit.
+type entry struct {
+	kind   string
+	scope  string // "tenant" or the model name
+	key    string
+	limit  int64
+	amount int64
+	window time.Duration // 0: no rolling window (concurrency); spend and conversation keys expire after it
+}
+
+// Ticket is an admitted request's reservation, needed to settle it.
+type Ticket struct {
+	ID      string
+	Tenant  string
+	entries []entry
+	local   bool
+	est     int64 // tokens reserved
+	estCost int64 // micro-USD reserved
+}
+
+// Rejection says which limit refused a request.
+type Rejection struct {
+	Kind      string
+	Scope     string
+	Limit     int64
+	Used      int64
+	Requested int64
+	Reset     time.Duration
+}
+
+// ConcurrencyTTL is how long a concurrency slot survives without settlement (a crashed gateway's requests
+// stop counting after it).
+const ConcurrencyTTL = 10 * time.Minute
+
+// MicroUSD prices tokens at a model's policy prices.
+func MicroUSD(m *policies.Model, prompt, completion int64) int64 {
+	return int64(math.Round(float64(prompt)*m.Pricing.InputPerMTok + float64(completion)*m.Pricing.OutputPerMTok))
+}
+
+// tag keeps every key of a tenant in one Redis Cluster slot.
+func tag(tenant string) string {
+	return "{" + strings.NewReplacer("{", "_", "}", "_").Replace(tenant) + "}"
+}
+
+// entriesFor lists the limits that apply to a request, tenant-wide first.
+func entriesFor(r Request) []entry {
+	var out []entry
+	t := tag(r.Tenant.Name)
+	add := func(scope string, q policies.Quota) {
+		prefix := "ig:" + t + ":" + scope
+		if q.RequestsPerSecond > 0 {
+			window, limit := time.Second, int64(math.Floor(q.RequestsPerSecond))
+			if q.RequestsPerSecond < 1 {
+				window = time.Duration(math.Ceil(1/q.RequestsPerSecond)) * time.Second
+				limit = 1
+			}
+			out = append(out, entry{kind: KindRequests, scope: scope, limit: limit, amount: 1, window: window,
+				key: prefix + ":rps:" + windowID(r.Now, window)})
+		}
+		if q.TokensPerMinute > 0 {
+			out = append(out, entry{kind: KindTokens, scope: scope, limit: q.TokensPerMinute, amount: r.EstimatedTokens,
+				window: time.Minute, key: prefix + ":tpm:" + windowID(r.Now, time.Minute)})
+		}
+		if q.MaxConcurrent > 0 {
+			out = append(out, entry{kind: KindConcurrency, scope: scope, limit: int64(q.MaxConcurrent), amount: 1,
+				key: prefix + ":conc"})
+		}
+		if q.MonthlySpendUSD > 0 {
+			month := r.Now.UTC().Format("200601")
+			out = append(out, entry{kind: KindSpend, scope: scope, limit: int64(q.MonthlySpendUSD * 1e6), amount: r.EstimatedCostMicros,
+				window: 40 * 24 * time.Hour, key: prefix + ":spend:" + month})
+		}
+		if q.ConversationTokens > 0 && r.Conversation != "" {
+			sum := sha256.Sum256([]byte(r.Conversation))
+			out = append(out, entry{kind: KindConversation, scope: scope, limit: q.ConversationTokens, amount: r.EstimatedTokens,
+				window: 24 * time.Hour, key: prefix + ":conv:" + hex.EncodeToString(sum[:8])})
+		}
+	}
+	add("tenant", r.Tenant.Quota)
+	if q, ok := r.Snapshot.ModelQuota(r.Tenant, r.Model); ok {
+		add("model:"+r.Model.Name, q)
+	}
+	return out
+}
+
+func windowID(now time.Time, window time.Duration) string {
+	return strconv.FormatInt(now.UnixMilli()/window.Milliseconds(), 10)
+}
+
+// settleDeltas returns, per entry, the correction to apply when the real usage is known.
+func settleDeltas(t *Ticket, tokens, costMicros int64) []int64 {
+	out := make([]int64, len(t.entries))
+	for i, e := range t.entries {
+		switch e.kind {
+		case KindTokens, KindConversation:
+			out[i] = tokens - e.amount
+		case KindSpend:
+			out[i] = costMicros - e.amount
+		}
+	}
+	return out
+}
+
+var kindNames = map[string]string{
+	KindRequests:     "requests per second (RPS)",
+	KindTokens:       "tokens per minute (TPM)",
+	KindConcurrency:  "concurrent requests",
+	KindSpend:        "monthly spend (micro-USD)",
+	KindConversation: "tokens per conversation",
+}
+
+// Error renders a rejection as the OpenAI-style 429 clients' SDKs understand: the envelope plus
+// x-ratelimit-* and retry-after headers.
+func (r *Rejection) Error(tenant, model string) *openai.Error {
+	scope := "tenant " + tenant
+	if r.Scope != "tenant" {
+		scope += " on model " + model
+	}
+	e := &openai.Error{Status: 429, Header: map[string]string{}}
+	retry := max(r.Reset, time.Millisecond)
+	switch r.Kind {
+	case KindSpend:
+		e.Type, e.Code = openai.TypeInsufficientQuota, "insufficient_quota"
+		e.Message = fmt.Sprintf("You exceeded your current quota (monthly spend limit of $%.2f for %s); please check your plan and billing details.",
+			float64(r.Limit)/1e6, scope)
+		e.Header["x-should-retry"] = "false"
+		return e
+	case KindConversation:
+		e.Type, e.Code = "tokens", "conversation_token_limit"
+		e.Message = fmt.Sprintf("This conversation reached its token limit for %s: Limit %d, Used %d, Requested %d.", scope, r.Limit, r.Used, r.Requested)
+		e.Header["x-should-retry"] = "false"
+		return e
+	}
+	e.Code = "rate_limit_exceeded"
+	unit := "requests"
+	if r.Kind == KindTokens {
+		unit = "tokens"
+	}
+	e.Type = unit
+	e.Message = fmt.Sprintf("Rate limit reached for %s on %s: Limit %d, Used %d, Requested %d. Please try again in %s.",
+		kindNames[r.Kind], scope, r.Limit, r.Used, r.Requested, retry.Round(time.Millisecond))
+	remaining := max(0, r.Limit-r.Used)
+	e.Header["x-ratelimit-limit-"+unit] = strconv.FormatInt(r.Limit, 10)
+	e.Header["x-ratelimit-remaining-"+unit] = strconv.FormatInt(remaining, 10)
+	e.Header["x-ratelimit-reset-"+unit] = retry.Round(time.Millisecond).String()
+	e.Header["retry-after"] = strconv.FormatInt(int64(math.Ceil(retry.Seconds())), 10)
+	e.Header["retry-after-ms"] = strconv.FormatInt(retry.Milliseconds(), 10)
+	return e
+}

@@ -1,0 +1,140 @@
+// Package redistest runs real redis-server processes for tests, on free 127.0.0.1 ports, stopped by t.Cleanup.
+// `make test` installs redis-server from Debian's packages when it is missing.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Server is one redis-server process.
+type Server struct {
+	t       testing.TB
+	Addr    string
+	dir     string
+	cluster bool
+	cmd     *exec.Cmd
+}
+
+// Start runs a standalone server with persistence off.
+func Start(t testing.TB) *Server { return start(t, false) }
+
+// StartCluster runs a one-node Redis Cluster that owns every slot: real cluster semantics (MOVED, CROSSSLOT,
+// hash tags) on one process.
+func StartCluster(t testing.TB) *Server { return start(t, true) }
+
+func start(t testing.TB, cluster bool) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server is not installed; `make test` installs it (scripts/ensure-test-deps.sh)")
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	s := &Server{t: t, Addr: addr, dir: t.TempDir(), cluster: cluster}
+	s.Restart()
+	t.Cleanup(s.Kill)
+	if cluster {
+		if _, err := s.Do("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			info, _ := s.Do("CLUSTER", "INFO")
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster did not become ok: %s", info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return s
+}
+
+// Restart starts the process again on the same address (after Kill).
+func (s *Server) Restart() {
+	s.t.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--protected-mode", "no", "--loglevel", "warning"}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"))
+	}
+	s.cmd = exec.Command("redis-server", args...)
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if out, err := s.Do("PING"); err == nil && out == "PONG" {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatal("redis-server did not answer PING")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill stops the process abruptly, as a crash would.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Do sends one command over a fresh connection (RESP) and returns the reply as text.
+func (s *Server) Do(args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", fmt.Errorf("redis: %s", line[1:])
+	case '$':
+		n, _ := strconv.Atoi(line[1:])
+		if n < 0 {
+			return "", nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return line, nil
+}
