@@ -46,7 +46,7 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run $(STATICCHECK) ./...
 
 .PHONY: demo
-demo: build ## simulated fleet + infergate + data plane on :8080 + traffic, live table (DEMO_DURATION=30s stops)
+demo: build test-deps ## simulated fleet + infergate + data plane on :8080 + traffic, live table (DEMO_DURATION=30s stops)
 	$(GO) build -o bin/demo ./test/demo
 	./$(BIN) validate examples/quickstart/policy.yaml
 	./bin/demo --infergate $(BIN)

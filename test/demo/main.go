@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -106,8 +107,16 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		return err
 	}
 	defer logFile.Close()
-	cmd := exec.CommandContext(serveCtx, bin, "serve", "--policy", "examples/quickstart/policy.yaml",
-		"--extproc-addr", "127.0.0.1:9002", "--metrics-addr", "127.0.0.1:9090", "--xds-addr", "")
+	args := []string{"serve", "--policy", "examples/quickstart/policy.yaml",
+		"--extproc-addr", "127.0.0.1:9002", "--metrics-addr", "127.0.0.1:9090", "--xds-addr", ""}
+	if redisAddr, stopRedis, err := startRedis(); err == nil {
+		defer stopRedis()
+		args = append(args, "--redis-addr", redisAddr)
+		fmt.Printf("quotas: redis-server on %s\n", redisAddr)
+	} else {
+		fmt.Printf("quotas off: %v\n", err)
+	}
+	cmd := exec.CommandContext(serveCtx, bin, args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = root, logFile, logFile
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -162,6 +171,40 @@ loop:
 	<-served
 	fmt.Println("\nstopped: traffic, data plane, fleet and infergate.")
 	return nil
+}
+
+// startRedis runs a throwaway redis-server on a free loopback port for the quickstart's quotas.
+func startRedis() (string, func(), error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return "", nil, errors.New("redis-server is not installed (make test-deps installs it)")
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	dir, err := os.MkdirTemp("", "infergate-demo-redis")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return addr, stop, nil
+		}
+		if i > 200 {
+			stop()
+			return "", nil, errors.New("redis-server did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func waitHTTP(ctx context.Context, url string) error {
