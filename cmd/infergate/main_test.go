@@ -126,10 +126,14 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 	exit := make(chan int, 1)
 	go func() {
 		exit <- run(ctx, []string{"serve", "--policy", quickstart, "--extproc-addr", "127.0.0.1:0",
-			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "", "--drain-timeout", "10s"}, io.Discard, logs.w)
+			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0", "--drain-timeout", "10s"}, io.Discard, logs.w)
 	}()
 	extprocAddr := logs.waitFor(t, "ext_proc listening")["addr"].(string)
 	metricsAddr := logs.waitFor(t, "metrics listening")["addr"].(string)
+	if pushed := logs.waitFor(t, "xds snapshot pushed"); pushed["clusters"].(float64) != 4 {
+		t.Errorf("xds snapshot %v", pushed)
+	}
+	logs.waitFor(t, "xds listening")
 
 	conn, err := grpc.NewClient(extprocAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

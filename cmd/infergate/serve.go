@@ -24,6 +24,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/xds"
 )
 
 // defaultGCPercent is the GOGC serve runs with unless the environment sets one (see BENCHMARKS.md).
@@ -139,7 +140,26 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		}()
 	}
 	if cfg.xdsAddr != "" {
-		log.Warn("the xDS control plane is not part of this build yet; --xds-addr is ignored", "xds_addr", cfg.xdsAddr)
+		cp := xds.NewServer(log)
+		if err := cp.Update(store.Current(), nil); err != nil {
+			gs.Stop()
+			return err
+		}
+		store.OnChange(func(snap *policies.Snapshot) {
+			if err := cp.Update(snap, nil); err != nil {
+				log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
+			}
+		})
+		xlis, err := net.Listen("tcp", cfg.xdsAddr)
+		if err != nil {
+			gs.Stop()
+			return fmt.Errorf("listen xds on %s: %w", cfg.xdsAddr, err)
+		}
+		xgs := grpc.NewServer()
+		cp.Register(ctx, xgs)
+		log.Info("xds listening", "addr", xlis.Addr().String())
+		go func() { errc <- xgs.Serve(xlis) }()
+		defer xgs.Stop()
 	}
 
 	go func() {

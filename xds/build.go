@@ -1,0 +1,326 @@
+package xds
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// EndpointState is what the fleet view knows of one replica.
+type EndpointState struct {
+	Healthy     bool
+	Utilisation float64 // 0..1, from engine metrics (KV usage or queue)
+}
+
+// FleetState answers for endpoints; an endpoint it does not know is taken as healthy and idle.
+type FleetState interface {
+	Endpoint(addr string) (EndpointState, bool)
+}
+
+// Resources is one consistent set of Envoy resources.
+type Resources struct {
+	Clusters  []types.Resource
+	Endpoints []types.Resource
+	Routes    []types.Resource
+	// Weights are the per-model pool weights used in the routes, for hysteresis on the next build.
+	Weights map[string]uint32
+}
+
+// Build turns a policy and the fleet's state into clusters, endpoints and routes. previous, when not nil,
+// holds the last weights: a pool's weight only changes when it moved by more than 10 %, so routes do not flap.
+func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32) (*Resources, error) {
+	out := &Resources{Weights: map[string]uint32{}}
+	vh := &routev3.VirtualHost{Name: "llm", Domains: []string{"*"}}
+	var modelRoutes []*routev3.Route
+	for i := range snap.Policy.Spec.Models {
+		m := &snap.Policy.Spec.Models[i]
+		var weighted []*routev3.WeightedCluster_ClusterWeight
+		capacities := map[string]float64{}
+		for j := range m.Pools {
+			p := &m.Pools[j]
+			name := ClusterName(m.Name, p.Name)
+			out.Clusters = append(out.Clusters, poolCluster(m, p))
+			cla, healthy, util := poolEndpoints(m, p, fleet)
+			out.Endpoints = append(out.Endpoints, cla)
+			hc := snap.Policy.Spec.HardwareClasses[p.HardwareClass]
+			// Live capacity: healthy replicas × class throughput × headroom.
+			capacities[name] = float64(healthy) * hc.PrefillTokensPerSecond * (1 - util)
+			vh.Routes = append(vh.Routes, &routev3.Route{
+				Name:   "pool/" + m.Name + "/" + p.Name,
+				Match:  headerMatch("x-infergate-pool", p.Name),
+				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: name}})},
+			})
+		}
+		weights := capacityWeights(capacities, previous)
+		for j := range m.Pools {
+			name := ClusterName(m.Name, m.Pools[j].Name)
+			out.Weights[name] = weights[name]
+			if weights[name] > 0 {
+				weighted = append(weighted, &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(weights[name])})
+			}
+		}
+		for _, f := range m.Fallbacks {
+			c, err := fallbackCluster(m, &f)
+			if err != nil {
+				return nil, err
+			}
+			out.Clusters = append(out.Clusters, c)
+		}
+		action := &routev3.RouteAction{}
+		if len(weighted) == 0 && len(m.Fallbacks) > 0 {
+			// Every self-hosted pool is down: the model's first fallback takes the traffic.
+			action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, m.Fallbacks[0].Name)}
+		} else if len(weighted) > 0 {
+			action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: weighted}}
+		} else {
+			continue
+		}
+		modelRoutes = append(modelRoutes, &routev3.Route{
+			Name: "model/" + m.Name, Match: headerMatch("x-infergate-model", m.Name),
+			Action: &routev3.Route_Route{Route: routeAction(action)},
+		})
+	}
+	vh.Routes = append(vh.Routes, modelRoutes...)
+	vh.Routes = append(vh.Routes, &routev3.Route{
+		Name:  "default",
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 503, Body: &corev3.DataSource{
+			Specifier: &corev3.DataSource_InlineString{InlineString: `{"error":{"message":"The routing service is unavailable; please retry.","type":"service_unavailable_error","param":null,"code":"routing_unavailable"}}`}}}},
+	})
+	out.Routes = []types.Resource{&routev3.RouteConfiguration{Name: RouteConfigName, VirtualHosts: []*routev3.VirtualHost{vh}}}
+	for _, group := range [][]types.Resource{out.Clusters, out.Endpoints, out.Routes} {
+		for _, r := range group {
+			if v, ok := r.(interface{ ValidateAll() error }); ok {
+				if err := v.ValidateAll(); err != nil {
+					return nil, fmt.Errorf("generated resource fails validation: %w", err)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func routeAction(a *routev3.RouteAction) *routev3.RouteAction {
+	a.Timeout = durationpb.New(300 * time.Second)
+	a.RetryPolicy = &routev3.RetryPolicy{RetryOn: "connect-failure,refused-stream", NumRetries: wrapperspb.UInt32(2)}
+	return a
+}
+
+func headerMatch(name, value string) *routev3.RouteMatch {
+	return &routev3.RouteMatch{
+		PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+		Headers: []*routev3.HeaderMatcher{{Name: name, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+			StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: value}}}}},
+	}
+}
+
+// capacityWeights turns capacities into integer weights out of 1000, keeping a previous weight unless the new
+// one differs by more than 10 %.
+func capacityWeights(capacities map[string]float64, previous map[string]uint32) map[string]uint32 {
+	total := 0.0
+	for _, c := range capacities {
+		total += c
+	}
+	out := map[string]uint32{}
+	for name, c := range capacities {
+		if total == 0 {
+			out[name] = 0
+			continue
+		}
+		w := uint32(math.Round(1000 * c / total))
+		if c > 0 && w == 0 {
+			w = 1
+		}
+		if prev, ok := previous[name]; ok && prev > 0 && w > 0 && math.Abs(float64(w)-float64(prev)) <= 0.1*float64(prev) {
+			w = prev
+		}
+		out[name] = w
+	}
+	return out
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", m, err)) // static messages: cannot fail
+	}
+	return a
+}
+
+// overrideHostPolicy reads x-gateway-destination-endpoint from the header, then from envoy.lb metadata, and
+// falls back to least request.
+func overrideHostPolicy() *clusterv3.LoadBalancingPolicy {
+	oh := &overridehostv3.OverrideHost{
+		OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{
+			{Header: "x-gateway-destination-endpoint"},
+			{Metadata: &metadatav3.MetadataKey{Key: "envoy.lb", Path: []*metadatav3.MetadataKey_PathSegment{
+				{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: "x-gateway-destination-endpoint"}}}}},
+		},
+		SelectedHostKey: &metadatav3.MetadataKey{Key: "envoy.lb", Path: []*metadatav3.MetadataKey_PathSegment{
+			{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: "x-gateway-destination-endpoint-served"}}}},
+		FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.least_request",
+				TypedConfig: mustAny(&leastrequestv3.LeastRequest{})}}}},
+	}
+	return &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+		TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.override_host", TypedConfig: mustAny(oh)}}}}
+}
+
+func infergateMetadata(fields map[string]string) *corev3.Metadata {
+	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for k, v := range fields {
+		s.Fields[k] = structpb.NewStringValue(v)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"infergate": s}}
+}
+
+func poolCluster(m *policies.Model, p *policies.Pool) *clusterv3.Cluster {
+	n := uint32(len(p.Endpoints))
+	return &clusterv3.Cluster{
+		Name:                 ClusterName(m.Name, p.Name),
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
+			ResourceApiVersion:    corev3.ApiVersion_V3,
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		}},
+		ConnectTimeout:      durationpb.New(time.Second),
+		LoadBalancingPolicy: overrideHostPolicy(),
+		// A replica that keeps failing leaves the rotation; at most half a pool is ejected at once.
+		OutlierDetection: &clusterv3.OutlierDetection{
+			Consecutive_5Xx: wrapperspb.UInt32(5), Interval: durationpb.New(5 * time.Second),
+			BaseEjectionTime: durationpb.New(30 * time.Second), MaxEjectionPercent: wrapperspb.UInt32(50),
+		},
+		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			Priority: corev3.RoutingPriority_DEFAULT, MaxRequests: wrapperspb.UInt32(1024 * n),
+			MaxPendingRequests: wrapperspb.UInt32(1024), MaxRetries: wrapperspb.UInt32(64),
+		}}},
+		Metadata: infergateMetadata(map[string]string{"model": m.Name, "pool": p.Name, "hardwareClass": p.HardwareClass, "engine": p.Engine}),
+	}
+}
+
+// poolEndpoints publishes a pool's replicas with their health; it returns the healthy count and the mean
+// utilisation of the healthy ones.
+func poolEndpoints(m *policies.Model, p *policies.Pool, fleet FleetState) (*endpointv3.ClusterLoadAssignment, int, float64) {
+	lle := &endpointv3.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(1)}
+	healthy, utilSum := 0, 0.0
+	for _, ep := range p.Endpoints {
+		host, portStr, _ := net.SplitHostPort(ep) // validated by the policy loader
+		port, _ := strconv.Atoi(portStr)
+		st := EndpointState{Healthy: true}
+		if fleet != nil {
+			if s, ok := fleet.Endpoint(ep); ok {
+				st = s
+			}
+		}
+		hs := corev3.HealthStatus_HEALTHY
+		if !st.Healthy {
+			hs = corev3.HealthStatus_UNHEALTHY
+		} else {
+			healthy++
+			utilSum += min(max(st.Utilisation, 0), 1)
+		}
+		lle.LbEndpoints = append(lle.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{
+				Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}}}}},
+			HealthStatus: hs,
+			Metadata:     infergateMetadata(map[string]string{"pool": p.Name, "hardwareClass": p.HardwareClass, "engine": p.Engine}),
+		})
+	}
+	util := 0.0
+	if healthy > 0 {
+		util = utilSum / float64(healthy)
+	}
+	return &endpointv3.ClusterLoadAssignment{ClusterName: ClusterName(m.Name, p.Name), Endpoints: []*endpointv3.LocalityLbEndpoints{lle}}, healthy, util
+}
+
+// fallbackCluster reaches a managed API over TLS with SNI, resolving its host by DNS.
+func fallbackCluster(m *policies.Model, f *policies.Fallback) (*clusterv3.Cluster, error) {
+	u, err := url.Parse(f.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("fallback %s: %w", f.Name, err)
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
+	}
+	p, _ := strconv.Atoi(port)
+	name := FallbackClusterName(m.Name, f.Name)
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS},
+		DnsLookupFamily:      clusterv3.Cluster_V4_PREFERRED,
+		ConnectTimeout:       durationpb.New(5 * time.Second),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}}}}}},
+		}}},
+		Metadata: infergateMetadata(map[string]string{"model": m.Name, "fallback": f.Name, "providerModel": f.Model}),
+	}
+	if u.Scheme == "https" {
+		c.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{
+			TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{Sni: host})}}
+	}
+	return c, nil
+}
+
+// consistent checks the references inside a resource set: every EDS cluster has its endpoints and every
+// endpoint set its cluster, and every cluster a route names exists.
+func consistent(res *Resources) error {
+	clusters, eds := map[string]bool{}, map[string]bool{}
+	for _, r := range res.Clusters {
+		c := r.(*clusterv3.Cluster)
+		clusters[c.GetName()] = true
+		if c.GetType() == clusterv3.Cluster_EDS {
+			eds[c.GetName()] = true
+		}
+	}
+	for _, r := range res.Endpoints {
+		name := r.(*endpointv3.ClusterLoadAssignment).GetClusterName()
+		if !eds[name] {
+			return fmt.Errorf("endpoints for %q, which is not an EDS cluster", name)
+		}
+		delete(eds, name)
+	}
+	for name := range eds {
+		return fmt.Errorf("EDS cluster %q has no endpoints", name)
+	}
+	for _, r := range res.Routes {
+		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				names := []string{rt.GetRoute().GetCluster()}
+				for _, wc := range rt.GetRoute().GetWeightedClusters().GetClusters() {
+					names = append(names, wc.GetName())
+				}
+				for _, n := range names {
+					if n != "" && !clusters[n] {
+						return fmt.Errorf("route %q names unknown cluster %q", rt.GetName(), n)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}

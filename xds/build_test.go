@@ -1,0 +1,218 @@
+package xds
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/policies"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+func quickstart(t *testing.T) *policies.Snapshot {
+	t.Helper()
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// toYAML renders resources as YAML with sorted keys, for readable, stable goldens.
+func toYAML(t *testing.T, rs []types.Resource) string {
+	t.Helper()
+	var docs []any
+	for _, r := range rs {
+		js, err := protojson.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(js, &v); err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, v)
+	}
+	out, err := yaml.Marshal(docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// TestGolden: the quickstart policy in, Envoy resources out; every resource passes ValidateAll (in Build).
+func TestGolden(t *testing.T) {
+	res, err := Build(quickstart(t), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, rs := range map[string][]types.Resource{"clusters": res.Clusters, "endpoints": res.Endpoints, "routes": res.Routes} {
+		got := toYAML(t, rs)
+		path := "testdata/quickstart." + name + ".yaml"
+		if *update {
+			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run with -update to create)", err)
+		}
+		if got != string(want) {
+			t.Errorf("%s differs from %s; run go test ./xds -update and review the diff", name, path)
+		}
+	}
+}
+
+type fakeFleet map[string]EndpointState
+
+func (f fakeFleet) Endpoint(addr string) (EndpointState, bool) { s, ok := f[addr]; return s, ok }
+
+func modelRoute(t *testing.T, res *Resources, model string) *routev3.RouteAction {
+	t.Helper()
+	for _, r := range res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes() {
+		if r.GetName() == "model/"+model {
+			return r.GetRoute()
+		}
+	}
+	t.Fatalf("no route for %s", model)
+	return nil
+}
+
+func weightsOf(ra *routev3.RouteAction) map[string]uint32 {
+	out := map[string]uint32{}
+	for _, c := range ra.GetWeightedClusters().GetClusters() {
+		out[c.GetName()] = c.GetWeight().GetValue()
+	}
+	return out
+}
+
+func TestWeightsFollowCapacity(t *testing.T) {
+	snap := quickstart(t)
+	h200, l40s := ClusterName("llama-3.3-70b", "llama70b-h200"), ClusterName("llama-3.3-70b", "llama70b-l40s")
+
+	res, err := Build(snap, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two healthy replicas each: 24,000 vs 7,000 prefill tokens/s per replica.
+	if w := weightsOf(modelRoute(t, res, "llama-3.3-70b")); w[h200] != 774 || w[l40s] != 226 {
+		t.Fatalf("weights %v, want 774/226", w)
+	}
+
+	// One H200 replica down and the other busy: weight moves to the L40S pool; the down replica is UNHEALTHY.
+	fleet := fakeFleet{"127.0.0.1:18101": {Healthy: false}, "127.0.0.1:18102": {Healthy: true, Utilisation: 0.5}}
+	res2, err := Build(snap, fleet, res.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := weightsOf(modelRoute(t, res2, "llama-3.3-70b"))
+	if w[h200] >= w[l40s] {
+		t.Errorf("after losing capacity the h200 pool still outweighs l40s: %v", w)
+	}
+	for _, r := range res2.Endpoints {
+		cla := r.(*endpointv3.ClusterLoadAssignment)
+		for _, e := range cla.GetEndpoints()[0].GetLbEndpoints() {
+			addr := e.GetEndpoint().GetAddress().GetSocketAddress()
+			if addr.GetPortValue() == 18101 && e.GetHealthStatus() != corev3.HealthStatus_UNHEALTHY {
+				t.Error("the down replica is not published as UNHEALTHY")
+			}
+		}
+	}
+
+	// Hysteresis: a small utilisation change does not move the weights.
+	small := fakeFleet{"127.0.0.1:18101": {Healthy: true, Utilisation: 0.05}, "127.0.0.1:18102": {Healthy: true, Utilisation: 0.05}}
+	res3, _ := Build(snap, small, res.Weights)
+	if w := weightsOf(modelRoute(t, res3, "llama-3.3-70b")); w[h200] != 774 || w[l40s] != 226 {
+		t.Errorf("weights flapped on a small change: %v", w)
+	}
+
+	// Every self-hosted replica down: the model's managed fallback takes the route.
+	down := fakeFleet{}
+	for _, m := range snap.Policy.Spec.Models {
+		for _, p := range m.Pools {
+			for _, ep := range p.Endpoints {
+				down[ep] = EndpointState{Healthy: false}
+			}
+		}
+	}
+	res4, _ := Build(snap, down, nil)
+	if c := modelRoute(t, res4, "llama-3.3-70b").GetCluster(); c != FallbackClusterName("llama-3.3-70b", "together") {
+		t.Errorf("all pools down: route goes to %q", c)
+	}
+	for _, r := range res4.Clusters {
+		c := r.(*clusterv3.Cluster)
+		if strings.HasPrefix(c.GetName(), "fallback/") && c.GetTransportSocket().GetName() != "envoy.transport_sockets.tls" {
+			t.Errorf("fallback %s without TLS", c.GetName())
+		}
+	}
+}
+
+// The server pushes versioned snapshots over ADS; an ADS client receives the clusters.
+func TestServerServesADS(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := NewServer(nil)
+	if err := s.Update(quickstart(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	s.Register(ctx, gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ads.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetVersionInfo() != "1" || len(resp.GetResources()) != 4 {
+		t.Errorf("version %q, %d clusters", resp.GetVersionInfo(), len(resp.GetResources()))
+	}
+	// A second update is a new version; the client sees it after ACKing the first.
+	if err := s.Update(quickstart(t), fakeFleet{"127.0.0.1:18121": {Healthy: false}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resource.ClusterType,
+		VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = ads.Recv()
+	if err != nil || resp.GetVersionInfo() != "2" {
+		t.Errorf("second version: %v %v", resp.GetVersionInfo(), err)
+	}
+}
