@@ -222,7 +222,8 @@ func poolCluster(m *policies.Model, p *policies.Pool) *clusterv3.Cluster {
 // poolEndpoints publishes a pool's replicas with their health; it returns the healthy count and the mean
 // utilisation of the healthy ones.
 func poolEndpoints(m *policies.Model, p *policies.Pool, fleet FleetState) (*endpointv3.ClusterLoadAssignment, int, float64) {
-	lle := &endpointv3.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(1)}
+	// grpc-go rejects a locality without an ID and one without a weight.
+	lle := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: "infergate", Zone: p.Name}, LoadBalancingWeight: wrapperspb.UInt32(1)}
 	healthy, utilSum := 0, 0.0
 	for _, ep := range p.Endpoints {
 		host, portStr, _ := net.SplitHostPort(ep) // validated by the policy loader

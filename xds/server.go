@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -21,12 +23,21 @@ import (
 	"github.com/infergate/infergate/policies"
 )
 
-// nodeGroup is the one snapshot key: every Envoy of the fleet gets the same resources.
-const nodeGroup = "infergate"
+// Snapshot keys: every Envoy of the fleet gets the same resources, and so does every proxyless grpc-go client.
+const (
+	nodeGroup = "infergate"
+	grpcGroup = "infergate-grpc"
+)
 
-type oneGroup struct{}
+type twoGroups struct{}
 
-func (oneGroup) ID(*corev3.Node) string { return nodeGroup }
+// ID sorts clients by what they can read: grpc-go announces itself in user_agent_name.
+func (twoGroups) ID(n *corev3.Node) string {
+	if strings.HasPrefix(strings.ToLower(n.GetUserAgentName()), "grpc") {
+		return grpcGroup
+	}
+	return nodeGroup
+}
 
 // Server serves the resources built from the live policy and fleet state over ADS (and the per-type xDS
 // services), state of the world and delta.
@@ -45,7 +56,7 @@ func NewServer(log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cache: cachev3.NewSnapshotCache(false, oneGroup{}, nil), log: log}
+	return &Server{cache: cachev3.NewSnapshotCache(false, twoGroups{}, nil), log: log}
 }
 
 // Register adds the xDS services to g.
@@ -55,6 +66,7 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 	clusterservice.RegisterClusterDiscoveryServiceServer(g, srv)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(g, srv)
 	routeservice.RegisterRouteDiscoveryServiceServer(g, srv)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, srv)
 }
 
 // Update builds a new versioned snapshot from the policy and fleet state and pushes it, unless the resources
@@ -80,8 +92,24 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 	if err := consistent(res); err != nil {
 		return fmt.Errorf("xds snapshot inconsistent: %w", err)
 	}
+	gres, listeners, err := BuildGRPC(snap, fleet, s.weights)
+	if err != nil {
+		return fmt.Errorf("xds (grpc clients): %w", err)
+	}
+	gs, err := cachev3.NewSnapshot(strconv.Itoa(next), map[resource.Type][]types.Resource{
+		resource.ClusterType:  gres.Clusters,
+		resource.EndpointType: gres.Endpoints,
+		resource.RouteType:    gres.Routes,
+		resource.ListenerType: listeners,
+	})
+	if err != nil {
+		return fmt.Errorf("xds snapshot (grpc clients): %w", err)
+	}
 	if err := s.cache.SetSnapshot(context.Background(), nodeGroup, cs); err != nil {
 		return fmt.Errorf("xds set snapshot: %w", err)
+	}
+	if err := s.cache.SetSnapshot(context.Background(), grpcGroup, gs); err != nil {
+		return fmt.Errorf("xds set snapshot (grpc clients): %w", err)
 	}
 	s.version, s.weights = next, res.Weights
 	s.log.Info("xds snapshot pushed", "version", next, "policy_version", snap.Version,
