@@ -43,7 +43,7 @@ type Settlement struct {
 // Options wires a Server to the other stages.
 type Options struct {
 	Policies *policies.Store
-	Picker   picker.Picker // default: least in-flight over InFlight
+	Picker   picker.Picker // default: prefix affinity with bounded load over InFlight
 	InFlight *fleet.InFlight
 	Metrics  *Metrics
 	Logger   *slog.Logger
@@ -65,7 +65,8 @@ func New(opts Options) *Server {
 		opts.InFlight = &fleet.InFlight{}
 	}
 	if opts.Picker == nil {
-		opts.Picker = &picker.LeastInFlight{InFlight: opts.InFlight}
+		opts.Picker = &picker.Affinity{InFlight: opts.InFlight, Index: picker.NewIndex(),
+			Hasher: picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 256}}
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)

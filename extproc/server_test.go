@@ -483,11 +483,12 @@ func TestUpstreamErrorSettles(t *testing.T) {
 	}
 }
 
-func TestLeastInFlightSpreadsLoad(t *testing.T) {
+// Concurrent requests with one prefix go to the endpoint that has it, until bounded load spreads them.
+func TestRoutingSpreadsLoadUnderBoundedLoad(t *testing.T) {
 	h := newHarness(t)
 	seen := map[string]int{}
 	var open []*stream
-	for range 3 {
+	for range 6 {
 		s := h.open(t, modeBuffered, modeNone)
 		s.send(postHeaders("/v1/chat/completions", keyAcme))
 		s.recv()
@@ -496,8 +497,12 @@ func TestLeastInFlightSpreadsLoad(t *testing.T) {
 		seen[strings.Split(set[HeaderDestination], ",")[0]]++
 		open = append(open, s)
 	}
-	if len(seen) != 3 {
-		t.Errorf("three concurrent requests went to %v; want one per replica", seen)
+	most := 0
+	for _, n := range seen {
+		most = max(most, n)
+	}
+	if len(seen) < 2 || most > 3 || most < 2 {
+		t.Errorf("six concurrent same-prefix requests went to %v; want affinity first, then spreading", seen)
 	}
 	for _, s := range open {
 		s.send(respHeaders("200", true))

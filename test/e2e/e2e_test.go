@@ -272,13 +272,13 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 		return 0
 	}
 	hitsBefore := scrapeSum(t, st, "qwen7b", "vllm:prefix_cache_hits_total")
-	// Two replicas: the first two requests are cold wherever they land; by the fourth, both have the prefix.
+	// The first request is cold; prefix affinity sends the following ones to the replica that has the prefix.
 	var cold, warm []time.Duration
 	for i := range 6 {
 		d := ttft("question number " + string(rune('A'+i)))
-		if i < 2 {
+		if i == 0 {
 			cold = append(cold, d)
-		} else if i >= 4 {
+		} else if i >= 2 {
 			warm = append(warm, d)
 		}
 	}

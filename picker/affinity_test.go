@@ -1,0 +1,238 @@
+package picker
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fastjson"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+func chatPrompt(t testing.TB, system, user string) *fastjson.Value {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
+	r, err := openai.ParseRequest(openai.EndpointChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Prompt
+}
+
+func TestPrefixHashes(t *testing.T) {
+	h := Hasher{BlockBytes: 64, MaxBlocks: 1000}
+	system := strings.Repeat("You are a careful assistant. ", 40) // ~1160 bytes
+	a := h.Hash(nil, Seed("m", ""), chatPrompt(t, system, "first question"))
+	b := h.Hash(nil, Seed("m", ""), chatPrompt(t, system, "a different, longer second question"))
+	other := h.Hash(nil, Seed("other-model", ""), chatPrompt(t, system, "first question"))
+	shared := 0
+	for shared < min(len(a), len(b)) && a[shared] == b[shared] {
+		shared++
+	}
+	if want := (len("system") + 1 + len(system)) / 64; shared != want {
+		t.Errorf("shared leading blocks = %d, want %d (the system prompt's full blocks)", shared, want)
+	}
+	if a[0] == other[0] {
+		t.Error("the same text under another model must hash differently")
+	}
+	if capped := (Hasher{BlockBytes: 64, MaxBlocks: 3}).Hash(nil, 1, chatPrompt(t, system, "q")); len(capped) != 3 {
+		t.Errorf("MaxBlocks not honoured: %d", len(capped))
+	}
+	// Multi-part content and images are part of the prefix.
+	v1 := fastjson.MustParse(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/1.png"}}]}]`)
+	v2 := fastjson.MustParse(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/2.png"}}]}]`)
+	h1, h2 := h.Hash(nil, 1, v1), h.Hash(nil, 1, v2)
+	if len(h1) != 2 || h1[0] != h2[0] || h1[1] == h2[1] {
+		t.Errorf("image parts: %v vs %v", h1, h2)
+	}
+}
+
+func TestPrefixHashingAllocatesNothingPerBlock(t *testing.T) {
+	prompt := chatPrompt(t, strings.Repeat("lorem ipsum dolor sit amet ", 2500), "q") // ~64 KiB
+	h := Hasher{BlockBytes: 64, MaxBlocks: 2048}
+	dst := make([]uint64, 0, 2048)
+	allocs := testing.AllocsPerRun(20, func() { dst = h.Hash(dst[:0], 7, prompt) })
+	if allocs != 0 {
+		t.Errorf("%v allocations per 64 KiB prompt, want 0", allocs)
+	}
+	if len(dst) < 1000 {
+		t.Errorf("%d blocks", len(dst))
+	}
+}
+
+// BenchmarkPrefixHash64KiB: go test ./picker -run '^$' -bench PrefixHash -benchmem
+func BenchmarkPrefixHash64KiB(b *testing.B) {
+	prompt := chatPrompt(b, strings.Repeat("lorem ipsum dolor sit amet ", 2500), "q")
+	h := Hasher{BlockBytes: 64, MaxBlocks: 2048}
+	dst := make([]uint64, 0, 2048)
+	b.SetBytes(64 << 10)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = h.Hash(dst[:0], 7, prompt)
+	}
+}
+
+func TestLRU(t *testing.T) {
+	l := newLRU(3)
+	for _, h := range []uint64{1, 2, 3} {
+		l.add(h)
+	}
+	l.touch(1) // 2 is now the least recently used
+	l.add(4)
+	if _, ok := l.index[2]; ok {
+		t.Error("least recently used entry survived")
+	}
+	for _, h := range []uint64{1, 3, 4} {
+		if _, ok := l.index[h]; !ok {
+			t.Errorf("%d evicted", h)
+		}
+	}
+	x := NewIndex()
+	x.Credit("e", []uint64{10, 11, 12}, 100)
+	tests := []struct {
+		hashes []uint64
+		want   int
+	}{{[]uint64{10, 11, 12, 13}, 3}, {[]uint64{10, 99, 12}, 1}, {[]uint64{99}, 0}, {nil, 0}}
+	for _, tc := range tests {
+		if got := x.Match("e", tc.hashes); got != tc.want {
+			t.Errorf("Match(%v) = %d, want %d", tc.hashes, got, tc.want)
+		}
+	}
+	if x.Match("unknown", []uint64{10}) != 0 {
+		t.Error("unknown endpoint matched")
+	}
+}
+
+func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) {
+	t.Helper()
+	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	return snap, m
+}
+
+func request(t testing.TB, system, user string) *openai.Request {
+	return &openai.Request{Prompt: chatPrompt(t, system, user)}
+}
+
+func TestAffinityScoring(t *testing.T) {
+	snap, m := affinitySnap(t)
+	sys := strings.Repeat("Group A system prompt with rules. ", 30)
+	tests := []struct {
+		name  string
+		load  map[string]int
+		warm  string // endpoint credited with the prefix beforehand
+		check func(t *testing.T, d Decision)
+	}{
+		{"warm endpoint wins", nil, "10.0.0.3:1", func(t *testing.T, d Decision) {
+			if d.Endpoints[0] != "10.0.0.3:1" {
+				t.Errorf("chose %v", d.Endpoints)
+			}
+		}},
+		{"overloaded warm endpoint is skipped (bounded load)", map[string]int{"10.0.0.3:1": 20, "10.0.0.1:1": 1}, "10.0.0.3:1", func(t *testing.T, d Decision) {
+			if d.Endpoints[0] == "10.0.0.3:1" {
+				t.Errorf("chose the overloaded endpoint %v", d.Endpoints)
+			}
+		}},
+		{"fallbacks come from the chosen pool", nil, "10.0.0.2:1", func(t *testing.T, d Decision) {
+			if d.Pool.Name != "a" || len(d.Endpoints) != 3 {
+				t.Errorf("decision %s %v", d.Pool.Name, d.Endpoints)
+			}
+			for _, e := range d.Endpoints {
+				if !strings.HasPrefix(e, "10.0.0.") {
+					t.Errorf("fallback %s outside pool a", e)
+				}
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			inflight := &fleet.InFlight{}
+			for ep, n := range tc.load {
+				for range n {
+					inflight.Start(ep)
+				}
+			}
+			p := &Affinity{InFlight: inflight, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+			r := request(t, sys, "question")
+			if tc.warm != "" {
+				p.Index.Credit(tc.warm, p.Hasher.Hash(nil, Seed("m", ""), r.Prompt), 0)
+			}
+			d, err := p.Pick(snap, m, request(t, sys, "another question"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, d)
+		})
+	}
+}
+
+func TestColdPrefixRendezvousAgreesAcrossReplicas(t *testing.T) {
+	snap, m := affinitySnap(t)
+	a := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+	b := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+	spread := map[string]bool{}
+	for g := range 40 {
+		sys := fmt.Sprintf("Group %d: %s", g, strings.Repeat("shared instructions for this group. ", 20))
+		da, _ := a.Pick(snap, m, request(t, sys, "q1"))
+		db, _ := b.Pick(snap, m, request(t, sys, "q2"))
+		if da.Endpoints[0] != db.Endpoints[0] {
+			t.Errorf("group %d: replicas chose %s and %s", g, da.Endpoints[0], db.Endpoints[0])
+		}
+		spread[da.Endpoints[0]] = true
+	}
+	if len(spread) < 4 {
+		t.Errorf("40 groups landed on only %d of 5 endpoints", len(spread))
+	}
+}
+
+// Two gateway replicas receiving alternate requests of one workload keep ≥ 90 % of one replica's hit rate.
+func TestTwoReplicasKeepAffinity(t *testing.T) {
+	snap, m := affinitySnap(t)
+	type req struct{ group, i int }
+	var work []req
+	for g := range 16 {
+		for i := range 64 {
+			work = append(work, req{g, i})
+		}
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(work), func(i, j int) { work[i], work[j] = work[j], work[i] })
+	systems := make([]string, 16)
+	for g := range systems {
+		systems[g] = fmt.Sprintf("Tenant group %d. %s", g, strings.Repeat("Follow the policy handbook precisely. ", 150))
+	}
+	hitRate := func(pickers []*Affinity) float64 {
+		seen := map[string]map[int]bool{} // endpoint -> groups it has served (the replicas' real caches)
+		hits := 0
+		for k, w := range work {
+			d, err := pickers[k%len(pickers)].Pick(snap, m, request(t, systems[w.group], fmt.Sprintf("question %d", w.i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ep := d.Endpoints[0]
+			if seen[ep][w.group] {
+				hits++
+			}
+			if seen[ep] == nil {
+				seen[ep] = map[int]bool{}
+			}
+			seen[ep][w.group] = true
+		}
+		return float64(hits) / float64(len(work))
+	}
+	newPicker := func() *Affinity {
+		return &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+	}
+	one := hitRate([]*Affinity{newPicker()})
+	two := hitRate([]*Affinity{newPicker(), newPicker()})
+	t.Logf("hit rate: one replica %.3f, two replicas %.3f", one, two)
+	if two < 0.9*one {
+		t.Errorf("two replicas reach %.3f, below 90%% of one replica's %.3f", two, one)
+	}
+}

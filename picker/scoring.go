@@ -1,0 +1,147 @@
+package picker
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+// Affinity sends a prompt where its prefix is already cached, without overloading anyone, and agrees with
+// other gateway replicas without sharing state:
+//
+//   - prefix score: the share of the prompt's leading blocks this gateway has sent to the endpoint;
+//   - load score: the endpoint's requests in flight against the busiest candidate;
+//   - bounded load: endpoints above (1+Epsilon) × the mean load (+1) are not candidates;
+//   - a prefix no endpoint holds goes to the rendezvous-hash winner of its first blocks among the candidates,
+//     so every replica sends a new conversation group to the same endpoint.
+type Affinity struct {
+	InFlight *fleet.InFlight
+	Index    *Index
+	Hasher   Hasher
+	// Epsilon is the bounded-load slack (default 0.25).
+	Epsilon float64
+	// PrefixWeight and LoadWeight combine the normalised scores (defaults 2 and 1).
+	PrefixWeight, LoadWeight float64
+	// IndexBlocks sizes each endpoint's index (the engine's num_gpu_blocks when known).
+	IndexBlocks int
+
+	pool sync.Pool // []uint64 hash buffers
+}
+
+// rendezvousBlocks is how many leading blocks identify a conversation group for rendezvous hashing.
+const rendezvousBlocks = 4
+
+type scored struct {
+	pool     *policies.Pool
+	endpoint string
+	load     int64
+	matched  int
+	score    float64
+	rank     uint64 // rendezvous rank
+}
+
+// Pick implements Picker.
+func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *openai.Request) (Decision, error) {
+	var cands []scored
+	for i := range model.Pools {
+		pool := &model.Pools[i]
+		for _, ep := range pool.Endpoints {
+			cands = append(cands, scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep)})
+		}
+	}
+	if len(cands) == 0 {
+		return Decision{}, openai.NoCapacity(model.Name)
+	}
+	var hashes []uint64
+	if buf, ok := p.pool.Get().(*[]uint64); ok {
+		hashes = (*buf)[:0]
+	}
+	if req != nil && req.Prompt != nil {
+		hashes = p.Hasher.Hash(hashes, Seed(model.Name, ""), req.Prompt)
+	}
+	defer func() { p.pool.Put(&hashes) }()
+
+	var total, maxLoad int64
+	for _, c := range cands {
+		total += c.load
+		maxLoad = max(maxLoad, c.load)
+	}
+	eps := p.Epsilon
+	if eps == 0 {
+		eps = 0.25
+	}
+	bound := (1+eps)*float64(total)/float64(len(cands)) + 1
+	wPrefix, wLoad := p.PrefixWeight, p.LoadWeight
+	if wPrefix == 0 && wLoad == 0 {
+		wPrefix, wLoad = 2, 1
+	}
+	var key uint64
+	if len(hashes) > 0 {
+		key = hashes[min(len(hashes), rendezvousBlocks)-1]
+	}
+	anyMatch := false
+	eligible := cands[:0:0]
+	for i := range cands {
+		c := &cands[i]
+		c.rank = xxh3.HashStringSeed(c.endpoint, key)
+		if float64(c.load) > bound {
+			continue
+		}
+		if len(hashes) > 0 {
+			c.matched = p.Index.Match(c.endpoint, hashes)
+			anyMatch = anyMatch || c.matched > 0
+		}
+		prefix := 0.0
+		if len(hashes) > 0 {
+			prefix = float64(c.matched) / float64(len(hashes))
+		}
+		c.score = wPrefix*prefix + wLoad*(1-float64(c.load)/float64(maxLoad+1))
+		eligible = append(eligible, *c)
+	}
+	if len(eligible) == 0 { // cannot happen (the least loaded is always within the bound); be safe
+		eligible = cands
+	}
+	slices.SortFunc(eligible, func(a, b scored) int {
+		if len(hashes) > 0 && !anyMatch {
+			// A new prefix: rendezvous order, so that every gateway replica agrees.
+			return cmpDesc(a.rank, b.rank)
+		}
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		}
+		return cmpDesc(a.rank, b.rank)
+	})
+	best := eligible[0]
+	if len(hashes) > 0 {
+		p.Index.Credit(best.endpoint, hashes, p.IndexBlocks)
+	}
+	limit := snap.Gateway().MaxEndpointsPerDecision
+	eps2 := []string{best.endpoint}
+	for _, c := range eligible[1:] {
+		if len(eps2) >= limit {
+			break
+		}
+		if c.pool == best.pool {
+			eps2 = append(eps2, c.endpoint)
+		}
+	}
+	return Decision{Pool: best.pool, Endpoints: eps2}, nil
+}
+
+func cmpDesc(a, b uint64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
+}
