@@ -1,12 +1,15 @@
 package picker
 
 import (
+	"sync"
+
 	"github.com/valyala/fastjson"
 	"github.com/zeebo/xxh3"
 )
 
-// Prefix hashing: the prompt is rendered canonically (role and content of each message in order; text parts
-// and image URLs of multi-part content; for completions and embeddings the prompt text), cut into blocks of
+// Prefix hashing: the prompt is rendered canonically (role and content of each message in order, as the JSON
+// the client sent — multi-part content with its image URLs, and tool calls, included; for completions and
+// embeddings the prompt or input), cut into blocks of
 // a fixed number of bytes, and each block hashed with xxh3 seeded by the previous block's hash, the first by
 // the model (and LoRA adapter). Equal prompt prefixes give equal leading hashes, whatever follows, which is
 // what a replica's prefix KV cache keys on.
@@ -92,52 +95,43 @@ var (
 	sepMessage = []byte{0x1f} // unit separator after each message
 )
 
-// render writes the canonical form of a prompt value.
+// scratch buffers hold one value's raw JSON at a time.
+var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// raw writes a value as the JSON text the client sent. Reading it this way leaves fastjson's strings
+// unescaped-on-demand, so re-encoding the body for a rewrite stays a copy instead of an escaping pass.
+func raw(w *blockWriter, v *fastjson.Value) {
+	if v == nil {
+		return
+	}
+	bp := scratch.Get().(*[]byte)
+	*bp = v.MarshalTo((*bp)[:0])
+	w.write(*bp)
+	scratch.Put(bp)
+}
+
+// render writes the canonical form of a prompt value: for chat, each message's role and content (text parts,
+// image URLs and tool calls included) in order; for completions and embeddings, the prompt or input.
 func render(w *blockWriter, v *fastjson.Value) {
 	if v == nil {
 		return
 	}
-	switch v.Type() {
-	case fastjson.TypeString:
-		w.write(v.GetStringBytes())
-	case fastjson.TypeArray:
-		for _, item := range v.GetArray() {
-			if w.full() {
-				return
-			}
-			if item.Type() == fastjson.TypeObject && item.Exists("role") {
-				renderMessage(w, item)
-			} else {
-				render(w, item)
-				w.write(sepMessage)
-			}
+	if v.Type() != fastjson.TypeArray {
+		raw(w, v)
+		return
+	}
+	for _, item := range v.GetArray() {
+		if w.full() {
+			return
 		}
-	}
-}
-
-func renderMessage(w *blockWriter, m *fastjson.Value) {
-	w.write(m.GetStringBytes("role"))
-	w.write(sepRole)
-	content := m.Get("content")
-	switch {
-	case content == nil:
-	case content.Type() == fastjson.TypeString:
-		w.write(content.GetStringBytes())
-	case content.Type() == fastjson.TypeArray:
-		for _, part := range content.GetArray() {
-			switch string(part.GetStringBytes("type")) {
-			case "text":
-				w.write(part.GetStringBytes("text"))
-			case "image_url":
-				w.writeString("<image:")
-				w.write(part.GetStringBytes("image_url", "url"))
-				w.writeString(">")
-			}
+		if item.Type() == fastjson.TypeObject && item.Exists("role") {
+			raw(w, item.Get("role"))
+			w.write(sepRole)
+			raw(w, item.Get("content"))
+			raw(w, item.Get("tool_calls"))
+		} else {
+			raw(w, item)
 		}
+		w.write(sepMessage)
 	}
-	// Tool calls are part of the conversation the engine has seen.
-	if calls := m.Get("tool_calls"); calls != nil {
-		w.write(calls.MarshalTo(nil))
-	}
-	w.write(sepMessage)
 }
