@@ -236,3 +236,20 @@ func TestTwoReplicasKeepAffinity(t *testing.T) {
 		t.Errorf("two replicas reach %.3f, below 90%% of one replica's %.3f", two, one)
 	}
 }
+
+// BenchmarkAffinityPick: one decision for a 2 KiB chat prompt over five endpoints.
+func BenchmarkAffinityPick(b *testing.B) {
+	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64, MaxBlocks: 256}}
+	r := request(b, strings.Repeat("You are a helpful assistant. ", 70), "q")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Pick(snap, m, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
