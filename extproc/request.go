@@ -273,9 +273,10 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	}
 	rs.decision = dec
 	body := rs.body
+	served := dec.Served()
 	rename := ""
-	if dec.Pool.ServedModel != req.Model {
-		rename = dec.Pool.ServedModel
+	if served != req.Model {
+		rename = served
 	}
 	rs.injected = req.Stream && !req.IncludeUsage && rs.endpoint != openai.EndpointEmbeddings
 	changed := rename != "" || rs.injected
@@ -284,13 +285,13 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	}
 	// From here on the request is routed: its reservation is settled by settle().
 	rs.decided = true
-	rs.srv.opts.InFlight.Start(dec.Endpoints[0])
+	rs.srv.opts.InFlight.Start(dec.Target(model.Name))
 	m := rs.srv.opts.Metrics
 	m.InFlight.Inc()
 	m.Requests.WithLabelValues("routed").Inc()
 	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(time.Since(rs.started).Seconds())
 	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", model.Name,
-		"pool", dec.Pool.Name, "endpoints", dec.Endpoints, "stream", req.Stream)
+		"pool", rs.poolName(), "endpoints", dec.Endpoints, "stream", req.Stream)
 	return body, changed, nil
 }
 
@@ -373,13 +374,24 @@ func (rs *requestState) decideStreamed(endOfStream bool) []*extprocv3.Processing
 	return append(out, streamedBody(body, endOfStream, true)...)
 }
 
+// poolName is the x-infergate-pool value: the pool, or "fallback/<name>" for a managed API (pool names
+// cannot contain '/', so the two never collide).
+func (rs *requestState) poolName() string {
+	if f := rs.decision.Fallback; f != nil {
+		return "fallback/" + f.Name
+	}
+	return rs.decision.Pool.Name
+}
+
 // routingMutation sets the contract headers for the decision.
 func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-		setHeader(HeaderDestination, strings.Join(rs.decision.Endpoints, ",")),
 		setHeader(HeaderModel, rs.model.Name),
-		setHeader(HeaderPool, rs.decision.Pool.Name),
+		setHeader(HeaderPool, rs.poolName()),
 	}}
+	if len(rs.decision.Endpoints) > 0 {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderDestination, strings.Join(rs.decision.Endpoints, ",")))
+	}
 	if rs.snap.Gateway().TenantHeader {
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderTenant, rs.tenant.Name))
 	}
@@ -411,6 +423,9 @@ func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
 }
 
 func (rs *requestState) metadata() *structpbStruct {
+	if len(rs.decision.Endpoints) == 0 {
+		return nil
+	}
 	return lbMetadata(strings.Join(rs.decision.Endpoints, ","))
 }
 
@@ -494,8 +509,8 @@ func (rs *requestState) settle(aborted bool) {
 	}
 	rs.settled = true
 	opts := rs.srv.opts
-	endpoint := rs.decision.Endpoints[0]
-	opts.InFlight.Done(endpoint)
+	target := rs.decision.Target(rs.model.Name)
+	opts.InFlight.Done(target)
 	opts.Metrics.InFlight.Dec()
 
 	var usage openai.Usage
@@ -533,7 +548,7 @@ func (rs *requestState) settle(aborted bool) {
 	opts.Metrics.Tokens.WithLabelValues(tenant, model, "cached").Add(float64(usage.CachedTokens))
 	opts.Metrics.CostUSD.WithLabelValues(tenant, model).Add(cost)
 	st := Settlement{
-		RequestID: rs.requestID, Tenant: tenant, Model: model, Pool: rs.decision.Pool.Name, Endpoint: endpoint,
+		RequestID: rs.requestID, Tenant: tenant, Model: model, Pool: rs.poolName(), Endpoint: target,
 		Status: rs.upstreamStatus, Result: result, Usage: usage, Reported: reported, CostUSD: cost, Started: rs.started,
 	}
 	rs.log().Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model,

@@ -45,8 +45,10 @@ type Options struct {
 	Policies *policies.Store
 	Picker   picker.Picker // default: prefix affinity with bounded load over InFlight
 	InFlight *fleet.InFlight
-	Metrics  *Metrics
-	Logger   *slog.Logger
+	// Engines, when set, feeds engine metrics (saturation, queues) to the default picker.
+	Engines picker.EngineView
+	Metrics *Metrics
+	Logger  *slog.Logger
 	// Quotas, when set, admits each request against its tenant's limits and settles the real usage.
 	Quotas *quota.Limiter
 	// OnSettle, when set, receives every Settlement (audit, tests); it must not block for long.
@@ -65,7 +67,7 @@ func New(opts Options) *Server {
 		opts.InFlight = &fleet.InFlight{}
 	}
 	if opts.Picker == nil {
-		opts.Picker = &picker.Affinity{InFlight: opts.InFlight, Index: picker.NewIndex(),
+		opts.Picker = &picker.Affinity{InFlight: opts.InFlight, Engines: opts.Engines, Index: picker.NewIndex(),
 			Hasher: picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 256}}
 	}
 	if opts.Metrics == nil {

@@ -6,16 +6,22 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/policies"
 )
 
 const chatBody = `{"model":"llama-70b","messages":[{"role":"system","content":"Tu es un assistant. Réponds en français."},{"role":"user","content":"Bonjour ✓"}],"max_tokens":32}`
@@ -523,5 +529,55 @@ func TestHealthServices(t *testing.T) {
 	_, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "nope"})
 	if codeOf(err) != codes.NotFound {
 		t.Errorf("unknown service: %v", err)
+	}
+}
+
+type allSaturated struct{}
+
+func (allSaturated) Metrics(string) (fleet.EngineMetrics, bool) {
+	return fleet.EngineMetrics{Waiting: 1000}, true
+}
+
+// When every replica is saturated, the request goes to the model's managed fallback: the pool header names
+// it, the body carries the provider's model name, and no replica endpoint is named.
+func TestOverflowToManagedFallback(t *testing.T) {
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan Settlement, 8), store: policies.NewStaticStore(snap)}
+	srv := New(Options{Policies: h.store, InFlight: h.inflight, Engines: allSaturated{}, OnSettle: func(s Settlement) { h.settled <- s }})
+	gs := grpc.NewServer(ServerOptions()...)
+	srv.Register(gs)
+	lis, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	h.client = extprocv3.NewExternalProcessorClient(conn)
+
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyAcme))
+	s.recv()
+	s.send(reqBody([]byte(chatBody), true))
+	r := s.recv()
+	br := r.GetRequestBody().GetResponse()
+	set := setHeaders(br.GetHeaderMutation())
+	if set[HeaderPool] != "fallback/together" || set[HeaderDestination] != "" || r.GetDynamicMetadata() != nil {
+		t.Errorf("headers %v, metadata %v", set, r.GetDynamicMetadata())
+	}
+	if body := string(br.GetBodyMutation().GetBody()); !strings.Contains(body, `"meta-llama/Llama-3.3-70B-Instruct-Turbo"`) {
+		t.Errorf("body not rewritten to the provider's model: %s", body)
+	}
+	// qwen has no fallback: saturation sheds with 429.
+	s2 := h.open(t, modeBuffered, modeNone)
+	s2.send(postHeaders("/v1/chat/completions", keyAcme))
+	s2.recv()
+	s2.send(reqBody([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`), true))
+	if status, code := immediateError(t, s2.recv()); status != 429 || code != "model_overloaded" {
+		t.Errorf("got %d %q", status, code)
 	}
 }

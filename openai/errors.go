@@ -109,6 +109,14 @@ func NoCapacity(model string) *Error {
 		Message: fmt.Sprintf("No capacity is available for the model `%s`; please try again later.", model)}
 }
 
+// Overloaded is a 429 when every replica of a model is saturated and no fallback may take the overflow: the
+// client should retry shortly.
+func Overloaded(model string) *Error {
+	return &Error{Status: http.StatusTooManyRequests, Type: TypeRateLimit, Code: "model_overloaded",
+		Message: fmt.Sprintf("Every replica of the model `%s` is busy; please retry shortly.", model),
+		Header:  map[string]string{"retry-after": "1", "retry-after-ms": "500"}}
+}
+
 // Internal is a 500 for a gateway fault; the message says what failed without leaking internals.
 func Internal(format string, args ...any) *Error {
 	return &Error{Status: http.StatusInternalServerError, Type: TypeServer,

@@ -253,3 +253,83 @@ func BenchmarkAffinityPick(b *testing.B) {
 		}
 	}
 }
+
+type engines map[string]fleet.EngineMetrics
+
+func (e engines) Metrics(addr string) (fleet.EngineMetrics, bool) { m, ok := e[addr]; return m, ok }
+
+func TestSaturationAndOverflow(t *testing.T) {
+	src := strings.Replace(testPolicy, "  tenants:", `    fallbacks:
+    - {name: together, baseURL: "https://api.together.xyz/v1", model: provider-m, apiKeyFrom: "env:K", when: [saturated]}
+  routing: {maxWaiting: 4, maxKVUtilisation: 0.9}
+  tenants:`, 1)
+	snap, err := policies.Parse("p.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	all := []string{"10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1", "10.0.1.1:1"}
+	fresh := func(mod func(string, *fleet.EngineMetrics)) engines {
+		e := engines{}
+		for _, ep := range all {
+			em := fleet.EngineMetrics{}
+			mod(ep, &em)
+			e[ep] = em
+		}
+		return e
+	}
+	tests := []struct {
+		name     string
+		eng      engines
+		model    *policies.Model
+		wantEP   func(string) bool
+		fallback bool
+		status   int
+	}{
+		{"saturated endpoints are skipped", fresh(func(ep string, e *fleet.EngineMetrics) {
+			if ep != "10.0.1.1:1" {
+				e.Waiting = 10
+			}
+		}), m, func(ep string) bool { return ep == "10.0.1.1:1" }, false, 0},
+		{"KV wall counts as saturated", fresh(func(ep string, e *fleet.EngineMetrics) {
+			if ep != "10.0.0.2:1" {
+				e.KVUtil = 0.95
+			}
+		}), m, func(ep string) bool { return ep == "10.0.0.2:1" }, false, 0},
+		{"all saturated: overflow to the fallback", fresh(func(_ string, e *fleet.EngineMetrics) { e.Waiting = 9 }), m, nil, true, 0},
+		{"stale metrics: unavailable, the fallback is only for saturation: 503", engines{}, m, nil, false, 503},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}, Engines: tc.eng}
+			d, err := p.Pick(snap, tc.model, request(t, "system", "user"))
+			if tc.status != 0 {
+				e, ok := err.(*openai.Error)
+				if !ok || e.Status != tc.status {
+					t.Fatalf("want %d, got %v %v", tc.status, d, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.fallback {
+				if d.Fallback == nil || d.Served() != "provider-m" || d.Target("m") != "fallback/m/together" {
+					t.Fatalf("want the fallback, got %+v", d)
+				}
+				return
+			}
+			if !tc.wantEP(d.Endpoints[0]) {
+				t.Errorf("chose %v", d.Endpoints)
+			}
+		})
+	}
+	// Without a fallback, saturation sheds with 429 and Retry-After.
+	p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Engines: fresh(func(_ string, e *fleet.EngineMetrics) { e.Waiting = 9 })}
+	snap2, _ := policies.Parse("p.yaml", []byte(strings.Replace(testPolicy, "  tenants:", "  routing: {maxWaiting: 4}\n  tenants:", 1)))
+	m2, _ := snap2.Model("m")
+	_, err = p.Pick(snap2, m2, request(t, "s", "u"))
+	if e, ok := err.(*openai.Error); !ok || e.Status != 429 || e.Header["retry-after"] == "" {
+		t.Errorf("want 429 with retry-after, got %v", err)
+	}
+}

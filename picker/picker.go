@@ -12,10 +12,20 @@ import (
 )
 
 // Decision is where one request goes: a pool, and endpoints of that pool in order of preference (the first
-// is chosen; the rest are what Envoy's override_host retries next).
+// is chosen; the rest are what Envoy's override_host retries next) — or, when every self-hosted endpoint is
+// saturated or unavailable, the model's managed fallback.
 type Decision struct {
 	Pool      *policies.Pool
 	Endpoints []string
+	Fallback  *policies.Fallback
+}
+
+// Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.
+func (d Decision) Target(model string) string {
+	if d.Fallback != nil {
+		return "fallback/" + model + "/" + d.Fallback.Name
+	}
+	return d.Endpoints[0]
 }
 
 // Picker chooses a Decision for a request to a model. An error is an *openai.Error to return to the client.
@@ -84,4 +94,12 @@ func nth(model *policies.Model, i int) (*policies.Pool, string) {
 		i -= len(pool.Endpoints)
 	}
 	return nil, ""
+}
+
+// Served is the model name the destination serves (the body's model is rewritten to it).
+func (d Decision) Served() string {
+	if d.Fallback != nil {
+		return d.Fallback.Model
+	}
+	return d.Pool.ServedModel
 }

@@ -21,6 +21,9 @@ import (
 //     so every replica sends a new conversation group to the same endpoint.
 type Affinity struct {
 	InFlight *fleet.InFlight
+	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
+	// thresholds) or one without fresh metrics is not a candidate, and the engine's queue adds to its load.
+	Engines EngineView
 	Index    *Index
 	Hasher   Hasher
 	// Epsilon is the bounded-load slack (default 0.25).
@@ -31,6 +34,11 @@ type Affinity struct {
 	IndexBlocks int
 
 	pool sync.Pool // []uint64 hash buffers
+}
+
+// EngineView is the fleet's engine metrics, as the scraper keeps them.
+type EngineView interface {
+	Metrics(addr string) (fleet.EngineMetrics, bool)
 }
 
 // rendezvousBlocks is how many leading blocks identify a conversation group for rendezvous hashing.
@@ -47,15 +55,30 @@ type scored struct {
 
 // Pick implements Picker.
 func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *openai.Request) (Decision, error) {
+	routing := snap.Routing()
 	var cands []scored
+	saturated, unavailable := 0, 0
 	for i := range model.Pools {
 		pool := &model.Pools[i]
 		for _, ep := range pool.Endpoints {
-			cands = append(cands, scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep)})
+			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep)}
+			if p.Engines != nil {
+				m, fresh := p.Engines.Metrics(ep)
+				switch {
+				case !fresh:
+					unavailable++ // stale metrics count as saturated: no routing on old numbers
+					continue
+				case m.Waiting >= float64(routing.MaxWaiting) || m.KVUtil >= routing.MaxKVUtilisation:
+					saturated++
+					continue
+				}
+				c.load += int64(m.Waiting)
+			}
+			cands = append(cands, c)
 		}
 	}
 	if len(cands) == 0 {
-		return Decision{}, openai.NoCapacity(model.Name)
+		return overflow(model, saturated, unavailable)
 	}
 	var hashes []uint64
 	if buf, ok := p.pool.Get().(*[]uint64); ok {
@@ -73,12 +96,12 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 	}
 	eps := p.Epsilon
 	if eps == 0 {
-		eps = 0.25
+		eps = routing.BoundedLoadEpsilon
 	}
 	bound := (1+eps)*float64(total)/float64(len(cands)) + 1
 	wPrefix, wLoad := p.PrefixWeight, p.LoadWeight
 	if wPrefix == 0 && wLoad == 0 {
-		wPrefix, wLoad = 2, 1
+		wPrefix, wLoad = routing.PrefixWeight, routing.LoadWeight
 	}
 	var key uint64
 	if len(hashes) > 0 {
@@ -144,4 +167,23 @@ func cmpDesc(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
+// allows it for this condition, otherwise 429 (saturated: retry soon) or 503 (unavailable).
+func overflow(model *policies.Model, saturated, unavailable int) (Decision, error) {
+	cond := policies.WhenUnavailable
+	if saturated > 0 {
+		cond = policies.WhenSaturated
+	}
+	for i := range model.Fallbacks {
+		f := &model.Fallbacks[i]
+		if slices.Contains(f.When, cond) {
+			return Decision{Fallback: f}, nil
+		}
+	}
+	if saturated > 0 {
+		return Decision{}, openai.Overloaded(model.Name)
+	}
+	return Decision{}, openai.NoCapacity(model.Name)
 }

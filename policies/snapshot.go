@@ -23,6 +23,7 @@ type Snapshot struct {
 	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
 	modelQuota  map[*Tenant]map[*Model]Quota
 	quotas      QuotaSettings
+	routing     Routing
 	redisTO     time.Duration
 }
 
@@ -38,7 +39,21 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		allowed:     map[*Tenant]map[*Model]bool{},
 		modelQuota:  map[*Tenant]map[*Model]Quota{},
 		quotas:      pol.Spec.Quotas,
+		routing:     pol.Spec.Routing,
 		redisTO:     DefaultRedisTimeout,
+	}
+	r := &s.routing
+	if r.MaxWaiting == 0 {
+		r.MaxWaiting = DefaultMaxWaiting
+	}
+	if r.MaxKVUtilisation == 0 {
+		r.MaxKVUtilisation = DefaultMaxKVUtilisation
+	}
+	if r.PrefixWeight == 0 && r.LoadWeight == 0 {
+		r.PrefixWeight, r.LoadWeight = DefaultPrefixWeight, DefaultLoadWeight
+	}
+	if r.BoundedLoadEpsilon == 0 {
+		r.BoundedLoadEpsilon = DefaultBoundedLoadEpsilon
 	}
 	if s.quotas.FailMode == "" {
 		s.quotas.FailMode = FailOpen
@@ -100,6 +115,9 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 	}
 	return s
 }
+
+// Routing returns the picker's settings with defaults applied.
+func (s *Snapshot) Routing() Routing { return s.routing }
 
 // QuotaSettings returns how quotas are enforced, with defaults applied.
 func (s *Snapshot) QuotaSettings() QuotaSettings { return s.quotas }

@@ -29,6 +29,7 @@ type Metadata struct {
 type Spec struct {
 	Gateway         Gateway                  `yaml:"gateway,omitempty" json:"gateway,omitempty"`
 	Quotas          QuotaSettings            `yaml:"quotas,omitempty" json:"quotas,omitempty"`
+	Routing         Routing                  `yaml:"routing,omitempty" json:"routing,omitempty"`
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
 	Models          []Model                  `yaml:"models" json:"models"`
 	Tenants         []Tenant                 `yaml:"tenants" json:"tenants"`
@@ -52,6 +53,28 @@ const (
 	DefaultMaxRequestBodyBytes     = 4 << 20
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
+)
+
+// Routing tunes the picker. Zero values take the defaults below.
+type Routing struct {
+	// MaxWaiting is the engine queue depth at which an endpoint counts as saturated.
+	MaxWaiting int `yaml:"maxWaiting,omitempty" json:"maxWaiting,omitempty" jsonschema:"minimum=1"`
+	// MaxKVUtilisation is the KV-cache usage (0..1) at which an endpoint counts as saturated.
+	MaxKVUtilisation float64 `yaml:"maxKVUtilisation,omitempty" json:"maxKVUtilisation,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
+	// PrefixWeight and LoadWeight combine the prefix-affinity and load scores.
+	PrefixWeight float64 `yaml:"prefixWeight,omitempty" json:"prefixWeight,omitempty" jsonschema:"minimum=0"`
+	LoadWeight   float64 `yaml:"loadWeight,omitempty" json:"loadWeight,omitempty" jsonschema:"minimum=0"`
+	// BoundedLoadEpsilon: endpoints above (1+ε) × the mean load are skipped.
+	BoundedLoadEpsilon float64 `yaml:"boundedLoadEpsilon,omitempty" json:"boundedLoadEpsilon,omitempty" jsonschema:"minimum=0"`
+}
+
+// Routing defaults.
+const (
+	DefaultMaxWaiting         = 16
+	DefaultMaxKVUtilisation   = 0.97
+	DefaultPrefixWeight       = 2
+	DefaultLoadWeight         = 1
+	DefaultBoundedLoadEpsilon = 0.25
 )
 
 // QuotaSettings say how quotas are enforced across gateway replicas.

@@ -122,6 +122,23 @@ func (v *validator) policy(pol *Policy) {
 	modelNames := v.models(s)
 	v.tenants(s, modelNames)
 	v.quotaSettings(&s.Quotas)
+	v.routing(&s.Routing)
+}
+
+func (v *validator) routing(r *Routing) {
+	base := p("spec", "routing")
+	if r.MaxWaiting < 0 {
+		v.fail(append(base, "maxWaiting"), "must not be negative, got %d", r.MaxWaiting)
+	}
+	if r.MaxKVUtilisation < 0 || r.MaxKVUtilisation > 1 {
+		v.fail(append(base, "maxKVUtilisation"), "must be between 0 and 1, got %v", r.MaxKVUtilisation)
+	}
+	if r.PrefixWeight < 0 || r.LoadWeight < 0 {
+		v.fail(base, "prefixWeight and loadWeight must not be negative")
+	}
+	if r.BoundedLoadEpsilon < 0 {
+		v.fail(append(base, "boundedLoadEpsilon"), "must not be negative, got %v", r.BoundedLoadEpsilon)
+	}
 }
 
 func (v *validator) quotaSettings(q *QuotaSettings) {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -36,6 +37,21 @@ type EndpointState struct {
 // FleetState answers for endpoints; an endpoint it does not know is taken as healthy and idle.
 type FleetState interface {
 	Endpoint(addr string) (EndpointState, bool)
+}
+
+// EngineMetricsView is the scraper's view of engines, as ScrapedFleet adapts it.
+type EngineMetricsView interface {
+	Metrics(addr string) (fleet.EngineMetrics, bool)
+}
+
+// ScrapedFleet turns scraped engine metrics into fleet state: an endpoint without fresh metrics is unhealthy,
+// and its KV-cache usage is its utilisation.
+type ScrapedFleet struct{ View EngineMetricsView }
+
+// Endpoint implements FleetState.
+func (s ScrapedFleet) Endpoint(addr string) (EndpointState, bool) {
+	m, fresh := s.View.Metrics(addr)
+	return EndpointState{Healthy: fresh, Utilisation: m.KVUtil}, true
 }
 
 // Resources is one consistent set of Envoy resources.
@@ -86,6 +102,12 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 				return nil, err
 			}
 			out.Clusters = append(out.Clusters, c)
+			// infergate names a managed API as the pool "fallback/<name>" when it sends overflow there.
+			vh.Routes = append(vh.Routes, &routev3.Route{
+				Name:   FallbackClusterName(m.Name, f.Name),
+				Match:  headerMatch("x-infergate-pool", "fallback/"+f.Name),
+				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, f.Name)}})},
+			})
 		}
 		action := &routev3.RouteAction{}
 		if len(weighted) == 0 && len(m.Fallbacks) > 0 {

@@ -126,7 +126,7 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 	exit := make(chan int, 1)
 	go func() {
 		exit <- run(ctx, []string{"serve", "--policy", quickstart, "--extproc-addr", "127.0.0.1:0",
-			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0", "--drain-timeout", "10s"}, io.Discard, logs.w)
+			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0", "--drain-timeout", "10s", "--scrape-interval", "0"}, io.Discard, logs.w)
 	}()
 	extprocAddr := logs.waitFor(t, "ext_proc listening")["addr"].(string)
 	metricsAddr := logs.waitFor(t, "metrics listening")["addr"].(string)

@@ -22,6 +22,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/xds"
@@ -31,14 +33,15 @@ import (
 const defaultGCPercent = 400
 
 type serveConfig struct {
-	policy       string
-	extprocAddr  string
-	xdsAddr      string
-	metricsAddr  string
-	redisAddr    string
-	redisCluster bool
-	logLevel     string
-	drainTimeout time.Duration
+	policy         string
+	extprocAddr    string
+	xdsAddr        string
+	metricsAddr    string
+	redisAddr      string
+	redisCluster   bool
+	logLevel       string
+	drainTimeout   time.Duration
+	scrapeInterval time.Duration
 }
 
 func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
@@ -51,6 +54,7 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -103,13 +107,23 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		log.Warn("no --redis-addr: tenant quotas are not enforced")
 	}
 
+	// Engine metrics: every pool endpoint in its engine's dialect, refreshed when the policy changes.
+	scraper := &fleet.Scraper{Interval: cfg.scrapeInterval}
+	scraper.SetTargets(scrapeTargets(store.Current()))
+	store.OnChange(func(snap *policies.Snapshot) { scraper.SetTargets(scrapeTargets(snap)) })
+	var engines picker.EngineView
+	if cfg.scrapeInterval > 0 {
+		go scraper.Run(ctx)
+		engines = scraper
+	}
+
 	extproc.InstallBufferPool()
 	if os.Getenv("GOGC") == "" {
 		// Every request allocates its body; with the default GOGC=100 and a small live heap the collector runs
 		// every few requests and shows up in p99 decision latency. GOGC (and GOMEMLIMIT) still override this.
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: limiter})
+	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: limiter, Engines: engines})
 	gs := grpc.NewServer(extproc.ServerOptions()...)
 	health := srv.Register(gs)
 
@@ -141,15 +155,36 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	if cfg.xdsAddr != "" {
 		cp := xds.NewServer(log)
+		var state xds.FleetState
+		if engines != nil {
+			state = xds.ScrapedFleet{View: scraper}
+		}
 		if err := cp.Update(store.Current(), nil); err != nil {
 			gs.Stop()
 			return err
 		}
 		store.OnChange(func(snap *policies.Snapshot) {
-			if err := cp.Update(snap, nil); err != nil {
+			if err := cp.Update(snap, state); err != nil {
 				log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
 			}
 		})
+		if state != nil {
+			// Weights and health follow the fleet; hysteresis inside Update keeps routes from flapping.
+			go func() {
+				t := time.NewTicker(5 * time.Second)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+						if err := cp.Update(store.Current(), state); err != nil {
+							log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
+						}
+					}
+				}
+			}()
+		}
 		xlis, err := net.Listen("tcp", cfg.xdsAddr)
 		if err != nil {
 			gs.Stop()
@@ -205,6 +240,19 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// scrapeTargets lists every pool endpoint with its engine's metrics dialect.
+func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
+	var out []fleet.Target
+	for _, m := range snap.Policy.Spec.Models {
+		for _, p := range m.Pools {
+			for _, ep := range p.Endpoints {
+				out = append(out, fleet.Target{Addr: ep, Dialect: fleet.DialectFor(p.Engine)})
+			}
+		}
+	}
+	return out
 }
 
 // registerPolicyMetrics exposes reload results, so an alert can fire when a bad policy is being refused and

@@ -140,6 +140,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		st.URL, logFile.Name())
 	fmt.Printf("try: curl %s/v1/chat/completions -H 'Authorization: Bearer sk-demo-acme' -d '{\"model\":\"llama-70b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n", st.URL)
 
+	time.Sleep(500 * time.Millisecond) // let infergate's first engine scrapes see the fleet
 	s := &stats{}
 	var wg sync.WaitGroup
 	trafficCtx, stopTraffic := context.WithCancel(ctx)

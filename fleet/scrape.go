@@ -1,0 +1,263 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// EngineMetrics is what routing needs from an engine's /metrics.
+type EngineMetrics struct {
+	Running   float64
+	Waiting   float64
+	KVUtil    float64 // 0..1
+	BlockSize int     // tokens per KV block; 0 when not exported
+	NumBlocks int     // KV capacity in blocks; 0 when not exported
+	LoRAs     []string
+	At        time.Time
+}
+
+// Dialect reads one engine family's metric names. vLLM, SGLang and TensorRT-LLM name the same facts
+// differently; routing sees only EngineMetrics.
+type Dialect interface {
+	Name() string
+	Read(fams map[string]*dto.MetricFamily) EngineMetrics
+}
+
+// DialectFor returns the dialect of a policy engine name.
+func DialectFor(engine string) Dialect {
+	switch engine {
+	case "sglang":
+		return sglang{}
+	case "trtllm":
+		return trtllm{}
+	}
+	return vllm{}
+}
+
+func first(fams map[string]*dto.MetricFamily, names ...string) (*dto.Metric, bool) {
+	for _, n := range names {
+		if f := fams[n]; f != nil && len(f.GetMetric()) > 0 {
+			return f.GetMetric()[0], true
+		}
+	}
+	return nil, false
+}
+
+// sum adds every series of the first family present (engines with several model or engine labels).
+func sum(fams map[string]*dto.MetricFamily, names ...string) float64 {
+	for _, n := range names {
+		if f := fams[n]; f != nil {
+			total := 0.0
+			for _, m := range f.GetMetric() {
+				total += value(m)
+			}
+			return total
+		}
+	}
+	return 0
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+type vllm struct{}
+
+func (vllm) Name() string { return "vllm" }
+
+func (vllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
+	em := EngineMetrics{
+		Running: sum(f, "vllm:num_requests_running"),
+		Waiting: sum(f, "vllm:num_requests_waiting"),
+		// vLLM before 0.10 exported gpu_cache_usage_perc.
+		KVUtil: sum(f, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+	}
+	if m, ok := first(f, "vllm:cache_config_info"); ok {
+		em.BlockSize, _ = strconv.Atoi(label(m, "block_size"))
+		em.NumBlocks, _ = strconv.Atoi(label(m, "num_gpu_blocks"))
+	}
+	if m, ok := first(f, "vllm:lora_requests_info"); ok {
+		for _, a := range strings.Split(label(m, "running_lora_adapters"), ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				em.LoRAs = append(em.LoRAs, a)
+			}
+		}
+	}
+	return em
+}
+
+type sglang struct{}
+
+func (sglang) Name() string { return "sglang" }
+
+func (sglang) Read(f map[string]*dto.MetricFamily) EngineMetrics {
+	em := EngineMetrics{
+		Running: sum(f, "sglang:num_running_reqs"),
+		Waiting: sum(f, "sglang:num_queue_reqs"),
+		KVUtil:  sum(f, "sglang:token_usage"),
+	}
+	if m, ok := first(f, "sglang:cache_config_info"); ok {
+		em.BlockSize, _ = strconv.Atoi(label(m, "page_size"))
+		em.NumBlocks, _ = strconv.Atoi(label(m, "num_pages"))
+	}
+	return em
+}
+
+type trtllm struct{}
+
+func (trtllm) Name() string { return "trtllm" }
+
+func (trtllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
+	em := EngineMetrics{
+		Running: sum(f, "trtllm_num_requests_running"),
+		Waiting: sum(f, "trtllm_num_requests_waiting"),
+		KVUtil:  sum(f, "trtllm_kv_cache_utilization"),
+	}
+	em.BlockSize = int(sum(f, "trtllm_kv_cache_tokens_per_block"))
+	em.NumBlocks = int(sum(f, "trtllm_kv_cache_max_blocks"))
+	return em
+}
+
+// Parse reads a Prometheus text exposition with prometheus/common and applies a dialect.
+func Parse(r io.Reader, d Dialect) (EngineMetrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return EngineMetrics{}, fmt.Errorf("parse %s metrics: %w", d.Name(), err)
+	}
+	return d.Read(fams), nil
+}
+
+// Target is one endpoint to scrape.
+type Target struct {
+	Addr    string // ip:port of the engine (its /metrics is served there)
+	Dialect Dialect
+}
+
+// Scraper polls engines' /metrics and keeps the latest reading of each. A reading older than StaleAfter
+// counts as missing: routing treats such an endpoint as saturated rather than trusting old numbers.
+type Scraper struct {
+	Interval   time.Duration
+	StaleAfter time.Duration
+	Client     *http.Client
+
+	mu      sync.RWMutex
+	targets []Target
+	latest  map[string]EngineMetrics
+}
+
+// SetTargets replaces the endpoints to scrape (on policy reload).
+func (s *Scraper) SetTargets(ts []Target) {
+	s.mu.Lock()
+	s.targets = ts
+	if s.latest == nil {
+		s.latest = map[string]EngineMetrics{}
+	}
+	s.mu.Unlock()
+}
+
+// Metrics returns an endpoint's latest reading and whether it is fresh.
+func (s *Scraper) Metrics(addr string) (EngineMetrics, bool) {
+	s.mu.RLock()
+	m, ok := s.latest[addr]
+	s.mu.RUnlock()
+	if !ok {
+		return EngineMetrics{}, false
+	}
+	return m, time.Since(m.At) <= s.staleAfter()
+}
+
+func (s *Scraper) staleAfter() time.Duration {
+	if s.StaleAfter > 0 {
+		return s.StaleAfter
+	}
+	return 5 * s.interval()
+}
+
+func (s *Scraper) interval() time.Duration {
+	if s.Interval > 0 {
+		return s.Interval
+	}
+	return 100 * time.Millisecond
+}
+
+// Run scrapes every target each interval until ctx ends; targets are scraped concurrently.
+func (s *Scraper) Run(ctx context.Context) {
+	client := s.Client
+	if client == nil {
+		client = &http.Client{Timeout: s.interval()}
+	}
+	t := time.NewTicker(s.interval())
+	defer t.Stop()
+	for {
+		s.mu.RLock()
+		targets := s.targets
+		s.mu.RUnlock()
+		var wg sync.WaitGroup
+		for _, tg := range targets {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if m, err := scrape(ctx, client, tg); err == nil {
+					s.mu.Lock()
+					s.latest[tg.Addr] = m
+					s.mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func scrape(ctx context.Context, client *http.Client, tg Target) (EngineMetrics, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+tg.Addr+"/metrics", nil)
+	if err != nil {
+		return EngineMetrics{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return EngineMetrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return EngineMetrics{}, fmt.Errorf("metrics of %s: status %d", tg.Addr, resp.StatusCode)
+	}
+	m, err := Parse(resp.Body, tg.Dialect)
+	if err != nil {
+		return EngineMetrics{}, err
+	}
+	m.At = time.Now()
+	return m, nil
+}

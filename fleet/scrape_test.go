@@ -1,0 +1,98 @@
+package fleet
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/test/fleetsim"
+)
+
+func TestDialects(t *testing.T) {
+	f, err := os.Open("testdata/vllm-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, err := Parse(f, DialectFor("vllm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.BlockSize != 16 || v.NumBlocks != 512 || v.Running != 0 || v.Waiting != 0 || v.KVUtil != 0 {
+		t.Errorf("vllm fixture: %+v", v)
+	}
+	tests := []struct {
+		engine, text string
+		want         EngineMetrics
+	}{
+		{"sglang", "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 3\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 2\n# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"m\"} 0.5\n# TYPE sglang:cache_config_info gauge\nsglang:cache_config_info{page_size=\"32\",num_pages=\"900\"} 1\n",
+			EngineMetrics{Running: 3, Waiting: 2, KVUtil: 0.5, BlockSize: 32, NumBlocks: 900}},
+		{"trtllm", "trtllm_num_requests_running 4\ntrtllm_num_requests_waiting 1\ntrtllm_kv_cache_utilization 0.25\ntrtllm_kv_cache_tokens_per_block 64\ntrtllm_kv_cache_max_blocks 100\n",
+			EngineMetrics{Running: 4, Waiting: 1, KVUtil: 0.25, BlockSize: 64, NumBlocks: 100}},
+		{"vllm", "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.75\nvllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql-lora,chat-lora\",waiting_lora_adapters=\"\"} 1\n",
+			EngineMetrics{KVUtil: 0.75, LoRAs: []string{"sql-lora", "chat-lora"}}},
+	}
+	for _, tc := range tests {
+		got, err := Parse(strings.NewReader(tc.text), DialectFor(tc.engine))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.engine, err)
+		}
+		if got.Running != tc.want.Running || got.Waiting != tc.want.Waiting || got.KVUtil != tc.want.KVUtil ||
+			got.BlockSize != tc.want.BlockSize || got.NumBlocks != tc.want.NumBlocks || strings.Join(got.LoRAs, ",") != strings.Join(tc.want.LoRAs, ",") {
+			t.Errorf("%s: got %+v, want %+v", tc.engine, got, tc.want)
+		}
+	}
+	if _, err := Parse(strings.NewReader("not a metric line {{{"), DialectFor("vllm")); err == nil {
+		t.Error("garbage parsed")
+	}
+}
+
+func TestScraperAgainstSimulatedReplicas(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fl, err := fleetsim.Start(ctx, fleetsim.Config{TimeScale: 0.1, Replicas: []fleetsim.ReplicaConfig{
+		{Name: "v", Addr: "127.0.0.1:0", Model: "m", Hardware: "h200", NumGPUBlocks: 777},
+		{Name: "s", Addr: "127.0.0.1:0", Model: "m", Hardware: "l40s", Dialect: "sglang", NumGPUBlocks: 555, BlockSize: 32},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := fl.Replica("v")
+	sg, _ := fl.Replica("s")
+	sc := &Scraper{Interval: 20 * time.Millisecond, StaleAfter: 200 * time.Millisecond}
+	sc.SetTargets([]Target{{v.Addr(), DialectFor("vllm")}, {sg.Addr(), DialectFor("sglang")}})
+	sctx, stop := context.WithCancel(ctx)
+	go sc.Run(sctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mv, okv := sc.Metrics(v.Addr())
+		ms, oks := sc.Metrics(sg.Addr())
+		if okv && oks && mv.NumBlocks == 777 && ms.NumBlocks == 555 && ms.BlockSize == 32 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("scraped %+v %+v", mv, ms)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop() // no more scrapes: readings go stale
+	time.Sleep(300 * time.Millisecond)
+	if _, fresh := sc.Metrics(v.Addr()); fresh {
+		t.Error("a reading older than StaleAfter still counts as fresh")
+	}
+	if _, fresh := sc.Metrics("10.9.9.9:1"); fresh {
+		t.Error("an endpoint never scraped counts as fresh")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	b, _ := os.ReadFile("testdata/vllm-metrics.txt")
+	f.Add(string(b), "vllm")
+	f.Add("sglang:token_usage 0.5\n", "sglang")
+	f.Add("trtllm_kv_cache_max_blocks 1e3\n", "trtllm")
+	f.Fuzz(func(t *testing.T, text, engine string) {
+		_, _ = Parse(strings.NewReader(text), DialectFor(engine)) // must not panic
+	})
+}
