@@ -24,8 +24,8 @@ type Affinity struct {
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
 	// thresholds) or one without fresh metrics is not a candidate, and the engine's queue adds to its load.
 	Engines EngineView
-	Index    *Index
-	Hasher   Hasher
+	Index   *Index
+	Hasher  Hasher
 	// Epsilon is the bounded-load slack (default 0.25).
 	Epsilon float64
 	// PrefixWeight and LoadWeight combine the normalised scores (defaults 2 and 1).
