@@ -54,19 +54,6 @@ func (w *blockWriter) write(b []byte) {
 	}
 }
 
-func (w *blockWriter) writeString(s string) {
-	for len(s) > 0 && !w.full() {
-		k := copy(w.buf[w.n:w.size], s)
-		w.n += k
-		s = s[k:]
-		if w.n == w.size {
-			w.prev = xxh3.HashSeed(w.buf[:w.size], w.prev)
-			w.hashes = append(w.hashes, w.prev)
-			w.n = 0
-		}
-	}
-}
-
 // Seed is the chain's starting value for a model and optional LoRA adapter: the same text under different
 // models never shares cache.
 func Seed(model, adapter string) uint64 {

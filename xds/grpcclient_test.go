@@ -132,8 +132,8 @@ spec:
 	}
 
 	// Capacity 2×3000 : 1×2000 → weights 750 : 250.
-	got := eventually("initial split", func(s map[string]int) bool { return pool(s, a1, a2) > 0 && s[b1] > 0 })
-	got = steady(1000)
+	eventually("initial split", func(s map[string]int) bool { return pool(s, a1, a2) > 0 && s[b1] > 0 })
+	got := steady(1000)
 	if share := float64(pool(got, a1, a2)) / 1000; share < 0.68 || share > 0.82 {
 		t.Errorf("pool a share %.2f, want about 0.75 (%v)", share, got)
 	}
