@@ -29,6 +29,10 @@ bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go m
 	$(GO) run ./test/extprocbench -runs 5
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
+.PHONY: bench-routing
+bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
+	$(GO) run ./test/routingbench
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
 	@set -e; for pkg in $$($(GO) list ./...); do \

@@ -47,7 +47,8 @@ const rendezvousBlocks = 4
 type scored struct {
 	pool     *policies.Pool
 	endpoint string
-	load     int64
+	load     int64 // this gateway's requests in flight to the endpoint
+	queue    int64 // the engine's waiting requests, from its metrics
 	matched  int
 	score    float64
 	rank     uint64 // rendezvous rank
@@ -72,7 +73,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 					saturated++
 					continue
 				}
-				c.load += int64(m.Waiting)
+				c.queue = int64(m.Waiting)
 			}
 			cands = append(cands, c)
 		}
@@ -89,10 +90,13 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 	}
 	defer func() { p.pool.Put(&hashes) }()
 
+	// Bounded load uses this gateway's own in-flight counts: every gateway replica sees a similar share of
+	// the traffic, so their bounds agree and so do their choices. The engines' queues, which all replicas
+	// see alike, weigh in the load score.
 	var total, maxLoad int64
 	for _, c := range cands {
 		total += c.load
-		maxLoad = max(maxLoad, c.load)
+		maxLoad = max(maxLoad, c.load+c.queue)
 	}
 	eps := p.Epsilon
 	if eps == 0 {
@@ -123,7 +127,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 		if len(hashes) > 0 {
 			prefix = float64(c.matched) / float64(len(hashes))
 		}
-		c.score = wPrefix*prefix + wLoad*(1-float64(c.load)/float64(maxLoad+1))
+		c.score = wPrefix*prefix + wLoad*(1-float64(c.load+c.queue)/float64(maxLoad+1))
 		eligible = append(eligible, *c)
 	}
 	if len(eligible) == 0 { // cannot happen (the least loaded is always within the bound); be safe
@@ -143,6 +147,12 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 		return cmpDesc(a.rank, b.rank)
 	})
 	best := eligible[0]
+	if len(hashes) > 0 && !anyMatch && len(eligible) > 1 && 2*eligible[1].load < best.load {
+		// A new prefix: its second rendezvous choice when that one has less than half the load of the first
+		// (power of two choices, damped). Every replica agrees on the two, and only clear imbalances make them
+		// diverge; idle capacity still gets used when prompts share nothing.
+		best, eligible[0], eligible[1] = eligible[1], eligible[1], eligible[0]
+	}
 	if len(hashes) > 0 {
 		p.Index.Credit(best.endpoint, hashes, p.IndexBlocks)
 	}

@@ -70,11 +70,11 @@ type Routing struct {
 
 // Routing defaults.
 const (
-	DefaultMaxWaiting         = 16
+	DefaultMaxWaiting         = 64
 	DefaultMaxKVUtilisation   = 0.97
 	DefaultPrefixWeight       = 2
 	DefaultLoadWeight         = 1
-	DefaultBoundedLoadEpsilon = 0.25
+	DefaultBoundedLoadEpsilon = 0.5
 )
 
 // QuotaSettings say how quotas are enforced across gateway replicas.

@@ -1,0 +1,340 @@
+// Command routingbench compares routing policies on a simulated fleet: round-robin, least-loaded,
+// prefix-only, infergate's picker, and infergate as two gateway replicas receiving alternate requests. Requests
+// go straight from the picker's decision to the simulated replica (the gateway's own latency is measured by
+// extprocbench), so what differs between rows is only where each request was sent.
+//
+//	go run ./test/routingbench
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/fleetsim"
+)
+
+const timeScale = 0.05 // twenty times faster than the modelled GPUs; results are reported in simulated time
+
+type request struct {
+	system, user string
+	maxTokens    int
+}
+
+type outcome struct {
+	ok             bool
+	ttft           time.Duration // simulated
+	prompt, cached int64
+}
+
+type router interface {
+	pick(r *request) (string, func())
+}
+
+// pickerRouter adapts an infergate picker (or two, alternating) with in-flight accounting.
+type pickerRouter struct {
+	snap     *policies.Snapshot
+	model    *policies.Model
+	pickers  []picker.Picker
+	inflight []*fleet.InFlight
+	n        atomic.Uint64
+}
+
+func (p *pickerRouter) pick(r *request) (string, func()) {
+	i := int(p.n.Add(1)) % len(p.pickers)
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
+		{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
+	req, err := openai.ParseRequest(openai.EndpointChat, body)
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := p.pickers[i].Pick(p.snap, p.model, &req)
+	req.Release()
+	if err != nil || len(d.Endpoints) == 0 {
+		return "", func() {}
+	}
+	ep := d.Endpoints[0]
+	p.inflight[i].Start(ep)
+	return ep, func() { p.inflight[i].Done(ep) }
+}
+
+type roundRobin struct {
+	eps []string
+	n   atomic.Uint64
+}
+
+func (r *roundRobin) pick(*request) (string, func()) {
+	return r.eps[int(r.n.Add(1))%len(r.eps)], func() {}
+}
+
+func send(ctx context.Context, client *http.Client, ep string, r *request) outcome {
+	body, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "max_tokens": r.maxTokens,
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []map[string]string{{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/v1/chat/completions", strings.NewReader(string(body)))
+	start := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return outcome{}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return outcome{}
+	}
+	var o outcome
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *struct {
+				PromptTokens        int64 `json:"prompt_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int64 `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal([]byte(line), &chunk) != nil {
+			continue
+		}
+		if o.ttft == 0 && len(chunk.Choices) > 0 {
+			o.ttft = time.Duration(float64(time.Since(start)) / timeScale)
+		}
+		if chunk.Usage != nil {
+			o.prompt, o.cached = chunk.Usage.PromptTokens, chunk.Usage.PromptTokensDetails.CachedTokens
+			o.ok = true
+		}
+	}
+	return o
+}
+
+type result struct {
+	p50, p95, p99 time.Duration
+	throughput    float64 // requests per simulated second
+	success       float64
+	hit           float64
+}
+
+// run sends the workload with Poisson arrivals at rate (requests per simulated second).
+func run(rt router, work []request, rate float64) result {
+	client := &http.Client{Timeout: 120 * time.Second}
+	out := make([]outcome, len(work))
+	var wg sync.WaitGroup
+	start := time.Now()
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := range work {
+		wait := time.Duration(rng.ExpFloat64() / rate * float64(time.Second) * timeScale)
+		time.Sleep(wait)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ep, done := rt.pick(&work[i])
+			defer done()
+			if ep == "" {
+				return
+			}
+			out[i] = send(context.Background(), client, ep, &work[i])
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Duration(float64(time.Since(start)) / timeScale)
+	var ttfts []time.Duration
+	var prompt, cached int64
+	ok := 0
+	for _, o := range out {
+		if o.ok {
+			ok++
+			ttfts = append(ttfts, o.ttft)
+			prompt += o.prompt
+			cached += o.cached
+		}
+	}
+	slices.Sort(ttfts)
+	pct := func(p float64) time.Duration {
+		if len(ttfts) == 0 {
+			return 0
+		}
+		return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))]
+	}
+	return result{p50: pct(.5), p95: pct(.95), p99: pct(.99), throughput: float64(ok) / elapsed.Seconds(),
+		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1))}
+}
+
+func words(n int, seed string) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "%s%d ", seed, i%97)
+	}
+	return b.String()
+}
+
+// sharedPrefix: groups × prompts, a long system prompt per group and a short question, shuffled.
+func sharedPrefix(groups, per, systemTokens int) []request {
+	var out []request
+	rng := rand.New(rand.NewPCG(1, 2))
+	for g := range groups {
+		sys := words(systemTokens, fmt.Sprintf("g%d-", g))
+		for q := range per {
+			out = append(out, request{system: sys, user: words(50, fmt.Sprintf("q%d-%d-", g, q)), maxTokens: 32 + rng.IntN(33)})
+		}
+	}
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// multiTurn: conversations that grow by one exchange per turn, turns interleaved across conversations.
+func multiTurn(convs, turns int) []request {
+	var out []request
+	for t := range turns {
+		for c := range convs {
+			history := words(200, fmt.Sprintf("c%d-sys-", c))
+			for k := range t + 1 {
+				history += words(80, fmt.Sprintf("c%d-t%d-", c, k))
+			}
+			out = append(out, request{system: history, user: words(30, fmt.Sprintf("c%d-u%d-", c, t)), maxTokens: 32})
+		}
+	}
+	return out
+}
+
+// noSharedPrefix: every prompt distinct.
+func noSharedPrefix(n int) []request {
+	var out []request
+	for i := range n {
+		out = append(out, request{system: words(800, fmt.Sprintf("u%d-", i)), user: "q", maxTokens: 32})
+	}
+	return out
+}
+
+func main() {
+	replicas := flag.Int("replicas", 4, "simulated replicas")
+	blocks := flag.Int("blocks", 700, "KV blocks per replica (16 tokens each)")
+	only := flag.String("only", "", "run only workloads whose name contains this")
+	flag.Parse()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := fleetsim.Config{TimeScale: timeScale}
+	for i := range *replicas {
+		cfg.Replicas = append(cfg.Replicas, fleetsim.ReplicaConfig{Name: fmt.Sprintf("r%d", i), Addr: "127.0.0.1:0", Model: "m",
+			Hardware: "l40s", NumGPUBlocks: *blocks, MaxNumSeqs: 64})
+	}
+	fl, err := fleetsim.Start(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var eps []string
+	for _, r := range fl.Replicas {
+		eps = append(eps, r.Addr())
+	}
+	quoted := make([]string, len(eps))
+	for i, e := range eps {
+		quoted[i] = fmt.Sprintf("%q", e)
+	}
+	snap, err := policies.Parse("bench.yaml", []byte(`apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  gateway: {maxEndpointsPerDecision: 1}
+  hardwareClasses: {l40s: {costPerHour: 1.1, prefillTokensPerSecond: 7000, decodeTokensPerSecond: 1200}}
+  models:
+  - {name: m, pools: [{name: p, hardwareClass: l40s, engine: vllm, endpoints: [`+strings.Join(quoted, ", ")+`]}]}
+  tenants:
+  - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	model, _ := snap.Model("m")
+	scraper := &fleet.Scraper{Interval: 50 * time.Millisecond * time.Duration(1/timeScale/20)}
+	var targets []fleet.Target
+	for _, e := range eps {
+		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.DialectFor("vllm")})
+	}
+	scraper.SetTargets(targets)
+	go scraper.Run(ctx)
+	time.Sleep(200 * time.Millisecond)
+
+	hasher := picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 512}
+	newAffinity := func(inflight *fleet.InFlight, prefixOnly bool) picker.Picker {
+		a := &picker.Affinity{InFlight: inflight, Index: picker.NewIndex(), Hasher: hasher, Engines: scraper, IndexBlocks: *blocks}
+		if prefixOnly {
+			a.Engines, a.LoadWeight, a.PrefixWeight, a.Epsilon = nil, 0, 1, 1e9
+		}
+		return a
+	}
+	policiesUnder := func() []struct {
+		name string
+		rt   router
+	} {
+		one := &fleet.InFlight{}
+		two := []*fleet.InFlight{{}, {}}
+		least := &fleet.InFlight{}
+		pfx := &fleet.InFlight{}
+		return []struct {
+			name string
+			rt   router
+		}{
+			{"round-robin", &roundRobin{eps: eps}},
+			{"least-loaded", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{&picker.LeastInFlight{InFlight: least}}, inflight: []*fleet.InFlight{least}}},
+			{"prefix-only", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(pfx, true)}, inflight: []*fleet.InFlight{pfx}}},
+			{"infergate", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(one, false)}, inflight: []*fleet.InFlight{one}}},
+			{"infergate ×2", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(two[0], false), newAffinity(two[1], false)}, inflight: two}},
+		}
+	}
+	workloads := []struct {
+		name string
+		work func() []request
+		rate float64
+	}{
+		{"shared prefix, moderate", func() []request { return sharedPrefix(16, 64, 1500) }, 8},
+		{"shared prefix, near saturation", func() []request { return sharedPrefix(16, 64, 1500) }, 20},
+		{"multi-turn", func() []request { return multiTurn(32, 8) }, 10},
+		{"no shared prefix", func() []request { return noSharedPrefix(256) }, 6},
+	}
+	fmt.Printf("%d l40s replicas × %d KV blocks, simulated time (time scale %.2f); TTFT and throughput in simulated time\n\n", *replicas, *blocks, timeScale)
+	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | cache-hit | p95 / RR | throughput / RR |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, w := range workloads {
+		if !strings.Contains(w.name, *only) {
+			continue
+		}
+		var rr result
+		for i, p := range policiesUnder() {
+			// Each policy starts from a cold fleet: restart the replicas' caches by using fresh prompts' seeds.
+			res := run(p.rt, tag(w.work(), i), w.rate)
+			if i == 0 {
+				rr = res
+			}
+			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f%% | %.1f%% | %.2f | %.2f |\n", w.name, p.name,
+				ms(res.p50), ms(res.p95), ms(res.p99), res.throughput, 100*res.success, 100*res.hit,
+				float64(res.p95)/float64(max(rr.p95, 1)), res.throughput/max(rr.throughput, 1e-9))
+		}
+	}
+}
+
+// tag prefixes every prompt with the policy's index so that runs never hit each other's cached blocks.
+func tag(work []request, i int) []request {
+	for k := range work {
+		work[k].system = fmt.Sprintf("run%d ", i) + work[k].system
+	}
+	return work
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/1e6) }
