@@ -56,7 +56,7 @@ func TestPrefixHashingAllocatesNothingPerBlock(t *testing.T) {
 	h := Hasher{BlockBytes: 64, MaxBlocks: 2048}
 	dst := make([]uint64, 0, 2048)
 	allocs := testing.AllocsPerRun(20, func() { dst = h.Hash(dst[:0], 7, prompt) })
-	if allocs != 0 {
+	if allocs != 0 && !raceEnabled {
 		t.Errorf("%v allocations per 64 KiB prompt, want 0", allocs)
 	}
 	if len(dst) < 1000 {

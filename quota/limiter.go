@@ -17,6 +17,9 @@ import (
 	"github.com/infergate/infergate/policies"
 )
 
+// downAfterFailures consecutive failed admissions mark Redis down.
+const downAfterFailures = 3
+
 // ErrUnavailable is returned by Admit when Redis is unreachable and the policy fails closed.
 var ErrUnavailable = errors.New("quota store unavailable")
 
@@ -30,14 +33,15 @@ type Metrics struct {
 
 // Limiter admits and settles requests against tenants' quotas.
 type Limiter struct {
-	redis   *redisBackend
-	local   *localBackend
-	log     *slog.Logger
-	up      atomic.Bool
-	probing atomic.Bool
-	metrics *Metrics
-	now     func() time.Time
-	ctx     context.Context
+	redis    *redisBackend
+	local    *localBackend
+	log      *slog.Logger
+	up       atomic.Bool
+	probing  atomic.Bool
+	failures atomic.Int32 // consecutive failed admissions
+	metrics  *Metrics
+	now      func() time.Time
+	ctx      context.Context
 }
 
 // Options configure a Limiter.
@@ -99,8 +103,10 @@ func New(ctx context.Context, o Options) *Limiter {
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips)
 	}
-	go l.redis.runFlusher(ctx, time.Second)
-	go func() { <-ctx.Done(); time.Sleep(50 * time.Millisecond); _ = client.Close() }()
+	flushed := make(chan struct{})
+	go func() { l.redis.runFlusher(ctx, time.Second); close(flushed) }()
+	// The client closes only after the flusher's last batch, so settlements of a drain are not lost.
+	go func() { <-flushed; _ = client.Close() }()
 	return l
 }
 
@@ -127,12 +133,17 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		rej, err := l.redis.admit(cctx, r.Now, t)
 		cancel()
 		if err == nil {
+			l.failures.Store(0)
 			return l.result(t, rej)
 		}
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err() // the client went away, Redis is not to blame
 		}
-		l.markDown(err)
+		// One slow reply is not an outage: the fail mode starts after a few consecutive failures. This
+		// request meets the fail mode either way.
+		if l.failures.Add(1) >= downAfterFailures {
+			l.markDown(err)
+		}
 	}
 	if settings.FailMode == policies.FailClosed {
 		return nil, nil, ErrUnavailable
@@ -178,12 +189,12 @@ func (l *Limiter) markDown(err error) {
 }
 
 func (l *Limiter) probe() {
-	defer l.probing.Store(false)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-l.ctx.Done():
+			l.probing.Store(false)
 			return
 		case <-t.C:
 		}
@@ -191,6 +202,9 @@ func (l *Limiter) probe() {
 		err := l.redis.ping(cctx)
 		cancel()
 		if err == nil {
+			// Clear probing before up: a failure right after must be able to start a new probe.
+			l.probing.Store(false)
+			l.failures.Store(0)
 			l.up.Store(true)
 			l.metrics.BackendUp.Set(1)
 			l.metrics.Transitions.WithLabelValues("up").Inc()

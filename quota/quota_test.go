@@ -254,6 +254,9 @@ func TestRedisOutage(t *testing.T) {
 			}
 			srv.Kill()
 			_, _, err := l.Admit(context.Background(), req(snap, tn, m, 1))
+			for range downAfterFailures - 1 { // the fail mode applies at once; "down" needs a few failures
+				_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 1))
+			}
 			if mode == "closed" {
 				if !errors.Is(err, ErrUnavailable) {
 					t.Fatalf("fail closed: err %v", err)

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,13 +54,17 @@ end
 return {1}
 `)
 
-// settleScript releases a concurrency slot and corrects reserved amounts by the real usage. A counter whose
-// window has already expired is left alone, so no key is ever recreated without a TTL.
-// KEYS: one per entry. ARGV: reservation id, then per entry kind, delta.
+// settleScript releases a concurrency slot and corrects reserved amounts by the real usage, once: a marker
+// key makes a retried settlement (after a reply was lost) a no-op. A counter whose window has already
+// expired is left alone, so no key is ever recreated without a TTL.
+// KEYS: the marker, then one per entry. ARGV: reservation id, marker ttl_ms, then per entry kind, delta.
 var settleScript = redis.NewScript(`
 local id = ARGV[1]
-for i = 1, #KEYS do
-  local kind, delta = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
+  return 0
+end
+for i = 2, #KEYS do
+  local kind, delta = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   if kind == 'conc' then
     redis.call('ZREM', KEYS[i], id)
   elseif delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
@@ -84,6 +89,10 @@ type settlement struct {
 	deltas   []int64
 	attempts int
 }
+
+// settledMarkerTTL is how long a settlement's marker lives: long enough to cover its retries, short enough
+// that a busy gateway's markers do not pile up in Redis.
+const settledMarkerTTL = 2 * time.Minute
 
 // maxSettleAttempts bounds retries of a settlement while Redis is failing; after that the reservation
 // expires on its own (concurrency slots by TTL, windows at their end).
@@ -124,31 +133,35 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) (*Re
 	var err error
 	for attempt := 0; attempt < 2; attempt++ {
 		var admitCmd *redis.Cmd
-		_, err = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			addSettlements(ctx, p, batch)
+		var settleCmds []*redis.Cmd
+		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			settleCmds = addSettlements(ctx, p, batch)
 			admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
 			return nil
 		})
-		if err == nil || !isNoScript(err) {
-			if admitCmd != nil && admitCmd.Err() == nil {
-				res, err = admitCmd.Int64Slice()
-			} else if admitCmd != nil && err == nil {
-				err = admitCmd.Err()
-			}
+		// Settlements that failed go back in the queue (settling is idempotent); the admission's outcome is
+		// its own command's.
+		b.requeue(failedSettlements(batch, settleCmds))
+		batch = nil
+		err = admitCmd.Err()
+		if err == nil {
+			res, err = admitCmd.Int64Slice()
 			break
 		}
-		// Redis lost its script cache (a restart): load both scripts and send again.
+		if !isNoScript(err) {
+			break
+		}
+		// Redis lost its script cache (a restart): the admission did not run; load the scripts and retry.
 		if lerr := b.loadScripts(ctx); lerr != nil {
 			err = lerr
 			break
 		}
 	}
 	if err != nil {
-		b.requeue(batch)
 		// The script may have run before the reply was lost: free the concurrency slot it may hold (ZREM is
 		// harmless if it does not). Counters are left alone: refunding what was never added would drift.
 		release := make([]int64, len(t.entries))
-		b.settleAsync(&Ticket{ID: t.ID, entries: concOnly(t.entries)}, release)
+		b.settleAsync(&Ticket{ID: t.ID, Tenant: t.Tenant, entries: concOnly(t.entries)}, release)
 		return nil, fmt.Errorf("quota admission: %w", err)
 	}
 	if len(res) == 0 || res[0] == 1 {
@@ -241,15 +254,13 @@ func (b *redisBackend) flushPending(ctx context.Context, timeout time.Duration) 
 			return
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		err := b.sendSettlements(cctx, batch)
-		if isNoScript(err) {
-			if err = b.loadScripts(cctx); err == nil {
-				err = b.sendSettlements(cctx, batch)
-			}
+		failed, err := b.sendSettlements(cctx, batch)
+		if isNoScript(err) && b.loadScripts(cctx) == nil {
+			failed, err = b.sendSettlements(cctx, failed)
 		}
 		cancel()
-		if err != nil {
-			b.requeue(batch)
+		if len(failed) > 0 || err != nil {
+			b.requeue(failed)
 			if ctx.Err() != nil {
 				return
 			}
@@ -260,6 +271,9 @@ func (b *redisBackend) flushPending(ctx context.Context, timeout time.Duration) 
 
 // requeue puts a failed batch back for another attempt, dropping settlements that failed too often.
 func (b *redisBackend) requeue(batch []settlement) {
+	if len(batch) == 0 {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, s := range batch {
@@ -269,20 +283,29 @@ func (b *redisBackend) requeue(batch []settlement) {
 	}
 }
 
-func (b *redisBackend) sendSettlements(ctx context.Context, batch []settlement) error {
+// sendSettlements sends a batch and returns the settlements that failed.
+func (b *redisBackend) sendSettlements(ctx context.Context, batch []settlement) ([]settlement, error) {
+	var cmds []*redis.Cmd
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		addSettlements(ctx, p, batch)
+		cmds = addSettlements(ctx, p, batch)
 		return nil
 	})
-	return err
+	failed := failedSettlements(batch, cmds)
+	if err != nil && len(failed) == 0 && cmds != nil {
+		failed = batch // the pipeline failed before any command had its own result
+	}
+	return failed, err
 }
 
-// addSettlements queues one settle script call per settlement on a pipeline.
-func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) {
-	for _, s := range batch {
-		keys := make([]string, 0, len(s.t.entries))
-		args := make([]any, 0, 1+2*len(s.t.entries))
-		args = append(args, s.t.ID)
+// addSettlements queues one settle script call per settlement on a pipeline and returns the commands, in
+// batch order (nil where a settlement had nothing to send).
+func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(batch))
+	for k, s := range batch {
+		keys := make([]string, 0, 1+len(s.t.entries))
+		args := make([]any, 0, 2+2*len(s.t.entries))
+		keys = append(keys, "ig:"+tag(s.t.Tenant)+":settled:"+s.t.ID)
+		args = append(args, s.t.ID, settledMarkerTTL.Milliseconds())
 		for i, e := range s.t.entries {
 			if e.kind == KindRequests {
 				continue
@@ -290,10 +313,23 @@ func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) 
 			keys = append(keys, e.key)
 			args = append(args, e.kind, s.deltas[i])
 		}
-		if len(keys) > 0 {
-			settleScript.EvalSha(ctx, p, keys, args...)
+		if len(keys) > 1 {
+			cmds[k] = settleScript.EvalSha(ctx, p, keys, args...)
 		}
 	}
+	return cmds
+}
+
+// failedSettlements picks the settlements whose command failed, for another attempt (safe: settling is
+// idempotent).
+func failedSettlements(batch []settlement, cmds []*redis.Cmd) []settlement {
+	var out []settlement
+	for k, c := range cmds {
+		if c != nil && c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
+			out = append(out, batch[k])
+		}
+	}
+	return out
 }
 
 func (b *redisBackend) ping(ctx context.Context) error { return b.client.Ping(ctx).Err() }

@@ -1,0 +1,6 @@
+//go:build race
+
+package picker
+
+// raceEnabled: the race detector makes sync.Pool drop items at random, so allocation counts are not exact.
+const raceEnabled = true
