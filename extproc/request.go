@@ -75,6 +75,7 @@ type requestState struct {
 	sse            *openai.SSEScanner
 	respBody       []byte
 	respTooBig     bool
+	respEnded      bool // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
 	settled        bool
 }
 
@@ -186,7 +187,9 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 			return rs.reject(openai.BodyTooLarge(rs.limit))
 		}
 		if err == nil && n > 0 && rs.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-			rs.body = make([]byte, 0, n) // the body arrives in frames; collect them without regrowing
+			// The body arrives in frames; collect them without regrowing, but do not let a declared length
+			// reserve memory the client has not sent (slow senders at the limit would add up).
+			rs.body = make([]byte, 0, min(n, 256<<10))
 		}
 	}
 	switch rs.reqMode {
@@ -472,6 +475,7 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 		if len(out) == 0 && !end {
 			return nil
 		}
+		rs.respEnded = rs.respEnded || end
 		return streamedBody(out, end, false)
 	default:
 		var mut *extprocv3.BodyMutation
@@ -493,9 +497,15 @@ func sameBytes(a, b []byte) bool {
 
 func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
 	var out []*extprocv3.ProcessingResponse
-	if rs.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && rs.sse != nil && !rs.settled {
-		// The body ended with trailers: flush anything held back, then close the body.
-		out = append(out, streamedBody(rs.sse.Process(nil, true), true, false)...)
+	if rs.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !rs.respEnded {
+		// The body ended with trailers: flush anything held back, then close the body, or Envoy never
+		// finishes it.
+		var rest []byte
+		if rs.sse != nil {
+			rest = rs.sse.Process(nil, true)
+		}
+		out = append(out, streamedBody(rest, true, false)...)
+		rs.respEnded = true
 	}
 	rs.settle(false)
 	return append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
@@ -535,8 +545,12 @@ func (rs *requestState) settle(aborted bool) {
 		}
 		opts.Metrics.UsageEstimated.WithLabelValues(reason).Inc()
 		if result != "upstream_error" {
-			// Charge the prompt we sent; output is unknown, so count none rather than guess high.
+			// Charge the prompt we sent and, for a stream cut short, the output chunks it carried (engines send
+			// about one token per chunk); a client cannot dodge output charges by disconnecting before usage.
 			usage = openai.Usage{PromptTokens: int64(rs.req.EstimatePromptTokens())}
+			if rs.sse != nil {
+				usage.CompletionTokens = rs.sse.ContentEvents()
+			}
 		}
 	}
 	pricing := rs.model.Pricing

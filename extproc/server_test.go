@@ -466,8 +466,8 @@ func TestAbortMidStreamSettlesOnce(t *testing.T) {
 	}
 	s.cancel() // the client went away: Envoy resets the stream
 	st := h.settlement()
-	if st.Result != "aborted" || st.Usage.PromptTokens == 0 {
-		t.Errorf("settlement = %+v", st)
+	if st.Result != "aborted" || st.Usage.PromptTokens == 0 || st.Usage.CompletionTokens != 1 {
+		t.Errorf("settlement = %+v (the one content chunk sent must be charged)", st)
 	}
 	waitFor(t, func() bool { return h.inflight.Total() == 0 })
 	h.noSettlement()
@@ -579,5 +579,33 @@ func TestOverflowToManagedFallback(t *testing.T) {
 	s2.send(reqBody([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`), true))
 	if status, code := immediateError(t, s2.recv()); status != 429 || code != "model_overloaded" {
 		t.Errorf("got %d %q", status, code)
+	}
+}
+
+// FULL_DUPLEX_STREAMED response that ends with trailers: the body's end must still be sent before the trailers
+// answer, or Envoy never finishes the response.
+func TestFullDuplexJSONResponseWithTrailers(t *testing.T) {
+	h := newHarness(t)
+	s := h.open(t, modeFullDuplex, modeFullDuplex)
+	s.send(postHeaders("/v1/chat/completions", keyAcme))
+	s.send(reqBody([]byte(chatBody), true))
+	for !s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+	}
+	s.send(respHeaders("200", false))
+	s.recv()
+	s.send(respBody([]byte(`{"usage":{"prompt_tokens":5,"completion_tokens":2}}`), false))
+	if sr := s.recv().GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr == nil || sr.GetEndOfStream() {
+		t.Fatalf("first chunk %v", sr)
+	}
+	s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}})
+	sr := s.recv().GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+	if sr == nil || !sr.GetEndOfStream() {
+		t.Fatalf("want the body's end before the trailers answer, got %v", sr)
+	}
+	if s.recv().GetResponseTrailers() == nil {
+		t.Fatal("no trailers answer")
+	}
+	if st := h.settlement(); !st.Reported || st.Usage.CompletionTokens != 2 {
+		t.Errorf("settlement %+v", st)
 	}
 }

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"strings"
 
 	"github.com/valyala/fastjson"
@@ -89,6 +90,7 @@ type Request struct {
 
 	doc    *fastjson.Value
 	parser *fastjson.Parser
+	body   []byte
 }
 
 var parsers fastjson.ParserPool
@@ -109,7 +111,7 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 		parsers.Put(p)
 		return req, BadRequest("", "We could not parse the JSON body of your request: %s.", trimErr(err))
 	}
-	req.doc, req.parser = doc, p
+	req.doc, req.parser, req.body = doc, p, body
 	obj, err := doc.Object()
 	if err != nil {
 		req.Release()
@@ -190,7 +192,7 @@ func trimErr(err error) string {
 func (r *Request) Release() {
 	if r.parser != nil {
 		parsers.Put(r.parser)
-		r.parser, r.doc, r.Prompt = nil, nil, nil
+		r.parser, r.doc, r.Prompt, r.body = nil, nil, nil, nil
 	}
 }
 
@@ -278,5 +280,33 @@ func (r *Request) Rewrite(dst []byte, newModel string, injectUsage bool) []byte 
 		so.Set("include_usage", a.NewTrue())
 		r.IncludeUsage = true
 	}
-	return r.doc.MarshalTo(dst)
+	out := r.doc.MarshalTo(dst)
+	if fastjson.ValidateBytes(out) != nil {
+		// fastjson re-escapes strings it decoded with Go quoting (\x01, invalid UTF-8 kept as \xNN), which is
+		// not JSON. Re-encode with the standard library from the original bytes instead.
+		return rewriteStd(r.body, newModel, injectUsage)
+	}
+	return out
+}
+
+// rewriteStd edits the top-level fields with encoding/json, keeping every other value's bytes as sent.
+func rewriteStd(body []byte, newModel string, injectUsage bool) []byte {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return body
+	}
+	if newModel != "" {
+		top["model"], _ = json.Marshal(newModel)
+	}
+	if injectUsage {
+		so := map[string]json.RawMessage{}
+		_ = json.Unmarshal(top["stream_options"], &so)
+		so["include_usage"] = json.RawMessage("true")
+		top["stream_options"], _ = json.Marshal(so)
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return body
+	}
+	return out
 }

@@ -124,6 +124,7 @@ func TestRewrite(t *testing.T) {
 		{"inject without stream_options", `{"model":"m","stream":true,"messages":[]}`, "", true, "m", true},
 		{"inject over false", `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, "", true, "m", true},
 		{"inject over null", `{"model":"m","stream":true,"stream_options":null}`, "", true, "m", true},
+		{"control characters survive the rewrite", `{"model":"m","prompt":["\u001b[31m\u0000x"],"stream":true}`, "n", true, "n", true},
 		{"inject keeps other options", `{"model":"m","stream_options":{"continuous_usage_stats":true}}`, "x\"y", true, "x\"y", true},
 	}
 	for _, tc := range tests {
@@ -185,6 +186,8 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(`{"model":"m","prompt":"x","max_tokens":3}`, uint8(2))
 	f.Add(`{"model":"m","input":["a"],"stream_options":{"include_usage":false}}`, uint8(3))
 	f.Add(`{"model":"\u00e9","messages":[{}],"max_completion_tokens":1e3}`, uint8(1))
+	f.Add(`{"model":"m","prompt":["\u001b[31mred\u0000"],"stream":true}`, uint8(2))
+	f.Add("{\"model\":\"m\",\"input\":\"\xff\xfe\"}", uint8(3))
 	f.Fuzz(func(t *testing.T, body string, ep uint8) {
 		endpoint := Endpoint(ep%3 + 1)
 		req, err := ParseRequest(endpoint, []byte(body))
@@ -208,4 +211,29 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("rewritten body does not parse back: %v %+v from %q", err, again, out)
 		}
 	})
+}
+
+// Reading a string value (as the prefix hasher does) makes fastjson re-escape it with Go quoting on output;
+// the rewrite must still produce JSON.
+func TestRewriteAfterStringsWereRead(t *testing.T) {
+	body := []byte("{\"model\":\"m\",\"prompt\":[\"\\u001b[31mred\\u0000\", \"\xff\"],\"stream\":true}")
+	req, err := ParseRequest(EndpointCompletions, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range req.Prompt.GetArray() {
+		_ = v.Type() // decodes the string in place
+	}
+	out := req.Rewrite(nil, "renamed", true)
+	req.Release()
+	var doc map[string]any
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("rewritten body is not JSON: %v\n%q", err, out)
+	}
+	if doc["model"] != "renamed" || doc["stream_options"].(map[string]any)["include_usage"] != true {
+		t.Errorf("rewrite lost: %s", out)
+	}
+	if !strings.Contains(string(out), `\u001b[31mred\u0000`) {
+		t.Errorf("prompt bytes changed: %q", out)
+	}
 }

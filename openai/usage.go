@@ -62,8 +62,12 @@ type SSEScanner struct {
 
 	usage    Usage
 	sawUsage bool
+	content  int64  // events with choices: about one output token each
 	pending  []byte // start of an event whose end has not arrived yet
 }
+
+// ContentEvents counts events that carried choices, an estimate of output tokens when usage never came.
+func (s *SSEScanner) ContentEvents() int64 { return s.content }
 
 // Usage returns the last usage the stream reported.
 func (s *SSEScanner) Usage() (Usage, bool) { return s.usage, s.sawUsage }
@@ -88,7 +92,10 @@ func (s *SSEScanner) scan(chunk []byte, end bool) {
 	}
 	rest := s.eachEvent(data, nil)
 	switch {
-	case end || len(rest) > maxPendingEvent:
+	case end:
+		s.event(rest) // a last event the server did not close with a blank line
+		s.pending = s.pending[:0]
+	case len(rest) > maxPendingEvent:
 		s.pending = s.pending[:0]
 	case len(s.pending) > 0:
 		s.pending = s.pending[:copy(s.pending, rest)] // rest is a suffix of pending; copy handles the overlap
@@ -107,7 +114,11 @@ func (s *SSEScanner) filter(chunk []byte, end bool) []byte {
 	out := make([]byte, 0, len(data))
 	rest := s.eachEvent(data, &out)
 	if end || len(rest) > maxPendingEvent {
-		out = append(out, rest...)
+		if end && !s.event(rest) {
+			out = append(out, rest...)
+		} else if !end {
+			out = append(out, rest...)
+		}
 		s.pending = nil
 		return out
 	}
@@ -179,6 +190,9 @@ func (s *SSEScanner) eventJSON(payload []byte, drop *bool) {
 	doc, err := p.ParseBytes(payload)
 	if err != nil {
 		return
+	}
+	if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray && len(choices.GetArray()) > 0 {
+		s.content++
 	}
 	obj := doc.Get("usage")
 	if obj == nil || obj.Type() != fastjson.TypeObject {

@@ -140,3 +140,20 @@ func FuzzSSEScanner(f *testing.F) {
 		}
 	})
 }
+
+func TestSSEFinalEventWithoutBlankLine(t *testing.T) {
+	data := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n")
+	for _, drop := range []bool{false, true} {
+		s := &SSEScanner{DropUsageChunk: drop}
+		out := runChunks(s, data, 10)
+		if u, ok := s.Usage(); !ok || u.PromptTokens != 3 {
+			t.Errorf("drop=%v: usage of an unterminated last event lost: %+v", drop, u)
+		}
+		if drop && bytes.Contains(out, []byte(`"choices":[]`)) {
+			t.Errorf("usage chunk forwarded: %q", out)
+		}
+		if s.ContentEvents() != 1 {
+			t.Errorf("content events %d", s.ContentEvents())
+		}
+	}
+}
