@@ -202,12 +202,13 @@ func (l *Limiter) probe() {
 		err := l.redis.ping(cctx)
 		cancel()
 		if err == nil {
-			// Clear probing before up: a failure right after must be able to start a new probe.
+			// Metrics first, then probing cleared before up: a failure right after must be able to start a
+			// new probe.
+			l.metrics.BackendUp.Set(1)
+			l.metrics.Transitions.WithLabelValues("up").Inc()
 			l.probing.Store(false)
 			l.failures.Store(0)
 			l.up.Store(true)
-			l.metrics.BackendUp.Set(1)
-			l.metrics.Transitions.WithLabelValues("up").Inc()
 			l.log.Info("quota store reachable again; enforcing shared quotas")
 			return
 		}
