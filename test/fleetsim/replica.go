@@ -102,7 +102,9 @@ func newReplica(cfg ReplicaConfig, hw Hardware, timeScale float64) *Replica {
 		ConstLabels: prometheus.Labels{"model_name": cfg.Model},
 		Buckets:     []float64{.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10},
 	})
-	r.reg.MustRegister(r.ttft, replicaCollector{r})
+	// The histogram is collected by replicaCollector after it has observed the engine's new samples: the
+	// registry collects collectors concurrently, so a separately registered histogram could be read first.
+	r.reg.MustRegister(replicaCollector{r})
 	return r
 }
 
@@ -480,6 +482,7 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, t := range snap.ttfts {
 		r.ttft.Observe(t)
 	}
+	r.ttft.Collect(ch)
 	model := prometheus.Labels{"model_name": r.cfg.Model}
 	gauge := func(name, help string, v float64, labels prometheus.Labels) {
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, help, nil, labels), prometheus.GaugeValue, v)
