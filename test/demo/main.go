@@ -7,7 +7,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +29,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/infergate/infergate/test/e2e"
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 type tenant struct {
@@ -109,7 +108,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	defer logFile.Close()
 	args := []string{"serve", "--policy", "examples/quickstart/policy.yaml",
 		"--extproc-addr", "127.0.0.1:9002", "--metrics-addr", "127.0.0.1:9090", "--xds-addr", ""}
-	if redisAddr, stopRedis, err := startRedis(); err == nil {
+	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)
 		fmt.Printf("quotas: redis-server on %s\n", redisAddr)
@@ -174,40 +173,6 @@ loop:
 	return nil
 }
 
-// startRedis runs a throwaway redis-server on a free loopback port for the quickstart's quotas.
-func startRedis() (string, func(), error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return "", nil, errors.New("redis-server is not installed (make test-deps installs it)")
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	dir, err := os.MkdirTemp("", "infergate-demo-redis")
-	if err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
-	for i := 0; ; i++ {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return addr, stop, nil
-		}
-		if i > 200 {
-			stop()
-			return "", nil, errors.New("redis-server did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func waitHTTP(ctx context.Context, url string) error {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -249,7 +214,10 @@ func generate(ctx context.Context, base string, t tenant, s *stats, wg *sync.Wai
 			defer wg.Done()
 			model := t.models[rand.IntN(len(t.models))]
 			group := groups[rand.IntN(len(groups))]
-			s.add(chat(ctx, client, base, t, model, group, fmt.Sprintf("Question %d: what applies here?", rand.IntN(1000))))
+			x := chat(ctx, client, base, t, model, group, fmt.Sprintf("Question %d: what applies here?", rand.IntN(1000)))
+			if ctx.Err() == nil { // requests cut by the demo's own stop are not errors
+				s.add(x)
+			}
 		}()
 	}
 }
@@ -258,49 +226,8 @@ func chat(ctx context.Context, client *http.Client, base string, t tenant, model
 	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 32 + rand.IntN(32),
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(string(body)))
-	req.Header.Set("Authorization", "Bearer "+t.key)
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	x := sample{tenant: t.name}
-	resp, err := client.Do(req)
-	if err != nil {
-		return x
-	}
-	defer resp.Body.Close()
-	x.status, x.replica = resp.StatusCode, resp.Header.Get("x-simulated-replica")
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return x
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct {
-				PromptTokens        int64 `json:"prompt_tokens"`
-				CompletionTokens    int64 `json:"completion_tokens"`
-				PromptTokensDetails struct {
-					CachedTokens int64 `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal([]byte(line), &chunk) != nil {
-			continue
-		}
-		if x.ttft == 0 && len(chunk.Choices) > 0 {
-			x.ttft = time.Since(start)
-		}
-		if u := chunk.Usage; u != nil {
-			x.prompt, x.completion, x.cached = u.PromptTokens, u.CompletionTokens, u.PromptTokensDetails.CachedTokens
-		}
-	}
-	return x
+	r := loadgen.StreamChat(ctx, client, base+"/v1/chat/completions", http.Header{"Authorization": {"Bearer " + t.key}}, body)
+	return sample{tenant: t.name, replica: r.Replica, status: r.Status, ttft: r.TTFT, prompt: r.Prompt, cached: r.Cached, completion: r.Completion}
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {

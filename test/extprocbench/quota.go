@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 // benchQuotas measures what quota admission and settlement add to a decision: the same requests through two
@@ -26,7 +26,10 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 		fmt.Println("\n(quota rows skipped: redis-server is not installed; `make test-deps` installs it)")
 		return
 	}
-	addr, stop := startRedis()
+	addr, stop, err := loadgen.StartRedis()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer stop()
 	data, err := os.ReadFile(policyPath)
 	if err != nil {
@@ -117,29 +120,4 @@ func redisVersion(rdb *redis.Client) string {
 		}
 	}
 	return "?"
-}
-
-// startRedis runs a throwaway redis-server on a free loopback port.
-func startRedis() (string, func()) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	dir, _ := os.MkdirTemp("", "extprocbench-redis")
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	for i := 0; rdb.Ping(context.Background()).Err() != nil; i++ {
-		if i > 200 {
-			log.Fatal("redis-server did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return addr, func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
 }

@@ -7,7 +7,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -26,6 +25,7 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 const timeScale = 0.05 // twenty times faster than the modelled GPUs; results are reported in simulated time
@@ -85,45 +85,8 @@ func send(ctx context.Context, client *http.Client, ep string, r *request) outco
 	body, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "max_tokens": r.maxTokens,
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/v1/chat/completions", strings.NewReader(string(body)))
-	start := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return outcome{}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return outcome{}
-	}
-	var o outcome
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct {
-				PromptTokens        int64 `json:"prompt_tokens"`
-				PromptTokensDetails struct {
-					CachedTokens int64 `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal([]byte(line), &chunk) != nil {
-			continue
-		}
-		if o.ttft == 0 && len(chunk.Choices) > 0 {
-			o.ttft = time.Duration(float64(time.Since(start)) / timeScale)
-		}
-		if chunk.Usage != nil {
-			o.prompt, o.cached = chunk.Usage.PromptTokens, chunk.Usage.PromptTokensDetails.CachedTokens
-			o.ok = true
-		}
-	}
-	return o
+	res := loadgen.StreamChat(ctx, client, "http://"+ep+"/v1/chat/completions", nil, body)
+	return outcome{ok: res.Usage, ttft: time.Duration(float64(res.TTFT) / timeScale), prompt: res.Prompt, cached: res.Cached}
 }
 
 type result struct {
