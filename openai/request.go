@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 
@@ -281,12 +282,29 @@ func (r *Request) Rewrite(dst []byte, newModel string, injectUsage bool) []byte 
 		r.IncludeUsage = true
 	}
 	out := r.doc.MarshalTo(dst)
-	if fastjson.ValidateBytes(out) != nil {
+	if goQuoted(out[len(dst):]) {
 		// fastjson re-escapes strings it decoded with Go quoting (\x01, invalid UTF-8 kept as \xNN), which is
 		// not JSON. Re-encode with the standard library from the original bytes instead.
 		return rewriteStd(r.body, newModel, injectUsage)
 	}
 	return out
+}
+
+// goQuoted reports whether fastjson wrote a string with Go-only escapes (\a \v \xNN \UNNNNNNNN), which it
+// does for control characters and invalid UTF-8 in strings it had decoded. It scans backslashes only, at
+// memchr speed, instead of validating the whole body again.
+func goQuoted(b []byte) bool {
+	for {
+		i := bytes.IndexByte(b, '\\')
+		if i < 0 || i+1 >= len(b) {
+			return false
+		}
+		switch b[i+1] {
+		case 'a', 'v', 'x', 'U':
+			return true
+		}
+		b = b[i+2:] // skip the escaped character (a second backslash included)
+	}
 }
 
 // rewriteStd edits the top-level fields with encoding/json, keeping every other value's bytes as sent.
