@@ -21,7 +21,6 @@ import (
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
-	"github.com/infergate/infergate/quota"
 )
 
 const (
@@ -52,14 +51,17 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHarnessWith(t, snap, nil)
+	return newHarnessWith(t, snap, Options{})
 }
 
-// newHarnessWith serves a given policy, with quotas when a limiter is given.
-func newHarnessWith(t *testing.T, snap *policies.Snapshot, limiter *quota.Limiter) *harness {
+// newHarnessWith serves a given policy with extra options (quotas, engine metrics); the harness fills in the
+// policy store, the in-flight counter and the settlement hook.
+func newHarnessWith(t *testing.T, snap *policies.Snapshot, opts Options) *harness {
 	t.Helper()
 	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan Settlement, 64), store: policies.NewStaticStore(snap)}
-	srv := New(Options{Policies: h.store, InFlight: h.inflight, Quotas: limiter, OnSettle: func(s Settlement) { h.settled <- s }})
+	opts.Policies, opts.InFlight = h.store, h.inflight
+	opts.OnSettle = func(s Settlement) { h.settled <- s }
+	srv := New(opts)
 	gs := grpc.NewServer(ServerOptions()...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -32,7 +32,7 @@ func quotaHarness(t *testing.T, acmeQuota, settings string) (*harness, *redistes
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return newHarnessWith(t, snap, quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}})), srv
+	return newHarnessWith(t, snap, Options{Quotas: quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}})}), srv
 }
 
 // sendChat opens a BUFFERED stream and sends a chat request; it returns the stream and the body answer.

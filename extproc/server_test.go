@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -545,19 +542,7 @@ func TestOverflowToManagedFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan Settlement, 8), store: policies.NewStaticStore(snap)}
-	srv := New(Options{Policies: h.store, InFlight: h.inflight, Engines: allSaturated{}, OnSettle: func(s Settlement) { h.settled <- s }})
-	gs := grpc.NewServer(ServerOptions()...)
-	srv.Register(gs)
-	lis, _ := net.Listen("tcp", "127.0.0.1:0")
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	h.client = extprocv3.NewExternalProcessorClient(conn)
+	h := newHarnessWith(t, snap, Options{Engines: allSaturated{}})
 
 	s := h.open(t, modeBuffered, modeNone)
 	s.send(postHeaders("/v1/chat/completions", keyAcme))
