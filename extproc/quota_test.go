@@ -47,6 +47,9 @@ func sendChat(t *testing.T, h *harness) (*stream, *extprocv3.ProcessingResponse)
 
 func TestQuotaRejectionIsOpenAI429(t *testing.T) {
 	h, _ := quotaHarness(t, "requestsPerSecond: 2", "redisTimeout: 2s")
+	// Windows are whole seconds on the real clock: start just after a boundary so that the three
+	// requests (tens of milliseconds) share one window.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
 	for i := range 2 {
 		if _, r := sendChat(t, h); r.GetRequestBody() == nil {
 			t.Fatalf("request %d not routed: %v", i, r)

@@ -248,7 +248,9 @@ func TestRedisOutage(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			srv := redistest.Start(t)
 			snap, tn, m := policy(t, "requestsPerSecond: 100", "failMode: "+mode+", redisTimeout: 100ms, gatewayReplicas: 4")
-			l := newLimiter(t, srv.Addr, false, nil)
+			// A fixed clock keeps every admission in one window: on a real clock the 100 attempts below
+			// could straddle a second boundary and see two windows' worth of local allowance.
+			l := newLimiter(t, srv.Addr, false, &clock{now: time.Date(2026, 11, 30, 10, 0, 0, 100e6, time.UTC)})
 			if _, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
 				t.Fatal(rej, err)
 			}
