@@ -1,12 +1,16 @@
 package extproc
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/test/redistest"
 )
 
 // BenchmarkDecision measures the processor's own work per request (no gRPC): request headers, the body in
@@ -50,5 +54,47 @@ func BenchmarkDecision(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkDecisionQuotas is the 2 KiB buffered decision with and without quotas (four limits, leases on,
+// Redis on loopback): what admission and settlement add to the processor's own work.
+// go test ./extproc -run '^$' -bench DecisionQuotas
+func BenchmarkDecisionQuotas(b *testing.B) {
+	src, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Replace(string(src), "quota: {requestsPerSecond: 50, tokensPerMinute: 2000000, maxConcurrent: 64, monthlySpendUSD: 20000}",
+		"quota: {requestsPerSecond: 100000, tokensPerMinute: 10000000000, maxConcurrent: 1000, monthlySpendUSD: 1000000}", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(text))
+	if err != nil {
+		b.Fatal(err)
+	}
+	redisSrv := redistest.Start(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
+	tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
+	body := []byte(head + strings.Repeat("x", 2<<10-len(head)-len(tail)) + tail)
+	hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+	done := respHeaders("200", true)
+	for _, withQuotas := range []bool{false, true} {
+		opts := Options{Policies: policies.NewStaticStore(snap)}
+		if withQuotas {
+			opts.Quotas = quota.New(ctx, quota.Options{Addrs: []string{redisSrv.Addr}})
+		}
+		srv := New(opts)
+		b.Run(fmt.Sprintf("quotas=%v", withQuotas), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				rs := &requestState{srv: srv, ctx: ctx, seenFirst: true, reqMode: modeBuffered, respMode: modeNone}
+				rs.handle(hdrs)
+				if r := rs.handle(reqBody(body, true)); len(r) == 0 || r[0].GetRequestBody() == nil {
+					b.Fatalf("not routed: %v", r)
+				}
+				rs.handle(done)
+			}
+		})
 	}
 }

@@ -122,6 +122,14 @@ func (s *Snapshot) Routing() Routing { return s.routing }
 // QuotaSettings returns how quotas are enforced, with defaults applied.
 func (s *Snapshot) QuotaSettings() QuotaSettings { return s.quotas }
 
+// LeaseFraction is the share of each limit gateways may lease from Redis, with the default applied.
+func (s *Snapshot) LeaseFraction() float64 {
+	if f := s.quotas.LeaseFraction; f != nil {
+		return *f
+	}
+	return DefaultLeaseFraction
+}
+
 // RedisTimeout bounds one Redis call on the request path.
 func (s *Snapshot) RedisTimeout() time.Duration { return s.redisTO }
 

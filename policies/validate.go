@@ -154,6 +154,9 @@ func (v *validator) quotaSettings(q *QuotaSettings) {
 	if q.GatewayReplicas < 0 {
 		v.fail(append(base, "gatewayReplicas"), "must not be negative, got %d", q.GatewayReplicas)
 	}
+	if f := q.LeaseFraction; f != nil && (*f < 0 || *f > 0.5) {
+		v.fail(append(base, "leaseFraction"), "must be between 0 and 0.5, got %v", *f)
+	}
 	if h := q.ConversationHeader; h != "" && (h != strings.ToLower(h) || strings.ContainsAny(h, " :")) {
 		v.fail(append(base, "conversationHeader"), "must be a lower-case header name, got %q", h)
 	}

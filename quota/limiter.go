@@ -34,6 +34,7 @@ type Metrics struct {
 // Limiter admits and settles requests against tenants' quotas.
 type Limiter struct {
 	redis    *redisBackend
+	leases   *leases
 	local    *localBackend
 	log      *slog.Logger
 	up       atomic.Bool
@@ -79,7 +80,7 @@ func New(ctx context.Context, o Options) *Limiter {
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		PoolSize: 64, MinIdleConns: 4, MaxRetries: -1,
 	})
-	l := &Limiter{redis: newRedisBackend(client), local: newLocalBackend(), log: o.Logger, now: o.Now, ctx: ctx}
+	l := &Limiter{redis: newRedisBackend(client), leases: newLeases(), local: newLocalBackend(), log: o.Logger, now: o.Now, ctx: ctx}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -104,7 +105,12 @@ func New(ctx context.Context, o Options) *Limiter {
 		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips)
 	}
 	flushed := make(chan struct{})
-	go func() { l.redis.runFlusher(ctx, time.Second); close(flushed) }()
+	go func() {
+		// At shutdown every lease is handed back before the last batch goes out.
+		l.redis.runFlusher(ctx, time.Second, func() { l.handBack(true) })
+		close(flushed)
+	}()
+	go l.sweepLeases(ctx)
 	// The client closes only after the flusher's last batch, so settlements of a drain are not lost.
 	go func() { <-flushed; _ = client.Close() }()
 	return l
@@ -122,16 +128,14 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 	if r.Now.IsZero() {
 		r.Now = l.now()
 	}
-	t := &Ticket{ID: rand.Text(), Tenant: r.Tenant.Name, entries: entriesFor(r), est: r.EstimatedTokens, estCost: r.EstimatedCostMicros}
+	t := &Ticket{ID: rand.Text(), Tenant: r.Tenant.Name, entries: entriesFor(r), at: r.Now, est: r.EstimatedTokens, estCost: r.EstimatedCostMicros}
 	if len(t.entries) == 0 {
 		return t, nil, nil
 	}
 	settings := r.Snapshot.QuotaSettings()
 	l.local.setReplicas(settings.GatewayReplicas)
 	if l.up.Load() {
-		cctx, cancel := context.WithTimeout(ctx, r.Snapshot.RedisTimeout())
-		rej, err := l.redis.admit(cctx, r.Now, t)
-		cancel()
+		rej, err := l.admitShared(ctx, r, t, settings.GatewayReplicas)
 		if err == nil {
 			l.failures.Store(0)
 			return l.result(t, rej)
@@ -150,6 +154,35 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 	}
 	t.local = true
 	return l.result(t, l.local.admit(r.Now, t))
+}
+
+// admitShared admits against the shared quotas: from this gateway's leases when they cover every entry,
+// otherwise through Redis (which also tops the leases up). A rejection by Redis is retried once when the
+// leases received what the request needs in the meantime: a concurrent top-up may have taken the last of a
+// limit for this very gateway.
+func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replicas int) (*Rejection, error) {
+	for attempt := 0; ; attempt++ {
+		all, refill := l.leases.cover(r.Now, t, r.Snapshot.LeaseFraction(), replicas)
+		if all {
+			if len(refill) > 0 {
+				go l.refill(r.Now, t.Tenant, refill, r.Snapshot.RedisTimeout())
+			}
+			return nil, nil
+		}
+		cctx, cancel := context.WithTimeout(ctx, r.Snapshot.RedisTimeout())
+		granted, rej, err := l.redis.admit(cctx, r.Now, t)
+		cancel()
+		if err != nil || rej != nil {
+			l.leases.restore(r.Now, t)
+		}
+		if rej != nil && attempt == 0 && l.leases.holds(r.Now, t, rej) {
+			continue
+		}
+		if err == nil && rej == nil {
+			l.leases.grant(r.Now, t.Tenant, t.ID, t.entries, granted)
+		}
+		return rej, err
+	}
 }
 
 // result counts a rejection; a rejected request has no ticket, since nothing was reserved.
@@ -172,7 +205,40 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 		l.local.settle(t, deltas)
 		return
 	}
-	l.redis.settleAsync(t, deltas)
+	l.redis.settleAsync(t.Tenant, t.ID, l.leases.settle(l.now(), t, deltas))
+}
+
+// refill tops up leases that ran low, off the request path. A failure is left for the next admission that
+// needs Redis to discover: the leases simply stay low.
+func (l *Limiter) refill(now time.Time, tenant string, entries []entry, timeout time.Duration) {
+	t := &Ticket{ID: rand.Text(), Tenant: tenant, entries: entries}
+	ctx, cancel := context.WithTimeout(l.ctx, timeout)
+	granted, _, err := l.redis.admit(ctx, now, t)
+	cancel()
+	if err != nil {
+		granted = nil
+	}
+	l.leases.grant(now, tenant, t.ID, entries, granted)
+}
+
+// sweepLeases hands back idle leases once a second until ctx ends.
+func (l *Limiter) sweepLeases(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			l.handBack(false)
+		}
+	}
+}
+
+func (l *Limiter) handBack(all bool) {
+	for _, h := range l.leases.sweep(l.now(), all) {
+		l.redis.settleAsync(h.tenant, rand.Text(), h.items)
+	}
 }
 
 // markDown switches to the fail mode and starts probing Redis until it answers again.

@@ -1,7 +1,8 @@
 // Package quota enforces tenants' limits — requests per second, tokens per minute, concurrent requests,
 // monthly spend and per-conversation tokens — across every gateway replica. Admission reserves an estimate
-// atomically in Redis (one Lua script, one round trip); the response path settles the real usage in batches,
-// refunding or charging the difference. When Redis is down the policy decides: fail open on an in-process
+// atomically in Redis (one Lua script, one round trip), or in process from a lease this gateway reserved in
+// Redis ahead of time (no round trip); the response path settles the real usage in batches, refunding or
+// charging the difference. When Redis is down the policy decides: fail open on an in-process
 // limiter at limit ÷ replicas, or fail closed with 503.
 package quota
 
@@ -49,6 +50,21 @@ type entry struct {
 	limit  int64
 	amount int64
 	window time.Duration // 0: no rolling window (concurrency); spend and conversation keys expire after it
+
+	// Lease bookkeeping (lease.go): covered means this gateway's lease paid the amount, so Redis is sent 0;
+	// extra is the lease top-up asked of Redis; member and memberExp name the concurrency slot held.
+	covered   bool
+	extra     int64
+	member    string
+	memberExp time.Time
+}
+
+// sent is the amount the admission script must reserve for this entry.
+func (e *entry) sent() int64 {
+	if e.covered {
+		return 0
+	}
+	return e.amount
 }
 
 // Ticket is an admitted request's reservation, needed to settle it.
@@ -57,8 +73,9 @@ type Ticket struct {
 	Tenant  string
 	entries []entry
 	local   bool
-	est     int64 // tokens reserved
-	estCost int64 // micro-USD reserved
+	at      time.Time // admission time
+	est     int64     // tokens reserved
+	estCost int64     // micro-USD reserved
 }
 
 // Rejection says which limit refused a request.

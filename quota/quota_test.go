@@ -323,43 +323,6 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// At most one round trip per request on average: admission is one script call, settlements are batched.
-func TestRoundTripsPerRequest(t *testing.T) {
-	srv := redistest.Start(t)
-	snap, tn, m := policy(t, "requestsPerSecond: 100000, tokensPerMinute: 100000000, maxConcurrent: 1000", "redisTimeout: 5s")
-	l := newLimiter(t, srv.Addr, false, nil)
-	first, _, err := l.Admit(context.Background(), req(snap, tn, m, 1)) // loads the script
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Settle(first, 1, 1)
-	start := l.RoundTrips()
-	const n = 2000
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 10))
-			if err != nil || rej != nil {
-				t.Error(rej, err)
-				return
-			}
-			l.Settle(tk, 5, 5)
-		}()
-	}
-	wg.Wait()
-	waitFor(t, "all settled", func() bool { v, _ := srv.Do("ZCARD", concKey(tn)); return v == "0" })
-	perRequest := float64(l.RoundTrips()-start) / n
-	t.Logf("round trips per request: %.3f", perRequest)
-	if perRequest > 1.2 {
-		t.Errorf("%.3f round trips per request, budget is about one", perRequest)
-	}
-}
-
 // A reservation that is never settled (a gateway crashed) stops holding its concurrency slot after the TTL.
 func TestUnsettledReservationExpires(t *testing.T) {
 	srv := redistest.Start(t)

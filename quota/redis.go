@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,36 +14,47 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// admitScript checks every limit and, only if all pass, reserves them: atomic, one round trip.
+// admitScript checks every limit and, only if all pass, reserves them: atomic, one round trip. Then it grants
+// lease top-ups (see lease.go) best-effort: as much of each entry's extra as fits under its limit.
 // KEYS: one per entry. ARGV: now_ms, reservation id, concurrency ttl_ms, then per entry kind, limit, amount,
-// window_ms. Returns {1} or {0, entry index (1-based), used, limit, reset_ms}.
+// window_ms, extra. An amount of 0 (already covered by this gateway's lease) is not checked. A concurrency
+// entry's own slot is the member id, its extra slots id:1, id:2, ...
+// Returns {1, granted extra per entry...} or {0, entry index (1-based), used, limit, reset_ms}.
 var admitScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
 local ttl = tonumber(ARGV[3])
+local used = {}
 for i = 1, #KEYS do
-  local b = 3 + (i - 1) * 4
-  local kind, limit, amount, window = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-  local used
-  if kind == 'conc' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-    used = redis.call('ZCARD', KEYS[i])
-  else
-    used = tonumber(redis.call('GET', KEYS[i]) or '0')
-  end
-  if used + amount > limit then
-    local reset = 1000
-    if kind == 'rps' or kind == 'tpm' then reset = window - (now % window) end
-    return {0, i, used, limit, reset}
+  local b = 3 + (i - 1) * 5
+  local kind, limit, amount, window, extra = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  if amount > 0 or extra > 0 then
+    if kind == 'conc' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+      used[i] = redis.call('ZCARD', KEYS[i])
+    else
+      used[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+    end
+    if amount > 0 and used[i] + amount > limit then
+      local reset = 1000
+      if kind == 'rps' or kind == 'tpm' then reset = window - (now % window) end
+      return {0, i, used[i], limit, reset}
+    end
   end
 end
+local out = {1}
 for i = 1, #KEYS do
-  local b = 3 + (i - 1) * 4
-  local kind, amount, window = ARGV[b + 1], tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  local b = 3 + (i - 1) * 5
+  local kind, limit, amount, window, extra = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local granted = 0
+  if extra > 0 then
+    granted = math.max(0, math.min(extra, limit - used[i] - amount))
+  end
   if kind == 'conc' then
-    redis.call('ZADD', KEYS[i], now + ttl, id)
-    redis.call('PEXPIRE', KEYS[i], ttl)
-  elseif redis.call('INCRBY', KEYS[i], amount) == amount then
+    if amount > 0 then redis.call('ZADD', KEYS[i], now + ttl, id) end
+    for j = 1, granted do redis.call('ZADD', KEYS[i], now + ttl, id .. ':' .. j) end
+    if amount + granted > 0 then redis.call('PEXPIRE', KEYS[i], ttl) end
+  elseif amount + granted > 0 and redis.call('INCRBY', KEYS[i], amount + granted) == amount + granted then
     -- a new counter: give it its expiry once (window keys live two windows, the others their period)
     if kind == 'rps' or kind == 'tpm' then
       redis.call('PEXPIRE', KEYS[i], window * 2)
@@ -50,25 +62,29 @@ for i = 1, #KEYS do
       redis.call('PEXPIRE', KEYS[i], window)
     end
   end
+  out[i + 1] = granted
 end
-return {1}
+return out
 `)
 
-// settleScript releases a concurrency slot and corrects reserved amounts by the real usage, once: a marker
+// settleScript releases concurrency slots and corrects reserved amounts by the real usage, once: a marker
 // key makes a retried settlement (after a reply was lost) a no-op. A counter whose window has already
 // expired is left alone, so no key is ever recreated without a TTL.
-// KEYS: the marker, then one per entry. ARGV: reservation id, marker ttl_ms, then per entry kind, delta.
+// KEYS: the marker, then one per item. ARGV: marker ttl_ms, then per item kind and, for a concurrency slot,
+// its member, otherwise the delta.
 var settleScript = redis.NewScript(`
-local id = ARGV[1]
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
   return 0
 end
 for i = 2, #KEYS do
-  local kind, delta = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local kind, value = ARGV[2 * i - 2], ARGV[2 * i - 1]
   if kind == 'conc' then
-    redis.call('ZREM', KEYS[i], id)
-  elseif delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('INCRBY', KEYS[i], delta)
+    redis.call('ZREM', KEYS[i], value)
+  else
+    local delta = tonumber(value)
+    if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+      redis.call('INCRBY', KEYS[i], delta)
+    end
   end
 end
 return 1
@@ -84,10 +100,18 @@ type redisBackend struct {
 	flush   chan struct{}
 }
 
+// settlement is one idempotent correction: its id names the marker that makes a retry a no-op.
 type settlement struct {
-	t        *Ticket
-	deltas   []int64
-	attempts int
+	tenant, id string
+	items      []settleItem
+	attempts   int
+}
+
+// settleItem corrects one key: a counter by delta, or frees one concurrency slot (member).
+type settleItem struct {
+	key, kind string
+	delta     int64
+	member    string
 }
 
 // settledMarkerTTL is how long a settlement's marker lives: long enough to cover its retries, short enough
@@ -115,18 +139,19 @@ func newRedisBackend(client redis.UniversalClient) *redisBackend {
 	return b
 }
 
-// admit runs the admission script. Settlements waiting to be sent ride in the same pipeline, so under load
-// settling costs no round trip of its own.
-func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) (*Rejection, error) {
+// admit runs the admission script for a ticket's entries: each sends its amount (0 when this gateway's lease
+// already covers it) and asks for its extra. Settlements waiting to be sent ride in the same pipeline, so under
+// load settling costs no round trip of its own. It returns the extra granted per entry.
+func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]int64, *Rejection, error) {
 	if len(t.entries) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	keys := make([]string, len(t.entries))
-	args := make([]any, 0, 3+4*len(t.entries))
+	args := make([]any, 0, 3+5*len(t.entries))
 	args = append(args, now.UnixMilli(), t.ID, ConcurrencyTTL.Milliseconds())
 	for i, e := range t.entries {
 		keys[i] = e.key
-		args = append(args, e.kind, e.limit, e.amount, e.window.Milliseconds())
+		args = append(args, e.kind, e.limit, e.sent(), e.window.Milliseconds(), e.extra)
 	}
 	batch := b.take(maxBatch)
 	var res []int64
@@ -158,32 +183,38 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) (*Re
 		}
 	}
 	if err != nil {
-		// The script may have run before the reply was lost: free the concurrency slot it may hold (ZREM is
+		// The script may have run before the reply was lost: free the concurrency slots it may hold (ZREM is
 		// harmless if it does not). Counters are left alone: refunding what was never added would drift.
-		release := make([]int64, len(t.entries))
-		b.settleAsync(&Ticket{ID: t.ID, Tenant: t.Tenant, entries: concOnly(t.entries)}, release)
-		return nil, fmt.Errorf("quota admission: %w", err)
+		var items []settleItem
+		for _, e := range t.entries {
+			if e.kind != KindConcurrency {
+				continue
+			}
+			if e.sent() > 0 {
+				items = append(items, settleItem{key: e.key, kind: e.kind, member: t.ID})
+			}
+			for j := int64(1); j <= e.extra; j++ {
+				items = append(items, settleItem{key: e.key, kind: e.kind, member: extraMember(t.ID, j)})
+			}
+		}
+		b.settleAsync(t.Tenant, t.ID+":lost", items)
+		return nil, nil, fmt.Errorf("quota admission: %w", err)
 	}
-	if len(res) == 0 || res[0] == 1 {
-		return nil, nil
+	if len(res) > 0 && res[0] == 1 {
+		granted := make([]int64, len(t.entries))
+		copy(granted, res[1:])
+		return granted, nil, nil
 	}
 	if len(res) < 5 || res[1] < 1 || int(res[1]) > len(t.entries) {
-		return nil, fmt.Errorf("quota admission: unexpected reply %v", res)
+		return nil, nil, fmt.Errorf("quota admission: unexpected reply %v", res)
 	}
 	e := t.entries[res[1]-1]
-	return &Rejection{Kind: e.kind, Scope: e.scope, Used: res[2], Limit: res[3], Requested: e.amount,
+	return nil, &Rejection{Kind: e.kind, Scope: e.scope, Used: res[2], Limit: res[3], Requested: e.amount,
 		Reset: time.Duration(res[4]) * time.Millisecond}, nil
 }
 
-func concOnly(es []entry) []entry {
-	var out []entry
-	for _, e := range es {
-		if e.kind == KindConcurrency {
-			out = append(out, e)
-		}
-	}
-	return out
-}
+// extraMember names the j-th extra concurrency slot the admission script adds for ticket id.
+func extraMember(id string, j int64) string { return id + ":" + strconv.FormatInt(j, 10) }
 
 func isNoScript(err error) bool { return err != nil && strings.Contains(err.Error(), "NOSCRIPT") }
 
@@ -209,9 +240,12 @@ func (b *redisBackend) take(n int) []settlement {
 
 // settleAsync queues a settlement; the flusher sends queued settlements together in one pipeline, so settling
 // costs a fraction of a round trip per request.
-func (b *redisBackend) settleAsync(t *Ticket, deltas []int64) {
+func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
+	if len(items) == 0 {
+		return
+	}
 	b.mu.Lock()
-	b.pending = append(b.pending, settlement{t: t, deltas: deltas})
+	b.pending = append(b.pending, settlement{tenant: tenant, id: id, items: items})
 	n := len(b.pending)
 	b.mu.Unlock()
 	if n == 1 || n >= maxBatch {
@@ -230,10 +264,11 @@ const (
 )
 
 // runFlusher sends queued settlements until ctx ends, then sends what is left.
-func (b *redisBackend) runFlusher(ctx context.Context, timeout time.Duration) {
+func (b *redisBackend) runFlusher(ctx context.Context, timeout time.Duration, beforeLast func()) {
 	for {
 		select {
 		case <-ctx.Done():
+			beforeLast()
 			b.flushPending(context.Background(), timeout)
 			return
 		case <-b.flush:
@@ -298,24 +333,23 @@ func (b *redisBackend) sendSettlements(ctx context.Context, batch []settlement) 
 }
 
 // addSettlements queues one settle script call per settlement on a pipeline and returns the commands, in
-// batch order (nil where a settlement had nothing to send).
+// batch order.
 func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(batch))
 	for k, s := range batch {
-		keys := make([]string, 0, 1+len(s.t.entries))
-		args := make([]any, 0, 2+2*len(s.t.entries))
-		keys = append(keys, "ig:"+tag(s.t.Tenant)+":settled:"+s.t.ID)
-		args = append(args, s.t.ID, settledMarkerTTL.Milliseconds())
-		for i, e := range s.t.entries {
-			if e.kind == KindRequests {
-				continue
+		keys := make([]string, 0, 1+len(s.items))
+		args := make([]any, 0, 1+2*len(s.items))
+		keys = append(keys, "ig:"+tag(s.tenant)+":settled:"+s.id)
+		args = append(args, settledMarkerTTL.Milliseconds())
+		for _, it := range s.items {
+			keys = append(keys, it.key)
+			if it.kind == KindConcurrency {
+				args = append(args, it.kind, it.member)
+			} else {
+				args = append(args, it.kind, it.delta)
 			}
-			keys = append(keys, e.key)
-			args = append(args, e.kind, s.deltas[i])
 		}
-		if len(keys) > 1 {
-			cmds[k] = settleScript.EvalSha(ctx, p, keys, args...)
-		}
+		cmds[k] = settleScript.EvalSha(ctx, p, keys, args...)
 	}
 	return cmds
 }

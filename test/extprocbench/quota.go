@@ -6,11 +6,13 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/extproc"
@@ -38,31 +40,63 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 	// Limits high enough that nothing is refused: the bench measures the cost of checking, not refusals. All
 	// five kinds of limit are checked per request (tenant-wide), as in a real deployment.
 	text := strings.Replace(string(data), "quota: {requestsPerSecond: 50, tokensPerMinute: 2000000, maxConcurrent: 64, monthlySpendUSD: 20000}",
-		"quota: {requestsPerSecond: 1000000, tokensPerMinute: 1000000000000, maxConcurrent: 100000, monthlySpendUSD: 1000000000}", 1)
+		"quota: {requestsPerSecond: 100000, tokensPerMinute: 10000000000, maxConcurrent: 1000, monthlySpendUSD: 1000000}", 1)
 	snap, err := policies.Parse(policyPath, []byte(text))
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The same policy with leases off: every request asks Redis.
+	noLeases, err := policies.Parse(policyPath, []byte(strings.Replace(text, "  quotas:\n", "  quotas:\n    leaseFraction: 0\n", 1)))
+	if err != nil || noLeases.LeaseFraction() != 0 {
+		log.Fatalf("policy without leases: %v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	limiter := quota.New(ctx, quota.Options{Addrs: []string{addr}})
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	without, stopA := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
 	defer stopA()
-	with, stopB := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap), Quotas: limiter}))
-	defer stopB()
+	// Three "with" processors: quotas with leases (the default), quotas with every request asking Redis,
+	// and a second processor without quotas — an A/A control that shows the machine's noise floor.
+	type variant struct {
+		name    string
+		limiter *quota.Limiter
+		client  extprocv3.ExternalProcessorClient
+	}
+	variants := map[string]*variant{}
+	for _, v := range []struct {
+		name   string
+		policy *policies.Snapshot // nil: no quotas
+	}{{"leases", snap}, {"no leases", noLeases}, {"none (A/A)", nil}} {
+		opts := extproc.Options{Policies: policies.NewStaticStore(snap)}
+		var limiter *quota.Limiter
+		if v.policy != nil {
+			limiter = quota.New(ctx, quota.Options{Addrs: []string{addr}})
+			opts = extproc.Options{Policies: policies.NewStaticStore(v.policy), Quotas: limiter}
+		}
+		client, stop := startProcessor(extproc.New(opts))
+		defer stop()
+		variants[v.name] = &variant{name: v.name, limiter: limiter, client: client}
+	}
 
 	fmt.Printf("\nQuotas (requests/s, tokens/min, concurrency, monthly spend checked per request; Redis %s on loopback), %d runs per row (medians):\n\n", redisVersion(rdb), runs)
-	fmt.Println("| prompt | body mode | concurrency | p50 without | p99 without | p50 with | p99 with | added p50 | added p99 | Redis round trips / request | Redis commands / request |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, cfg := range []config{
-		{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_BUFFERED, concurrency: 1, requests: int(2000 * scale)},
-		{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_BUFFERED, concurrency: 32, requests: int(4000 * scale)},
-		{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, concurrency: 32, requests: int(4000 * scale)},
+	fmt.Println("| prompt | body mode | concurrency | quotas | p50 without | p99 without | p50 with | p99 with | added p50 | added p99 | Redis round trips / request | Redis commands / request |")
+	fmt.Println("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	c1 := config{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_BUFFERED, concurrency: 1, requests: int(2000 * scale)}
+	c32 := config{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_BUFFERED, concurrency: 32, requests: int(4000 * scale)}
+	fd32 := config{promptBytes: 2 << 10, mode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, concurrency: 32, requests: int(4000 * scale)}
+	for _, row := range []struct {
+		config
+		variant string
+	}{
+		{c1, "leases"}, {c32, "leases"}, {fd32, "leases"},
+		{c1, "no leases"}, {c32, "no leases"},
+		{c1, "none (A/A)"}, {c32, "none (A/A)"}, {fd32, "none (A/A)"},
 	} {
+		cfg, v := row.config, variants[row.variant]
 		body := chatBody(cfg.promptBytes)
 		var a, b []result
+		var added50, added99 []time.Duration
 		var trips, cmds, n int64
 		for range runs {
 			r, err := measure(without, cfg, body, chunk)
@@ -71,20 +105,29 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 			}
 			a = append(a, r)
 			time.Sleep(20 * time.Millisecond) // let settlements of the previous run drain
-			t0, c0 := limiter.RoundTrips(), commandCalls(rdb)
-			r, err = measure(with, cfg, body, chunk)
+			var t0 int64
+			if v.limiter != nil {
+				t0 = v.limiter.RoundTrips()
+			}
+			c0 := commandCalls(rdb)
+			r, err = measure(v.client, cfg, body, chunk)
 			if err != nil {
 				log.Fatal(err)
 			}
 			time.Sleep(20 * time.Millisecond)
-			trips += limiter.RoundTrips() - t0
+			if v.limiter != nil {
+				trips += v.limiter.RoundTrips() - t0
+			}
 			cmds += commandCalls(rdb) - c0 - 1 // the INFO call itself
 			n += int64(cfg.requests + 20)      // measure() warms up with 20 requests
+			// Added latency per pair of back-to-back runs, which share the machine's state of the moment.
+			added50 = append(added50, r.p50-a[len(a)-1].p50)
+			added99 = append(added99, r.p99-a[len(a)-1].p99)
 			b = append(b, r)
 		}
 		ma, mb := medianResult(a), medianResult(b)
-		fmt.Printf("| %d KiB | %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %.2f |\n", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency,
-			fmtDur(ma.p50), fmtDur(ma.p99), fmtDur(mb.p50), fmtDur(mb.p99), fmtDur(mb.p50-ma.p50), fmtDur(mb.p99-ma.p99),
+		fmt.Printf("| %d KiB | %s | %d | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f |\n", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency, v.name,
+			fmtDur(ma.p50), fmtDur(ma.p99), fmtDur(mb.p50), fmtDur(mb.p99), fmtDur(median(added50)), fmtDur(median(added99)),
 			float64(trips)/float64(n), float64(cmds)/float64(n))
 	}
 }
@@ -120,4 +163,11 @@ func redisVersion(rdb *redis.Client) string {
 		}
 	}
 	return "?"
+}
+
+// median of durations (the upper one of an even count).
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
