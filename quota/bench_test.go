@@ -17,6 +17,7 @@ func BenchmarkAdmitSettle(b *testing.B) {
 	l := New(ctx, Options{Addrs: []string{srv.Addr}})
 	r := req(snap, tn, m, 100)
 	b.ReportAllocs()
+	start := l.RoundTrips()
 	for b.Loop() {
 		tk, rej, err := l.Admit(context.Background(), r)
 		if err != nil || rej != nil {
@@ -24,4 +25,5 @@ func BenchmarkAdmitSettle(b *testing.B) {
 		}
 		l.Settle(tk, 80, 80)
 	}
+	b.ReportMetric(float64(l.RoundTrips()-start)/float64(b.N), "roundtrips/op")
 }

@@ -23,7 +23,7 @@ const (
 	// maxSpendLeaseRequests caps a monthly-spend lease at this many requests' estimated cost. Spend is the one
 	// limit that does not heal by itself: credit a crashed gateway held stays charged until the month ends
 	// (windows last a second or a minute, concurrency slots expire), so its lease is kept small.
-	maxSpendLeaseRequests = 64
+	maxSpendLeaseRequests = 256
 )
 
 // leases is this gateway's reserved-but-unused share of every limit it has leased, by Redis key.
@@ -122,9 +122,11 @@ func (ls *leases) cover(now time.Time, t *Ticket, fraction float64, replicas int
 		if !e.covered {
 			all = false
 		}
-		if have := l.have(); have < size/2 || !e.covered {
-			e.extra = max(0, size-have-l.asked)
-			l.asked += e.extra
+		// One top-up in flight per lease: while one is on its way, requests it does not cover yet ask Redis
+		// for themselves only.
+		if have := l.have(); l.asked == 0 && (have < size/2 || !e.covered) {
+			e.extra = max(0, size-have)
+			l.asked = e.extra
 		}
 	}
 	if !all {
@@ -222,7 +224,8 @@ func (ls *leases) settle(now time.Time, t *Ticket, deltas []int64) []settleItem 
 		if l != nil && d != 0 {
 			l.used = now
 			if d < 0 {
-				keep := min(-d, max(0, l.size-l.credit)) // refunds refill the lease up to its size
+				// Refunds refill the lease, up to twice its size; the sweep hands back what is above size.
+				keep := min(-d, max(0, 2*l.size-l.credit))
 				l.credit += keep
 				d += keep
 			} else {
@@ -274,6 +277,9 @@ func (ls *leases) sweep(now time.Time, all bool) []handBack {
 				byTenant[l.tenant] = append(byTenant[l.tenant], settleItem{key: key, kind: l.kind, delta: -l.credit})
 			}
 			delete(ls.byKey, key)
+		} else if excess := l.credit - l.size; excess > 0 && l.kind != KindConcurrency {
+			byTenant[l.tenant] = append(byTenant[l.tenant], settleItem{key: key, kind: l.kind, delta: -excess})
+			l.credit = l.size
 		}
 	}
 	out := make([]handBack, 0, len(byTenant))

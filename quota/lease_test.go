@@ -25,7 +25,7 @@ func TestLeaseSize(t *testing.T) {
 		{"tokens need room for two estimates", entry{kind: KindTokens, limit: 10000, amount: 300}, 0.05, 1, 0},
 		{"tokens", entry{kind: KindTokens, limit: 100000, amount: 300}, 0.05, 1, 5000},
 		{"concurrency capped", entry{kind: KindConcurrency, limit: 100000, amount: 1}, 0.05, 1, maxLeaseSlots},
-		{"spend capped at 64 requests' cost", entry{kind: KindSpend, limit: 1e12, amount: 500}, 0.05, 1, 64 * 500},
+		{"spend capped at 256 requests' cost", entry{kind: KindSpend, limit: 1e12, amount: 500}, 0.05, 1, 256 * 500},
 		{"conversation never", entry{kind: KindConversation, limit: 1e9, amount: 1}, 0.05, 1, 0},
 		{"disabled", entry{kind: KindRequests, limit: 1e9, amount: 1}, 0, 1, 0},
 	} {

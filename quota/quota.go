@@ -99,8 +99,13 @@ func MicroUSD(m *policies.Model, prompt, completion int64) int64 {
 
 // tag keeps every key of a tenant in one Redis Cluster slot.
 func tag(tenant string) string {
-	return "{" + strings.NewReplacer("{", "_", "}", "_").Replace(tenant) + "}"
+	if strings.ContainsAny(tenant, "{}") {
+		tenant = braces.Replace(tenant)
+	}
+	return "{" + tenant + "}"
 }
+
+var braces = strings.NewReplacer("{", "_", "}", "_")
 
 // entriesFor lists the limits that apply to a request, tenant-wide first.
 func entriesFor(r Request) []entry {

@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,7 +47,8 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 		log.Fatal(err)
 	}
 	// The same policy with leases off: every request asks Redis.
-	noLeases, err := policies.Parse(policyPath, []byte(strings.Replace(text, "  quotas:\n", "  quotas:\n    leaseFraction: 0\n", 1)))
+	off := regexp.MustCompile(`(?m)^    leaseFraction:.*$`).ReplaceAllString(text, "")
+	noLeases, err := policies.Parse(policyPath, []byte(strings.Replace(off, "  quotas:\n", "  quotas:\n    leaseFraction: 0\n", 1)))
 	if err != nil || noLeases.LeaseFraction() != 0 {
 		log.Fatalf("policy without leases: %v", err)
 	}
