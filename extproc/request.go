@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -269,7 +270,11 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	if e := rs.admit(); e != nil {
 		return nil, false, e
 	}
-	dec, err := rs.srv.opts.Picker.Pick(rs.snap, model, &rs.req)
+	in := picker.Input{Tenant: rs.tenant, Model: model, Request: &rs.req}
+	if rs.snap.Adapter(req.Model) {
+		in.Adapter = req.Model
+	}
+	dec, err := rs.srv.opts.Picker.Pick(rs.snap, in)
 	if err != nil {
 		rs.releaseTicket()
 		return nil, false, asOpenAIError(err)
@@ -448,6 +453,12 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 			hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
 		}
 	}
+	if rs.decided && len(rs.decision.Scores) > 0 {
+		if hm == nil {
+			hm = &extprocv3.HeaderMutation{}
+		}
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(ScoresHeader, formatScores(rs.decision.Scores)))
+	}
 	resp := responseHeadersResponse(hm)
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
 		rs.settle(false)
@@ -571,6 +582,9 @@ func (rs *requestState) settle(aborted bool) {
 	if rs.ticket != nil {
 		opts.Quotas.Settle(rs.ticket, usage.Total(), quota.MicroUSD(rs.model, usage.PromptTokens, usage.CompletionTokens))
 	}
+	if o, ok := opts.Picker.(picker.Observer); ok && reported && rs.decision.Fallback == nil {
+		o.Observe(rs.decision, usage)
+	}
 	if opts.OnSettle != nil {
 		opts.OnSettle(st)
 	}
@@ -580,4 +594,19 @@ func (rs *requestState) settle(aborted bool) {
 // response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
 func (rs *requestState) close() {
 	rs.settle(true)
+}
+
+// ScoresHeader carries the picker's per-candidate scores back to the client when the policy sets
+// routing.debugScores: "endpoint;total=…;prefix=…;load=…;prefill=…;lora=…", best first, comma-separated.
+const ScoresHeader = "x-infergate-scores"
+
+func formatScores(scores []picker.Score) string {
+	var b strings.Builder
+	for i, s := range scores {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s;total=%.3f;prefix=%.3f;load=%.3f;prefill=%.3f;lora=%.0f", s.Endpoint, s.Total, s.Prefix, s.Load, s.Prefill, s.LoRA)
+	}
+	return b.String()
 }

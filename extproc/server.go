@@ -67,8 +67,10 @@ func New(opts Options) *Server {
 		opts.InFlight = &fleet.InFlight{}
 	}
 	if opts.Picker == nil {
-		opts.Picker = &picker.Affinity{InFlight: opts.InFlight, Engines: opts.Engines, Index: picker.NewIndex(),
+		a := &picker.Affinity{InFlight: opts.InFlight, Engines: opts.Engines, Index: picker.NewIndex(),
 			Hasher: picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 256}}
+		opts.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index
+		opts.Picker = a
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)

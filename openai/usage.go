@@ -11,6 +11,9 @@ type Usage struct {
 	PromptTokens     int64
 	CompletionTokens int64
 	CachedTokens     int64 // prompt_tokens_details.cached_tokens: prompt tokens served from KV cache
+	// CachedReported is whether the engine reported cached_tokens at all (vLLM does only with
+	// --enable-prompt-tokens-details): a zero that was never reported is not a cache miss.
+	CachedReported bool
 }
 
 // Total is prompt plus completion tokens.
@@ -31,7 +34,8 @@ func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {
 	}
 	u.PromptTokens = count(obj.Get("prompt_tokens"))
 	u.CompletionTokens = count(obj.Get("completion_tokens"))
-	u.CachedTokens = count(obj.Get("prompt_tokens_details", "cached_tokens"))
+	cached := obj.Get("prompt_tokens_details", "cached_tokens")
+	u.CachedTokens, u.CachedReported = count(cached), cached != nil && cached.Type() == fastjson.TypeNumber
 	return u, ok
 }
 

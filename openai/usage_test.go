@@ -18,8 +18,12 @@ func readFixture(t testing.TB, name string) []byte {
 
 func TestUsageFromJSON(t *testing.T) {
 	u, ok := UsageFromJSON(readFixture(t, "vllm-chat-completion.json"))
-	if !ok || u != (Usage{PromptTokens: 6, CompletionTokens: 1}) {
+	if !ok || u != (Usage{PromptTokens: 6, CompletionTokens: 1, CachedReported: true}) {
 		t.Fatalf("usage = %+v, %v", u, ok)
+	}
+	// An engine without --enable-prompt-tokens-details reports no cached count: not the same as a miss.
+	if u, ok := UsageFromJSON([]byte(`{"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}`)); !ok || u.CachedReported {
+		t.Errorf("usage without details = %+v, %v", u, ok)
 	}
 	for _, body := range []string{`{}`, `{"usage":null}`, `not json`, `{"usage":{"foo":1}}`} {
 		if _, ok := UsageFromJSON([]byte(body)); ok {
@@ -43,7 +47,7 @@ func runChunks(s *SSEScanner, data []byte, cuts ...int) []byte {
 func TestSSEScannerEverySplit(t *testing.T) {
 	stream := readFixture(t, "vllm-chat-stream.sse")
 	crlf := bytes.ReplaceAll(stream, []byte("\n"), []byte("\r\n"))
-	want := Usage{PromptTokens: 26, CompletionTokens: 1, CachedTokens: 16}
+	want := Usage{PromptTokens: 26, CompletionTokens: 1, CachedTokens: 16, CachedReported: true}
 	for name, data := range map[string][]byte{"lf": stream, "crlf": crlf} {
 		withoutUsage := dropUsageEvent(t, data)
 		for cut := 0; cut <= len(data); cut++ {

@@ -19,15 +19,52 @@ type Index struct {
 func NewIndex() *Index { return &Index{endpoints: map[string]*lru{}} }
 
 func (x *Index) lru(endpoint string, capacity int) *lru {
+	if capacity <= 0 {
+		capacity = DefaultIndexBlocks
+	}
 	l, ok := x.endpoints[endpoint]
-	if !ok {
-		if capacity <= 0 {
-			capacity = DefaultIndexBlocks
-		}
+	switch {
+	case !ok:
 		l = newLRU(capacity)
+		x.endpoints[endpoint] = l
+	case capacity != len(l.slots):
+		// The engine reported its real KV capacity (or a restart changed it): keep the most recent blocks.
+		l = l.resized(capacity)
 		x.endpoints[endpoint] = l
 	}
 	return l
+}
+
+// Retain forgets every endpoint keep rejects — replicas gone from the policy — so that their memory is freed
+// and a replica that comes back under the same address starts cold, as its engine does.
+func (x *Index) Retain(keep func(endpoint string) bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for ep := range x.endpoints {
+		if !keep(ep) {
+			delete(x.endpoints, ep)
+		}
+	}
+}
+
+// Forget removes one block from what an endpoint is believed to hold; forgetting a prompt's first block
+// unmatches every prompt that starts with it.
+func (x *Index) Forget(endpoint string, hash uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		l.remove(hash)
+	}
+}
+
+// Capacity reports an endpoint's index size in blocks (0 when the endpoint is not indexed).
+func (x *Index) Capacity(endpoint string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		return len(l.slots)
+	}
+	return 0
 }
 
 // Match returns how many leading blocks of hashes the endpoint is believed to hold.
@@ -111,6 +148,41 @@ func (l *lru) touch(h uint64) bool {
 	return true
 }
 
+// remove drops a hash; its slot goes to the tail, to be reused first.
+func (l *lru) remove(h uint64) {
+	i, ok := l.index[h]
+	if !ok {
+		return
+	}
+	delete(l.index, h)
+	l.unlink(i)
+	// Keep the slot in the list as the least recently used, holding a hash no prompt can match again soon.
+	l.slots[i].hash = 0
+	s := &l.slots[i]
+	s.next, s.prev = -1, l.tail
+	if l.tail >= 0 {
+		l.slots[l.tail].next = i
+	} else {
+		l.head = i
+	}
+	l.tail = i
+}
+
+// resized copies the most recently used entries into an LRU of another capacity.
+func (l *lru) resized(capacity int) *lru {
+	n := newLRU(capacity)
+	var recent []uint64
+	for i := l.head; i >= 0 && len(recent) < capacity; i = l.slots[i].next {
+		if j, ok := l.index[l.slots[i].hash]; ok && j == i { // skip removed slots
+			recent = append(recent, l.slots[i].hash)
+		}
+	}
+	for k := len(recent) - 1; k >= 0; k-- { // oldest first, so the newest ends up most recent
+		n.add(recent[k])
+	}
+	return n
+}
+
 func (l *lru) add(h uint64) {
 	if l.touch(h) {
 		return
@@ -122,7 +194,9 @@ func (l *lru) add(h uint64) {
 	} else {
 		i = l.tail
 		l.unlink(i)
-		delete(l.index, l.slots[i].hash)
+		if j, ok := l.index[l.slots[i].hash]; ok && j == i {
+			delete(l.index, l.slots[i].hash)
+		}
 	}
 	l.slots[i].hash = h
 	l.index[h] = i

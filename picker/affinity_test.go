@@ -164,7 +164,7 @@ func TestAffinityScoring(t *testing.T) {
 			if tc.warm != "" {
 				p.Index.Credit(tc.warm, p.Hasher.Hash(nil, Seed("m", ""), r.Prompt), 0)
 			}
-			d, err := p.Pick(snap, m, request(t, sys, "another question"))
+			d, err := p.Pick(snap, Input{Model: m, Request: request(t, sys, "another question")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -180,8 +180,8 @@ func TestColdPrefixRendezvousAgreesAcrossReplicas(t *testing.T) {
 	spread := map[string]bool{}
 	for g := range 40 {
 		sys := fmt.Sprintf("Group %d: %s", g, strings.Repeat("shared instructions for this group. ", 20))
-		da, _ := a.Pick(snap, m, request(t, sys, "q1"))
-		db, _ := b.Pick(snap, m, request(t, sys, "q2"))
+		da, _ := a.Pick(snap, Input{Model: m, Request: request(t, sys, "q1")})
+		db, _ := b.Pick(snap, Input{Model: m, Request: request(t, sys, "q2")})
 		if da.Endpoints[0] != db.Endpoints[0] {
 			t.Errorf("group %d: replicas chose %s and %s", g, da.Endpoints[0], db.Endpoints[0])
 		}
@@ -211,7 +211,7 @@ func TestTwoReplicasKeepAffinity(t *testing.T) {
 		seen := map[string]map[int]bool{} // endpoint -> groups it has served (the replicas' real caches)
 		hits := 0
 		for k, w := range work {
-			d, err := pickers[k%len(pickers)].Pick(snap, m, request(t, systems[w.group], fmt.Sprintf("question %d", w.i)))
+			d, err := pickers[k%len(pickers)].Pick(snap, Input{Model: m, Request: request(t, systems[w.group], fmt.Sprintf("question %d", w.i))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -248,7 +248,7 @@ func BenchmarkAffinityPick(b *testing.B) {
 	r := request(b, strings.Repeat("You are a helpful assistant. ", 70), "q")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := p.Pick(snap, m, r); err != nil {
+		if _, err := p.Pick(snap, Input{Model: m, Request: r}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -302,7 +302,7 @@ func TestSaturationAndOverflow(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}, Engines: tc.eng}
-			d, err := p.Pick(snap, tc.model, request(t, "system", "user"))
+			d, err := p.Pick(snap, Input{Model: tc.model, Request: request(t, "system", "user")})
 			if tc.status != 0 {
 				e, ok := err.(*openai.Error)
 				if !ok || e.Status != tc.status {
@@ -328,7 +328,7 @@ func TestSaturationAndOverflow(t *testing.T) {
 	p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Engines: fresh(func(_ string, e *fleet.EngineMetrics) { e.Waiting = 9 })}
 	snap2, _ := policies.Parse("p.yaml", []byte(strings.Replace(testPolicy, "  tenants:", "  routing: {maxWaiting: 4}\n  tenants:", 1)))
 	m2, _ := snap2.Model("m")
-	_, err = p.Pick(snap2, m2, request(t, "s", "u"))
+	_, err = p.Pick(snap2, Input{Model: m2, Request: request(t, "s", "u")})
 	if e, ok := err.(*openai.Error); !ok || e.Status != 429 || e.Header["retry-after"] == "" {
 		t.Errorf("want 429 with retry-after, got %v", err)
 	}

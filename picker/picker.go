@@ -1,5 +1,5 @@
-// Package picker chooses the pool and replica for one request. This first picker sends each request to the
-// endpoint with the fewest requests in flight from this process; the KV-affinity picker replaces it.
+// Package picker chooses the pool and replica for one request: Affinity (KV-cache affinity, load, hardware
+// class, LoRA) is the gateway's picker; LeastInFlight is the simple baseline it is measured against.
 package picker
 
 import (
@@ -18,6 +18,41 @@ type Decision struct {
 	Pool      *policies.Pool
 	Endpoints []string
 	Fallback  *policies.Fallback
+	// Adapter is the LoRA adapter the request asked for; upstream, the body keeps its name.
+	Adapter string
+	// Scores are the candidates' scores, best first, when the policy enables routing.debugScores.
+	Scores []Score
+	// EstimatedPromptTokens is the picker's estimate of the prompt's tokens (from its bytes), which an
+	// Observer compares with the engine's count.
+	EstimatedPromptTokens int
+	// ExpectedCachedTokens is how many prompt tokens the picker believed the chosen endpoint holds;
+	// FirstBlock names the prompt's first block, for the picker to forget a belief the engine contradicts.
+	ExpectedCachedTokens int
+	FirstBlock           uint64
+}
+
+// Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens
+// (to correct its characters-per-token estimate) and, when the engine reports it, how many of them it served
+// from its KV cache (to correct its index).
+type Observer interface {
+	Observe(d Decision, u openai.Usage)
+}
+
+// Score is one candidate's normalised scores (each in [0,1]) and their weighted total.
+type Score struct {
+	Endpoint                           string
+	Total, Prefix, Load, Prefill, LoRA float64
+}
+
+// Input is what one decision is about.
+type Input struct {
+	// Tenant's tier limits the hardware classes; nil applies no tier (benchmarks, tests).
+	Tenant *policies.Tenant
+	Model  *policies.Model
+	// Adapter is the LoRA adapter requested, "" for the base model.
+	Adapter string
+	// Request is the parsed body; nil (or no prompt) skips prefix hashing.
+	Request *openai.Request
 }
 
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.
@@ -30,7 +65,7 @@ func (d Decision) Target(model string) string {
 
 // Picker chooses a Decision for a request to a model. An error is an *openai.Error to return to the client.
 type Picker interface {
-	Pick(snap *policies.Snapshot, model *policies.Model, req *openai.Request) (Decision, error)
+	Pick(snap *policies.Snapshot, in Input) (Decision, error)
 }
 
 // LeastInFlight picks the endpoint with the fewest of this process's requests in flight, rotating among ties so
@@ -47,11 +82,19 @@ type candidate struct {
 }
 
 // Pick implements Picker.
-func (p *LeastInFlight) Pick(snap *policies.Snapshot, model *policies.Model, _ *openai.Request) (Decision, error) {
-	n := 0
+func (p *LeastInFlight) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
+	model := in.Model
+	var all []candidate
 	for i := range model.Pools {
-		n += len(model.Pools[i].Endpoints)
+		pool := &model.Pools[i]
+		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
+			continue
+		}
+		for _, ep := range pool.Endpoints {
+			all = append(all, candidate{pool: pool, endpoint: ep})
+		}
 	}
+	n := len(all)
 	if n == 0 {
 		return Decision{}, openai.NoCapacity(model.Name)
 	}
@@ -59,10 +102,10 @@ func (p *LeastInFlight) Pick(snap *policies.Snapshot, model *policies.Model, _ *
 	var best candidate
 	found := false
 	for j := 0; j < n; j++ {
-		pool, ep := nth(model, (start+j)%n)
-		load := p.InFlight.Count(ep)
-		if !found || load < best.load {
-			best, found = candidate{pool: pool, endpoint: ep, load: load}, true
+		c := all[(start+j)%n]
+		c.load = p.InFlight.Count(c.endpoint)
+		if !found || c.load < best.load {
+			best, found = c, true
 		}
 	}
 	limit := snap.Gateway().MaxEndpointsPerDecision
@@ -81,25 +124,16 @@ func (p *LeastInFlight) Pick(snap *policies.Snapshot, model *policies.Model, _ *
 		}
 		eps = append(eps, c.endpoint)
 	}
-	return Decision{Pool: best.pool, Endpoints: eps}, nil
-}
-
-// nth returns the i-th endpoint of a model counting across its pools in policy order.
-func nth(model *policies.Model, i int) (*policies.Pool, string) {
-	for j := range model.Pools {
-		pool := &model.Pools[j]
-		if i < len(pool.Endpoints) {
-			return pool, pool.Endpoints[i]
-		}
-		i -= len(pool.Endpoints)
-	}
-	return nil, ""
+	return Decision{Pool: best.pool, Endpoints: eps, Adapter: in.Adapter}, nil
 }
 
 // Served is the model name the destination serves (the body's model is rewritten to it).
 func (d Decision) Served() string {
-	if d.Fallback != nil {
+	switch {
+	case d.Fallback != nil:
 		return d.Fallback.Model
+	case d.Adapter != "":
+		return d.Adapter
 	}
 	return d.Pool.ServedModel
 }

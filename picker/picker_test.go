@@ -52,7 +52,7 @@ func TestLeastInFlight(t *testing.T) {
 				}
 			}
 			p := &LeastInFlight{InFlight: inflight}
-			d, err := p.Pick(snap, model, nil)
+			d, err := p.Pick(snap, Input{Model: model})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestLeastInFlightRotatesTies(t *testing.T) {
 	p := &LeastInFlight{InFlight: &fleet.InFlight{}}
 	seen := map[string]int{}
 	for range 50 {
-		d, _ := p.Pick(snap, model, nil)
+		d, _ := p.Pick(snap, Input{Model: model})
 		seen[d.Endpoints[0]]++
 	}
 	if len(seen) != 5 {

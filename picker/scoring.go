@@ -1,8 +1,10 @@
 package picker
 
 import (
+	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
 
@@ -11,29 +13,72 @@ import (
 	"github.com/infergate/infergate/policies"
 )
 
-// Affinity sends a prompt where its prefix is already cached, without overloading anyone, and agrees with
-// other gateway replicas without sharing state:
+// Affinity sends a prompt where its prefix is already cached, on the right hardware, without overloading
+// anyone, and agrees with other gateway replicas without sharing state. Normalised scorers, weighted by the
+// policy's routing section, add up to each candidate's score:
 //
-//   - prefix score: the share of the prompt's leading blocks this gateway has sent to the endpoint;
-//   - load score: the endpoint's requests in flight against the busiest candidate;
-//   - bounded load: endpoints above (1+Epsilon) × the mean load (+1) are not candidates;
-//   - a prefix no endpoint holds goes to the rendezvous-hash winner of its first blocks among the candidates,
-//     so every replica sends a new conversation group to the same endpoint.
+//   - prefix: the share of the prompt's leading blocks this gateway has sent to the endpoint;
+//   - load: the endpoint's requests in flight (this gateway's) plus its engine queue, against the busiest;
+//   - prefill: how fast the endpoint's hardware class computes the prompt's uncached tokens (τ/(t+τ), t in
+//     seconds), so long uncached prompts prefer the class with faster prefill;
+//   - lora: 1 where the requested adapter is loaded.
+//
+// Bounded load: endpoints above (1+ε) × the mean load (+1) are not candidates. The best score wins; scores
+// within tieTolerance of it are ties, which go to the cheapest hardware (cost per token). A prefix no endpoint
+// holds goes, among the candidates within one request's load of the least loaded, to the best hardware for it,
+// the cheapest, then the rendezvous-hash winner of its first blocks: every gateway replica sends a new
+// conversation group to the same endpoint, and so does this one after its index forgot the group.
 type Affinity struct {
 	InFlight *fleet.InFlight
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
-	// thresholds) or one without fresh metrics is not a candidate, and the engine's queue adds to its load.
+	// thresholds) or one without fresh metrics is not a candidate, the engine's queue adds to its load, its
+	// KV block size sets the hashing block and its num_gpu_blocks sizes its index.
 	Engines EngineView
 	Index   *Index
 	Hasher  Hasher
-	// Epsilon is the bounded-load slack (default 0.25).
+	// Epsilon is the bounded-load slack (default: the policy's).
 	Epsilon float64
-	// PrefixWeight and LoadWeight combine the normalised scores (defaults 2 and 1).
+	// PrefixWeight and LoadWeight override the policy's weights when either is set.
 	PrefixWeight, LoadWeight float64
-	// IndexBlocks sizes each endpoint's index (the engine's num_gpu_blocks when known).
+	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
 
-	pool sync.Pool // []uint64 hash buffers
+	pool  sync.Pool     // []uint64 hash buffers
+	scale atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
+}
+
+// Observe implements Observer. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
+// that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
+// tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the
+// prefix (or another gateway's traffic did): the index forgets it there, and the prefix goes back to its
+// rendezvous endpoint, where every gateway replica will look for it.
+func (p *Affinity) Observe(d Decision, u openai.Usage) {
+	if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
+		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
+	}
+	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
+	if estimated <= 0 || real <= 0 {
+		return
+	}
+	sample := min(8, max(0.125, float64(estimated)/float64(real)))
+	for {
+		old := p.scale.Load()
+		next := sample
+		if old != 0 {
+			next = 0.95*math.Float64frombits(old) + 0.05*sample
+		}
+		if p.scale.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// tokenScale is estimated ÷ real tokens (1 until Observe has data).
+func (p *Affinity) tokenScale() float64 {
+	if b := p.scale.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
 }
 
 // EngineView is the fleet's engine metrics, as the scraper keeps them.
@@ -44,25 +89,45 @@ type EngineView interface {
 // rendezvousBlocks is how many leading blocks identify a conversation group for rendezvous hashing.
 const rendezvousBlocks = 4
 
+// newPrefixSlack is how many more requests than the least loaded an endpoint may have and still take a new
+// prefix that hashes to it: the price of agreeing across gateway replicas.
+const newPrefixSlack = 1
+
+// tieTolerance is how close two candidates' scores must be to count as a tie.
+const tieTolerance = 0.02
+
+// prefillTau is the prefill scorer's scale: a prompt whose uncached part takes τ to prefill scores 0.5.
+const prefillTau = 0.25 // seconds
+
 type scored struct {
-	pool     *policies.Pool
-	endpoint string
-	load     int64 // this gateway's requests in flight to the endpoint
-	queue    int64 // the engine's waiting requests, from its metrics
-	matched  int
-	score    float64
-	rank     uint64 // rendezvous rank
+	pool       *policies.Pool
+	endpoint   string
+	load       int64 // this gateway's requests in flight to the endpoint
+	queue      int64 // the engine's waiting requests, from its metrics
+	shared     int64 // requests at the engine by every gateway (running + waiting), from its metrics
+	capacity   int   // the engine's KV blocks, 0 when unknown
+	prefillTPS float64
+	cost       float64 // USD per token of the hardware class
+	matched    int
+	lora       float64
+	s          Score
+	rank       uint64 // rendezvous rank
 }
 
 // Pick implements Picker.
-func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *openai.Request) (Decision, error) {
+func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
+	model := in.Model
 	routing := snap.Routing()
 	var cands []scored
-	saturated, unavailable := 0, 0
+	saturated, unavailable, blockTokens := 0, 0, 0
 	for i := range model.Pools {
 		pool := &model.Pools[i]
+		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
+			continue
+		}
+		tps, cost := snap.PrefillTokensPerSecond(pool.HardwareClass), snap.CostPerToken(pool.HardwareClass)
 		for _, ep := range pool.Endpoints {
-			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep)}
+			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: tps, cost: cost}
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
 				switch {
@@ -73,21 +138,36 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 					saturated++
 					continue
 				}
-				c.queue = int64(m.Waiting)
+				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
+				c.shared = int64(m.Running + m.Waiting)
+				if blockTokens == 0 {
+					blockTokens = m.BlockSize
+				}
+				if in.Adapter != "" && slices.Contains(m.LoRAs, in.Adapter) {
+					c.lora = 1
+				}
 			}
 			cands = append(cands, c)
 		}
 	}
 	if len(cands) == 0 {
-		return overflow(model, saturated, unavailable)
+		return overflow(model, in.Adapter, saturated, unavailable)
 	}
+	hasher := p.Hasher
+	if blockTokens > 0 {
+		hasher.BlockBytes = blockTokens * CharsPerToken // the engine's own block, as it reports it
+	}
+	blockTokens = max(1, hasher.BlockBytes/CharsPerToken)
 	var hashes []uint64
 	if buf, ok := p.pool.Get().(*[]uint64); ok {
 		hashes = (*buf)[:0]
 	}
-	if req != nil && req.Prompt != nil {
-		hashes = p.Hasher.Hash(hashes, Seed(model.Name, ""), req.Prompt)
+	estimated, scale := 0, p.tokenScale()
+	if in.Request != nil && in.Request.Prompt != nil {
+		hashes = hasher.Hash(hashes, Seed(model.Name, in.Adapter), in.Request.Prompt)
+		estimated = max(in.Request.EstimatePromptTokens(), len(hashes)*blockTokens)
 	}
+	promptTokens := int(float64(estimated) / scale) // in the engine's tokens
 	defer func() { p.pool.Put(&hashes) }()
 
 	// Bounded load uses this gateway's own in-flight counts: every gateway replica sees a similar share of
@@ -107,6 +187,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 	if wPrefix == 0 && wLoad == 0 {
 		wPrefix, wLoad = routing.PrefixWeight, routing.LoadWeight
 	}
+	wPrefill, wLoRA := *routing.PrefillWeight, *routing.LoRAWeight
 	var key uint64
 	if len(hashes) > 0 {
 		key = hashes[min(len(hashes), rendezvousBlocks)-1]
@@ -123,50 +204,123 @@ func (p *Affinity) Pick(snap *policies.Snapshot, model *policies.Model, req *ope
 			c.matched = p.Index.Match(c.endpoint, hashes)
 			anyMatch = anyMatch || c.matched > 0
 		}
-		prefix := 0.0
-		if len(hashes) > 0 {
-			prefix = float64(c.matched) / float64(len(hashes))
-		}
-		c.score = wPrefix*prefix + wLoad*(1-float64(c.load+c.queue)/float64(maxLoad+1))
+		c.s = scoreOf(c, len(hashes), promptTokens, float64(blockTokens)/scale, maxLoad)
+		c.s.Total = wPrefix*c.s.Prefix + wLoad*c.s.Load + wPrefill*c.s.Prefill + wLoRA*c.s.LoRA
 		eligible = append(eligible, *c)
 	}
 	if len(eligible) == 0 { // cannot happen (the least loaded is always within the bound); be safe
 		eligible = cands
 	}
-	slices.SortFunc(eligible, func(a, b scored) int {
-		if len(hashes) > 0 && !anyMatch {
-			// A new prefix: rendezvous order, so that every gateway replica agrees.
+	slices.SortFunc(eligible, byScore)
+	if len(hashes) > 0 && !anyMatch {
+		// A new prefix (or one the index has forgotten): among the candidates within one request of the least
+		// loaded, the best hardware for it (prefill and LoRA scores, in steps of tieTolerance), then the
+		// cheapest, then the rendezvous winner of its first blocks. Load here is what every gateway replica
+		// sees alike — the engine's running and waiting requests — unless this gateway's own count is higher
+		// (fresher than the last scrape): so replicas, and this one after forgetting, send a conversation group
+		// to the same endpoint, while load stays level.
+		least := int64(math.MaxInt64)
+		for _, c := range eligible {
+			least = min(least, max(c.load, c.shared))
+		}
+		inBand := make([]scored, 0, len(eligible))
+		var rest []scored
+		for _, c := range eligible {
+			if max(c.load, c.shared) <= least+newPrefixSlack {
+				inBand = append(inBand, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		fit := func(c *scored) float64 { return math.Floor((wPrefill*c.s.Prefill + wLoRA*c.s.LoRA) / tieTolerance) }
+		slices.SortFunc(inBand, func(a, b scored) int {
+			if fa, fb := fit(&a), fit(&b); fa != fb {
+				return cmpFloat(fb, fa)
+			}
+			if a.cost != b.cost {
+				return cmpFloat(a.cost, b.cost)
+			}
 			return cmpDesc(a.rank, b.rank)
+		})
+		eligible = append(inBand, rest...) // the others stay, in score order, as retry endpoints
+	} else {
+		// Scores within tieTolerance of the best are ties: the cheapest hardware takes them.
+		n := 1
+		for n < len(eligible) && eligible[n].s.Total >= eligible[0].s.Total-tieTolerance {
+			n++
 		}
-		switch {
-		case a.score > b.score:
-			return -1
-		case a.score < b.score:
-			return 1
-		}
-		return cmpDesc(a.rank, b.rank)
-	})
-	best := eligible[0]
-	if len(hashes) > 0 && !anyMatch && len(eligible) > 1 && 2*eligible[1].load < best.load {
-		// A new prefix: its second rendezvous choice when that one has less than half the load of the first
-		// (power of two choices, damped). Every replica agrees on the two, and only clear imbalances make them
-		// diverge; idle capacity still gets used when prompts share nothing.
-		best, eligible[0], eligible[1] = eligible[1], eligible[1], eligible[0]
+		slices.SortStableFunc(eligible[:n], func(a, b scored) int { return cmpFloat(a.cost, b.cost) })
 	}
+	best := eligible[0]
 	if len(hashes) > 0 {
-		p.Index.Credit(best.endpoint, hashes, p.IndexBlocks)
+		// The index holds as much prompt text as the engine's cache: its blocks are the engine's in estimated
+		// tokens, so the engine's block count scales by estimated ÷ real tokens.
+		capacity := int(float64(best.capacity) * scale)
+		if capacity == 0 {
+			capacity = p.IndexBlocks
+		}
+		p.Index.Credit(best.endpoint, hashes, capacity)
 	}
 	limit := snap.Gateway().MaxEndpointsPerDecision
-	eps2 := []string{best.endpoint}
+	chosen := []string{best.endpoint}
 	for _, c := range eligible[1:] {
-		if len(eps2) >= limit {
+		if len(chosen) >= limit {
 			break
 		}
 		if c.pool == best.pool {
-			eps2 = append(eps2, c.endpoint)
+			chosen = append(chosen, c.endpoint)
 		}
 	}
-	return Decision{Pool: best.pool, Endpoints: eps2}, nil
+	d := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: estimated,
+		ExpectedCachedTokens: int(float64(best.matched*blockTokens) / scale)}
+	if len(hashes) > 0 {
+		d.FirstBlock = hashes[0]
+	}
+	if routing.DebugScores {
+		d.Scores = make([]Score, len(eligible))
+		for i, c := range eligible {
+			d.Scores[i] = c.s
+		}
+	}
+	return d, nil
+}
+
+// scoreOf computes a candidate's normalised scores (weights are applied by the caller).
+func scoreOf(c *scored, blocks, promptTokens int, blockTokens float64, maxLoad int64) Score {
+	s := Score{Endpoint: c.endpoint, LoRA: c.lora}
+	if blocks > 0 {
+		s.Prefix = float64(c.matched) / float64(blocks)
+	}
+	s.Load = 1 - float64(c.load+c.queue)/float64(maxLoad+1)
+	if c.prefillTPS > 0 {
+		uncached := max(0, float64(promptTokens)-float64(c.matched)*blockTokens)
+		t := uncached / c.prefillTPS
+		s.Prefill = prefillTau / (t + prefillTau)
+	}
+	return s
+}
+
+// byScore orders candidates best first: higher score, then lower cost per token, then rendezvous rank.
+func byScore(a, b scored) int {
+	if d := a.s.Total - b.s.Total; d > 1e-9 {
+		return -1
+	} else if d < -1e-9 {
+		return 1
+	}
+	if a.cost != b.cost {
+		return cmpFloat(a.cost, b.cost)
+	}
+	return cmpDesc(a.rank, b.rank)
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func cmpDesc(a, b uint64) int {
@@ -180,15 +334,16 @@ func cmpDesc(a, b uint64) int {
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
-// allows it for this condition, otherwise 429 (saturated: retry soon) or 503 (unavailable).
-func overflow(model *policies.Model, saturated, unavailable int) (Decision, error) {
+// allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise 429
+// (saturated: retry soon) or 503 (unavailable).
+func overflow(model *policies.Model, adapter string, saturated, unavailable int) (Decision, error) {
 	cond := policies.WhenUnavailable
 	if saturated > 0 {
 		cond = policies.WhenSaturated
 	}
 	for i := range model.Fallbacks {
 		f := &model.Fallbacks[i]
-		if slices.Contains(f.When, cond) {
+		if adapter == "" && slices.Contains(f.When, cond) {
 			return Decision{Fallback: f}, nil
 		}
 	}
@@ -196,4 +351,17 @@ func overflow(model *policies.Model, saturated, unavailable int) (Decision, erro
 		return Decision{}, openai.Overloaded(model.Name)
 	}
 	return Decision{}, openai.NoCapacity(model.Name)
+}
+
+// PolicyChanged forgets endpoints the new policy no longer lists.
+func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
+	live := map[string]bool{}
+	for i := range snap.Policy.Spec.Models {
+		for _, pool := range snap.Policy.Spec.Models[i].Pools {
+			for _, ep := range pool.Endpoints {
+				live[ep] = true
+			}
+		}
+	}
+	p.Index.Retain(func(ep string) bool { return live[ep] })
 }

@@ -18,7 +18,9 @@ type Snapshot struct {
 	LoadedAt time.Time
 
 	gateway     Gateway
-	models      map[string]*Model // canonical names and aliases
+	models      map[string]*Model // canonical names, aliases and adapters
+	adapters    map[string]bool   // names that are LoRA adapters
+	tierRules   map[*Tenant]*tierRules
 	tenantByKey map[[sha256.Size]byte]*Tenant
 	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
 	modelQuota  map[*Tenant]map[*Model]Quota
@@ -35,6 +37,8 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		LoadedAt:    now,
 		gateway:     pol.Spec.Gateway,
 		models:      map[string]*Model{},
+		adapters:    map[string]bool{},
+		tierRules:   map[*Tenant]*tierRules{},
 		tenantByKey: map[[sha256.Size]byte]*Tenant{},
 		allowed:     map[*Tenant]map[*Model]bool{},
 		modelQuota:  map[*Tenant]map[*Model]Quota{},
@@ -54,6 +58,14 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 	}
 	if r.BoundedLoadEpsilon == 0 {
 		r.BoundedLoadEpsilon = DefaultBoundedLoadEpsilon
+	}
+	if r.PrefillWeight == nil {
+		w := float64(DefaultPrefillWeight)
+		r.PrefillWeight = &w
+	}
+	if r.LoRAWeight == nil {
+		w := float64(DefaultLoRAWeight)
+		r.LoRAWeight = &w
 	}
 	if s.quotas.FailMode == "" {
 		s.quotas.FailMode = FailOpen
@@ -85,6 +97,10 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		for _, a := range m.Aliases {
 			s.models[a] = m
 		}
+		for _, a := range m.Adapters {
+			s.models[a] = m
+			s.adapters[a] = true
+		}
 	}
 	for i := range pol.Spec.Tenants {
 		t := &pol.Spec.Tenants[i]
@@ -106,6 +122,22 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 			set[s.models[name]] = true
 		}
 		s.allowed[t] = set
+		if tier, ok := pol.Spec.Tiers[t.Tier]; ok {
+			rules := &tierRules{}
+			for _, c := range tier.HardwareClasses {
+				if rules.classes == nil {
+					rules.classes = map[string]bool{}
+				}
+				rules.classes[c] = true
+			}
+			for _, name := range tier.Models {
+				if rules.models == nil {
+					rules.models = map[*Model]bool{}
+				}
+				rules.models[s.models[name]] = true
+			}
+			s.tierRules[t] = rules
+		}
 		for _, mq := range t.ModelQuotas {
 			if s.modelQuota[t] == nil {
 				s.modelQuota[t] = map[*Model]Quota{}
@@ -142,10 +174,25 @@ func (s *Snapshot) ModelQuota(t *Tenant, m *Model) (Quota, bool) {
 // Gateway returns the gateway limits with defaults applied.
 func (s *Snapshot) Gateway() Gateway { return s.gateway }
 
-// Model resolves a client-supplied model name or alias to its canonical model.
+// Model resolves a client-supplied model name, alias or adapter name to its canonical model.
 func (s *Snapshot) Model(name string) (*Model, bool) {
 	m, ok := s.models[name]
 	return m, ok
+}
+
+// Adapter reports whether a client-supplied model name is a LoRA adapter (of the model Model returns).
+func (s *Snapshot) Adapter(name string) bool { return s.adapters[name] }
+
+// tierRules is a tier compiled for lookups; a nil set allows everything of its kind.
+type tierRules struct {
+	classes map[string]bool
+	models  map[*Model]bool
+}
+
+// PoolAllowed reports whether the tenant's tier may use a pool's hardware class.
+func (s *Snapshot) PoolAllowed(t *Tenant, p *Pool) bool {
+	r := s.tierRules[t]
+	return r == nil || r.classes == nil || r.classes[p.HardwareClass]
 }
 
 // TenantForKey finds the tenant owning a plaintext bearer key by its sha256 digest, so the policy never needs
@@ -158,10 +205,36 @@ func (s *Snapshot) TenantForKey(key string) (*Tenant, bool) {
 // Allows reports whether a tenant may call a model.
 func (s *Snapshot) Allows(t *Tenant, m *Model) bool {
 	set, ok := s.allowed[t]
-	if !ok {
+	if !ok || (set != nil && !set[m]) {
 		return false
 	}
-	return set == nil || set[m]
+	r := s.tierRules[t]
+	if r == nil {
+		return true
+	}
+	if r.models != nil && !r.models[m] {
+		return false
+	}
+	for i := range m.Pools {
+		if s.PoolAllowed(t, &m.Pools[i]) {
+			return true
+		}
+	}
+	return false // the tier may use none of the model's hardware
+}
+
+// CostPerToken is a hardware class's price per generated token in USD, the routing tie-break.
+func (s *Snapshot) CostPerToken(class string) float64 {
+	hc, ok := s.Policy.Spec.HardwareClasses[class]
+	if !ok || hc.DecodeTokensPerSecond <= 0 {
+		return 0
+	}
+	return hc.CostPerHour / 3600 / hc.DecodeTokensPerSecond
+}
+
+// PrefillTokensPerSecond is a hardware class's prefill speed, for the prefill scorer.
+func (s *Snapshot) PrefillTokensPerSecond(class string) float64 {
+	return s.Policy.Spec.HardwareClasses[class].PrefillTokensPerSecond
 }
 
 // ModelsFor lists the canonical models a tenant may call, in policy order, for GET /v1/models.

@@ -31,7 +31,10 @@ type Spec struct {
 	Quotas          QuotaSettings            `yaml:"quotas,omitempty" json:"quotas,omitempty"`
 	Routing         Routing                  `yaml:"routing,omitempty" json:"routing,omitempty"`
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
-	Models          []Model                  `yaml:"models" json:"models"`
+	// Tiers say which hardware classes and models tenants of each tier may use. When tiers are defined, every
+	// tenant's tier must be one of them; without tiers a tenant's tier is only a label.
+	Tiers  map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
+	Models []Model         `yaml:"models" json:"models"`
 	Tenants         []Tenant                 `yaml:"tenants" json:"tenants"`
 }
 
@@ -66,6 +69,14 @@ type Routing struct {
 	LoadWeight   float64 `yaml:"loadWeight,omitempty" json:"loadWeight,omitempty" jsonschema:"minimum=0"`
 	// BoundedLoadEpsilon: endpoints above (1+ε) × the mean load are skipped.
 	BoundedLoadEpsilon float64 `yaml:"boundedLoadEpsilon,omitempty" json:"boundedLoadEpsilon,omitempty" jsonschema:"minimum=0"`
+	// PrefillWeight weighs the prefill scorer: the time the endpoint's hardware class needs for the prompt's
+	// uncached tokens, so long uncached prompts prefer the class with faster prefill (default 1).
+	PrefillWeight *float64 `yaml:"prefillWeight,omitempty" json:"prefillWeight,omitempty" jsonschema:"minimum=0"`
+	// LoRAWeight weighs the LoRA scorer: 1 where the requested adapter is loaded (default 1).
+	LoRAWeight *float64 `yaml:"loraWeight,omitempty" json:"loraWeight,omitempty" jsonschema:"minimum=0"`
+	// DebugScores returns every candidate's scores to the client in the x-infergate-scores response header.
+	// For tuning; it shows endpoint addresses, so keep it off where clients are not trusted.
+	DebugScores bool `yaml:"debugScores,omitempty" json:"debugScores,omitempty"`
 }
 
 // Routing defaults.
@@ -75,6 +86,8 @@ const (
 	DefaultPrefixWeight       = 2
 	DefaultLoadWeight         = 1
 	DefaultBoundedLoadEpsilon = 0.5
+	DefaultPrefillWeight      = 1
+	DefaultLoRAWeight         = 1
 )
 
 // QuotaSettings say how quotas are enforced across gateway replicas.
@@ -110,6 +123,8 @@ const (
 
 // HardwareClass describes one GPU type; its speeds feed routing and capacity weights, its price feeds cost.
 type HardwareClass struct {
+	// CostPerHour is the price of one replica-hour in USD: with the decode speed it gives the cost per token
+	// that breaks ties between equally good endpoints.
 	CostPerHour            float64 `yaml:"costPerHour" json:"costPerHour" jsonschema:"minimum=0"`
 	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond" json:"prefillTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
 	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond" json:"decodeTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
@@ -122,6 +137,10 @@ type Model struct {
 	Pricing   Pricing    `yaml:"pricing,omitempty" json:"pricing,omitempty"`
 	Pools     []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
 	Fallbacks []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
+	// Adapters are LoRA adapters every pool of the model can serve (vLLM --lora-modules), named as clients
+	// call them. A request for an adapter keeps its name upstream, prefers endpoints that have it loaded, and
+	// never overflows to a managed fallback, which does not have it.
+	Adapters []string `yaml:"adapters,omitempty" json:"adapters,omitempty"`
 }
 
 // Pricing is what a tenant is charged, per million tokens, in USD.
@@ -159,6 +178,13 @@ type Fallback struct {
 	// APIKeyFrom says where the provider key lives ("env:NAME" or "file:/path"); the key itself is never in the policy.
 	APIKeyFrom string   `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
 	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable"`
+}
+
+// Tier is what tenants of one tier may use; an empty list allows everything of that kind.
+type Tier struct {
+	HardwareClasses []string `yaml:"hardwareClasses,omitempty" json:"hardwareClasses,omitempty"`
+	// Models by canonical name or alias.
+	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
 }
 
 // Tenant is a customer of the platform: who they are (API key hashes), what they may use, and how much.

@@ -120,6 +120,7 @@ func (v *validator) policy(pol *Policy) {
 		}
 	}
 	modelNames := v.models(s)
+	v.tiers(s, modelNames)
 	v.tenants(s, modelNames)
 	v.quotaSettings(&s.Quotas)
 	v.routing(&s.Routing)
@@ -138,6 +139,34 @@ func (v *validator) routing(r *Routing) {
 	}
 	if r.BoundedLoadEpsilon < 0 {
 		v.fail(append(base, "boundedLoadEpsilon"), "must not be negative, got %v", r.BoundedLoadEpsilon)
+	}
+	if w := r.PrefillWeight; w != nil && *w < 0 {
+		v.fail(append(base, "prefillWeight"), "must not be negative, got %v", *w)
+	}
+	if w := r.LoRAWeight; w != nil && *w < 0 {
+		v.fail(append(base, "loraWeight"), "must not be negative, got %v", *w)
+	}
+}
+
+func (v *validator) tiers(s *Spec, models map[string]bool) {
+	names := make([]string, 0, len(s.Tiers))
+	for name := range s.Tiers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		tier := s.Tiers[name]
+		base := p("spec", "tiers", name)
+		for j, c := range tier.HardwareClasses {
+			if _, ok := s.HardwareClasses[c]; !ok {
+				v.fail(append(slices.Clone(base), "hardwareClasses", j), "unknown hardware class %q", c)
+			}
+		}
+		for j, m := range tier.Models {
+			if !models[m] {
+				v.fail(append(slices.Clone(base), "models", j), "unknown model %q", m)
+			}
+		}
 	}
 }
 
@@ -214,6 +243,15 @@ func (v *validator) models(s *Spec) map[string]bool {
 				v.fail(append(base, "aliases", j), "alias must not be empty")
 			case known[a]:
 				v.fail(append(base, "aliases", j), "alias %q is already used by another model or alias", a)
+			}
+			known[a] = true
+		}
+		for j, a := range m.Adapters {
+			switch {
+			case a == "":
+				v.fail(append(base, "adapters", j), "adapter name must not be empty")
+			case known[a]:
+				v.fail(append(base, "adapters", j), "adapter %q is already used by another model, alias or adapter", a)
 			}
 			known[a] = true
 		}
@@ -325,6 +363,9 @@ func (v *validator) tenants(s *Spec, models map[string]bool) {
 				v.fail(append(base, "apiKeys", j), "API key digest is already assigned to tenant %q", other)
 			}
 			keys[digest] = t.Name
+		}
+		if _, ok := s.Tiers[t.Tier]; len(s.Tiers) > 0 && !ok {
+			v.fail(append(base, "tier"), "unknown tier %q (define it under spec.tiers)", t.Tier)
 		}
 		if len(t.Models) == 0 {
 			v.fail(append(base, "models"), "at least one model (or \"*\") is required")

@@ -42,7 +42,9 @@ type outcome struct {
 }
 
 type router interface {
-	pick(r *request) (string, func())
+	// pick chooses an endpoint; done reports the request's outcome (the picker learns the engine's token
+	// count from it, as the gateway does from usage).
+	pick(r *request) (ep string, done func(outcome))
 }
 
 // pickerRouter adapts an infergate picker (or two, alternating) with in-flight accounting.
@@ -54,7 +56,7 @@ type pickerRouter struct {
 	n        atomic.Uint64
 }
 
-func (p *pickerRouter) pick(r *request) (string, func()) {
+func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 	i := int(p.n.Add(1)) % len(p.pickers)
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
 		{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
@@ -62,14 +64,19 @@ func (p *pickerRouter) pick(r *request) (string, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	d, err := p.pickers[i].Pick(p.snap, p.model, &req)
+	d, err := p.pickers[i].Pick(p.snap, picker.Input{Model: p.model, Request: &req})
 	req.Release()
 	if err != nil || len(d.Endpoints) == 0 {
-		return "", func() {}
+		return "", func(outcome) {}
 	}
 	ep := d.Endpoints[0]
 	p.inflight[i].Start(ep)
-	return ep, func() { p.inflight[i].Done(ep) }
+	return ep, func(o outcome) {
+		p.inflight[i].Done(ep)
+		if obs, ok := p.pickers[i].(picker.Observer); ok && o.ok {
+			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
+		}
+	}
 }
 
 type roundRobin struct {
@@ -77,8 +84,8 @@ type roundRobin struct {
 	n   atomic.Uint64
 }
 
-func (r *roundRobin) pick(*request) (string, func()) {
-	return r.eps[int(r.n.Add(1))%len(r.eps)], func() {}
+func (r *roundRobin) pick(*request) (string, func(outcome)) {
+	return r.eps[int(r.n.Add(1))%len(r.eps)], func(outcome) {}
 }
 
 func send(ctx context.Context, client *http.Client, ep string, r *request) outcome {
@@ -110,11 +117,12 @@ func run(rt router, work []request, rate float64) result {
 		go func() {
 			defer wg.Done()
 			ep, done := rt.pick(&work[i])
-			defer done()
 			if ep == "" {
+				done(outcome{})
 				return
 			}
 			out[i] = send(context.Background(), client, ep, &work[i])
+			done(out[i])
 		}()
 	}
 	wg.Wait()
@@ -225,7 +233,8 @@ spec:
 		log.Fatal(err)
 	}
 	model, _ := snap.Model("m")
-	scraper := &fleet.Scraper{Interval: 50 * time.Millisecond * time.Duration(1/timeScale/20)}
+	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms.
+	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale)}
 	var targets []fleet.Target
 	for _, e := range eps {
 		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.DialectFor("vllm")})
