@@ -33,9 +33,9 @@ type Spec struct {
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
 	// Tiers say which hardware classes and models tenants of each tier may use. When tiers are defined, every
 	// tenant's tier must be one of them; without tiers a tenant's tier is only a label.
-	Tiers  map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
-	Models []Model         `yaml:"models" json:"models"`
-	Tenants         []Tenant                 `yaml:"tenants" json:"tenants"`
+	Tiers   map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
+	Models  []Model         `yaml:"models" json:"models"`
+	Tenants []Tenant        `yaml:"tenants" json:"tenants"`
 }
 
 // Gateway holds request-path limits that apply to every tenant. Zero values take the defaults below, so a
