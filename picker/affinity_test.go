@@ -291,9 +291,9 @@ func TestSaturationAndOverflow(t *testing.T) {
 				e.Waiting = 10
 			}
 		}), m, func(ep string) bool { return ep == "10.0.1.1:1" }, false, 0},
-		{"KV wall counts as saturated", fresh(func(ep string, e *fleet.EngineMetrics) {
+		{"a KV wall that queues counts as saturated for prompts it does not hold", fresh(func(ep string, e *fleet.EngineMetrics) {
 			if ep != "10.0.0.2:1" {
-				e.KVUtil = 0.95
+				e.KVUtil, e.Waiting = 0.95, 1 // full and already queueing
 			}
 		}), m, func(ep string) bool { return ep == "10.0.0.2:1" }, false, 0},
 		{"all saturated: overflow to the fallback", fresh(func(_ string, e *fleet.EngineMetrics) { e.Waiting = 9 }), m, nil, true, 0},

@@ -25,9 +25,9 @@ import (
 //
 // Bounded load: endpoints above (1+ε) × the mean load (+1) are not candidates. The best score wins; scores
 // within tieTolerance of it are ties, which go to the cheapest hardware (cost per token). A prefix no endpoint
-// holds goes, among the candidates within one request's load of the least loaded, to the best hardware for it,
-// the cheapest, then the rendezvous-hash winner of its first blocks: every gateway replica sends a new
-// conversation group to the same endpoint, and so does this one after its index forgot the group.
+// holds goes, among the least loaded candidates, to the best hardware for it, the cheapest, then the
+// rendezvous-hash winner of its first blocks: gateway replicas send a new conversation group to the same
+// endpoint when loads are level, and so does this one after its index forgot the group.
 type Affinity struct {
 	InFlight *fleet.InFlight
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
@@ -90,8 +90,9 @@ type EngineView interface {
 const rendezvousBlocks = 4
 
 // newPrefixSlack is how many more requests than the least loaded an endpoint may have and still take a new
-// prefix that hashes to it: the price of agreeing across gateway replicas.
-const newPrefixSlack = 1
+// prefix that hashes to it. More agreement between gateway replicas on where a group starts, for a worse
+// tail when prompts share nothing (BENCHMARKS.md): 0 measured best overall.
+const newPrefixSlack = 0
 
 // tieTolerance is how close two candidates' scores must be to count as a tie.
 const tieTolerance = 0.02
@@ -104,12 +105,12 @@ type scored struct {
 	endpoint   string
 	load       int64 // this gateway's requests in flight to the endpoint
 	queue      int64 // the engine's waiting requests, from its metrics
-	shared     int64 // requests at the engine by every gateway (running + waiting), from its metrics
 	capacity   int   // the engine's KV blocks, 0 when unknown
 	prefillTPS float64
 	cost       float64 // USD per token of the hardware class
 	matched    int
 	lora       float64
+	kvFull     bool // the engine's KV cache is over the policy's threshold while requests wait
 	s          Score
 	rank       uint64 // rendezvous rank
 }
@@ -134,12 +135,14 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
 					continue
-				case m.Waiting >= float64(routing.MaxWaiting) || m.KVUtil >= routing.MaxKVUtilisation:
+				case m.Waiting >= float64(routing.MaxWaiting):
 					saturated++
 					continue
 				}
+				// A full KV cache that already makes requests wait rules out prompts it does not hold (decided
+				// below): a cache hit needs few new blocks, a miss needs them all.
+				c.kvFull = m.KVUtil >= routing.MaxKVUtilisation && m.Waiting > 0
 				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
-				c.shared = int64(m.Running + m.Waiting)
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize
 				}
@@ -192,41 +195,50 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	if len(hashes) > 0 {
 		key = hashes[min(len(hashes), rendezvousBlocks)-1]
 	}
-	anyMatch := false
+	anyMatch, kvFull := false, 0
 	eligible := cands[:0:0]
-	for i := range cands {
-		c := &cands[i]
-		c.rank = xxh3.HashStringSeed(c.endpoint, key)
-		if float64(c.load) > bound {
-			continue
-		}
-		if len(hashes) > 0 {
-			c.matched = p.Index.Match(c.endpoint, hashes)
+	for _, bounded := range []bool{true, false} {
+		for i := range cands {
+			c := &cands[i]
+			c.rank = xxh3.HashStringSeed(c.endpoint, key)
+			if len(hashes) > 0 {
+				c.matched = p.Index.Match(c.endpoint, hashes)
+			}
+			if c.kvFull && c.matched == 0 {
+				kvFull++
+				continue
+			}
+			if bounded && float64(c.load) > bound {
+				continue
+			}
 			anyMatch = anyMatch || c.matched > 0
+			c.s = scoreOf(c, len(hashes), promptTokens, float64(blockTokens)/scale, maxLoad)
+			c.s.Total = wPrefix*c.s.Prefix + wLoad*c.s.Load + wPrefill*c.s.Prefill + wLoRA*c.s.LoRA
+			eligible = append(eligible, *c)
 		}
-		c.s = scoreOf(c, len(hashes), promptTokens, float64(blockTokens)/scale, maxLoad)
-		c.s.Total = wPrefix*c.s.Prefix + wLoad*c.s.Load + wPrefill*c.s.Prefill + wLoRA*c.s.LoRA
-		eligible = append(eligible, *c)
+		if len(eligible) > 0 || kvFull == len(cands) {
+			break
+		}
+		kvFull = 0 // the bound left no one (it cannot, for the least loaded): take everyone that fits
 	}
-	if len(eligible) == 0 { // cannot happen (the least loaded is always within the bound); be safe
-		eligible = cands
+	if len(eligible) == 0 {
+		return overflow(model, in.Adapter, saturated+kvFull, unavailable)
 	}
 	slices.SortFunc(eligible, byScore)
 	if len(hashes) > 0 && !anyMatch {
-		// A new prefix (or one the index has forgotten): among the candidates within one request of the least
-		// loaded, the best hardware for it (prefill and LoRA scores, in steps of tieTolerance), then the
-		// cheapest, then the rendezvous winner of its first blocks. Load here is what every gateway replica
-		// sees alike — the engine's running and waiting requests — unless this gateway's own count is higher
-		// (fresher than the last scrape): so replicas, and this one after forgetting, send a conversation group
-		// to the same endpoint, while load stays level.
+		// A new prefix (or one the index has forgotten): among the least loaded candidates (this gateway's
+		// requests in flight plus the engine's queue), the best hardware for it (prefill and LoRA scores, in steps
+		// of tieTolerance), then the cheapest, then the rendezvous winner of its first blocks — so that gateway
+		// replicas, and this one after forgetting, send a conversation group to the same endpoint when loads are
+		// level.
 		least := int64(math.MaxInt64)
 		for _, c := range eligible {
-			least = min(least, max(c.load, c.shared))
+			least = min(least, c.load+c.queue)
 		}
 		inBand := make([]scored, 0, len(eligible))
 		var rest []scored
 		for _, c := range eligible {
-			if max(c.load, c.shared) <= least+newPrefixSlack {
+			if c.load+c.queue <= least+newPrefixSlack {
 				inBand = append(inBand, c)
 			} else {
 				rest = append(rest, c)

@@ -365,7 +365,11 @@ func (v *validator) tenants(s *Spec, models map[string]bool) {
 			keys[digest] = t.Name
 		}
 		if _, ok := s.Tiers[t.Tier]; len(s.Tiers) > 0 && !ok {
-			v.fail(append(base, "tier"), "unknown tier %q (define it under spec.tiers)", t.Tier)
+			if t.Tier == "" {
+				v.fail(append(base, "tier"), "is required when spec.tiers is defined")
+			} else {
+				v.fail(append(base, "tier"), "unknown tier %q (define it under spec.tiers)", t.Tier)
+			}
 		}
 		if len(t.Models) == 0 {
 			v.fail(append(base, "models"), "at least one model (or \"*\") is required")

@@ -1,0 +1,94 @@
+package extproc
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// featuresHarness serves testdata/policy.yaml with a LoRA adapter on llama, tiers (initech is "free": L40S
+// only, so llama on H200 is out of its reach) and the debug scores header on.
+func featuresHarness(t *testing.T) *harness {
+	t.Helper()
+	src, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	for old, new := range map[string]string{
+		"    aliases: [llama-70b]\n": "    aliases: [llama-70b]\n    adapters: [llama-sql]\n",
+		"  tenants:\n":               "  routing: {debugScores: true}\n  tiers:\n    pro: {}\n    free: {hardwareClasses: [l40s]}\n  tenants:\n",
+		"  - name: acme                       # key: sk-demo-acme\n":    "  - name: acme                       # key: sk-demo-acme\n    tier: pro\n",
+		"  - name: initech                    # key: sk-demo-initech\n": "  - name: initech                    # key: sk-demo-initech\n    tier: free\n",
+	} {
+		if !strings.Contains(text, old) {
+			t.Fatalf("testdata/policy.yaml changed: %q not found", old)
+		}
+		text = strings.Replace(text, old, new, 1)
+	}
+	text = strings.Replace(text, "models: [qwen2.5-7b]", `models: ["*"]`, 1)
+	snap, err := policies.Parse("policy.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newHarnessWith(t, snap, Options{})
+}
+
+func TestAdapterRequestKeepsItsName(t *testing.T) {
+	h := featuresHarness(t)
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyAcme))
+	s.recv()
+	s.send(reqBody([]byte(`{"model":"llama-sql","messages":[{"role":"user","content":"list users"}]}`), true))
+	r := s.recv()
+	br := r.GetRequestBody().GetResponse()
+	if br == nil {
+		t.Fatalf("not routed: %v", r)
+	}
+	set := setHeaders(br.GetHeaderMutation())
+	checkRouting(t, set, r, "llama-3.3-70b", "llama70b-h200")
+	// The engine serves the adapter under its own name: the body is not rewritten to the base model.
+	if body := br.GetBodyMutation().GetBody(); body != nil {
+		var doc map[string]any
+		if err := json.Unmarshal(body, &doc); err != nil || doc["model"] != "llama-sql" {
+			t.Errorf("adapter name rewritten: %s", body)
+		}
+	}
+}
+
+func TestTierLimitsHardware(t *testing.T) {
+	h := featuresHarness(t)
+	// initech's tier may use only L40S: llama (H200 only) is forbidden and not listed; qwen (L40S) is fine.
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyInitech))
+	s.recv()
+	s.send(reqBody([]byte(chatBody), true))
+	if status, code := immediateError(t, s.recv()); status != 403 || code != "model_not_allowed" {
+		t.Errorf("llama for the free tier: %d %q", status, code)
+	}
+	s2 := h.open(t, modeBuffered, modeNone)
+	s2.send(postHeaders("/v1/chat/completions", keyInitech))
+	s2.recv()
+	s2.send(reqBody([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`), true))
+	if r := s2.recv(); r.GetRequestBody() == nil {
+		t.Errorf("qwen for the free tier not routed: %v", r)
+	}
+}
+
+func TestDebugScoresHeader(t *testing.T) {
+	h := featuresHarness(t)
+	s := h.open(t, modeBuffered, modeBuffered)
+	s.send(postHeaders("/v1/chat/completions", keyAcme))
+	s.recv()
+	s.send(reqBody([]byte(chatBody), true))
+	dest := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())[HeaderDestination]
+	s.send(respHeaders("200", false, "content-type", "application/json"))
+	hdr := setHeaders(s.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())[ScoresHeader]
+	first, _, _ := strings.Cut(dest, ",")
+	if !strings.HasPrefix(hdr, first+";total=") || strings.Count(hdr, ";prefill=") != 3 {
+		t.Errorf("%s = %q, want the three llama endpoints' scores, %s first", ScoresHeader, hdr, first)
+	}
+}
