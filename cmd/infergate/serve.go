@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,8 +45,8 @@ type serveConfig struct {
 	scrapeInterval time.Duration
 }
 
-func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
-	var cfg serveConfig
+// serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
+func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("serve", stderr)
 	fs.StringVar(&cfg.policy, "policy", "", "policy YAML file (required); reloaded when it changes")
 	fs.StringVar(&cfg.extprocAddr, "extproc-addr", ":9002", "ext_proc gRPC listen address (with the gRPC health service)")
@@ -56,6 +57,12 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
+	return fs
+}
+
+func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
+	var cfg serveConfig
+	fs := serveFlags(&cfg, stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

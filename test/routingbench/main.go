@@ -235,7 +235,8 @@ spec:
 	}
 	model, _ := snap.Model("m")
 	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms.
-	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale)}
+	// Staleness stays in real time: a scheduling hiccup of this shared two-core machine is not a dead engine.
+	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: 250 * time.Millisecond}
 	var targets []fleet.Target
 	for _, e := range eps {
 		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.DialectFor("vllm")})

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/envoysim"
+	"github.com/infergate/infergate/test/fleetsim"
+)
+
+type composeFile struct {
+	Services map[string]struct {
+		Image string
+		Build *struct {
+			Context, Dockerfile string
+		}
+		Command     []string
+		Volumes     []string
+		NetworkMode string   `yaml:"network_mode"`
+		DependsOn   []string `yaml:"depends_on"`
+	}
+}
+
+// TestDockerCompose checks deploy/compose against the code it runs, since no Docker runs here: every mounted
+// file exists and parses (policy, fleet, Envoy bootstrap), infergate's and the simulator's arguments parse
+// with the real flag sets, and the addresses agree — Envoy's ext_proc cluster is infergate's --extproc-addr,
+// infergate's --redis-addr is Redis's port, the policy's endpoints are the fleet's replicas.
+func TestDockerCompose(t *testing.T) {
+	const dir = "../../deploy/compose"
+	data, err := os.ReadFile(filepath.Join(dir, "docker-compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal(data, &cf); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"redis", "fleet", "infergate", "envoy"} {
+		if _, ok := cf.Services[name]; !ok {
+			t.Fatalf("service %s missing", name)
+		}
+	}
+	// hostFile maps a container path to the mounted host file.
+	hostFile := func(service, containerPath string) string {
+		t.Helper()
+		for _, v := range cf.Services[service].Volumes {
+			parts := strings.Split(v, ":")
+			if len(parts) >= 2 && parts[1] == containerPath {
+				p := filepath.Join(dir, parts[0])
+				if _, err := os.Stat(p); err != nil {
+					t.Fatalf("%s mounts %s: %v", service, parts[0], err)
+				}
+				return p
+			}
+		}
+		t.Fatalf("%s: nothing mounted at %s", service, containerPath)
+		return ""
+	}
+	for name, s := range cf.Services {
+		if s.NetworkMode != "host" {
+			t.Errorf("%s: network_mode %q; the quickstart addresses are 127.0.0.1 ports on the host", name, s.NetworkMode)
+		}
+		for _, d := range s.DependsOn {
+			if _, ok := cf.Services[d]; !ok {
+				t.Errorf("%s depends on unknown service %s", name, d)
+			}
+		}
+		if s.Build != nil {
+			df, err := os.ReadFile(filepath.Join(dir, s.Build.Context, s.Build.Dockerfile))
+			if err != nil || !strings.Contains(string(df), "./cmd/infergate") {
+				t.Errorf("%s: Dockerfile %s does not build ./cmd/infergate (%v)", name, s.Build.Dockerfile, err)
+			}
+		}
+	}
+
+	// infergate serve: flags parse; the policy is valid.
+	ig := cf.Services["infergate"]
+	if len(ig.Command) == 0 || ig.Command[0] != "serve" {
+		t.Fatalf("infergate command %v", ig.Command)
+	}
+	var cfg serveConfig
+	if err := serveFlags(&cfg, io.Discard).Parse(ig.Command[1:]); err != nil {
+		t.Fatalf("infergate flags: %v", err)
+	}
+	snap, err := policies.LoadFile(hostFile("infergate", cfg.policy))
+	if err != nil {
+		t.Fatalf("policy: %v", err)
+	}
+
+	// Redis listens where infergate looks.
+	redisPort := ""
+	for i, a := range cf.Services["redis"].Command {
+		if a == "--port" && i+1 < len(cf.Services["redis"].Command) {
+			redisPort = cf.Services["redis"].Command[i+1]
+		}
+	}
+	if _, port, _ := net.SplitHostPort(cfg.redisAddr); port == "" || port != redisPort {
+		t.Errorf("--redis-addr %q, redis listens on port %q", cfg.redisAddr, redisPort)
+	}
+
+	// The simulator's fleet serves every endpoint the policy routes to.
+	sim := cf.Services["fleet"]
+	if len(sim.Command) != 3 || sim.Command[0] != "sim" || sim.Command[1] != "--fleet" {
+		t.Fatalf("fleet command %v", sim.Command)
+	}
+	fleetCfg, err := fleetsim.LoadConfig(hostFile("fleet", sim.Command[2]))
+	if err != nil {
+		t.Fatalf("fleet: %v", err)
+	}
+	var served []string
+	for _, r := range fleetCfg.Replicas {
+		served = append(served, r.Addr)
+	}
+	for _, m := range snap.Policy.Spec.Models {
+		for _, p := range m.Pools {
+			for _, ep := range p.Endpoints {
+				if !slices.Contains(served, ep) {
+					t.Errorf("policy endpoint %s (pool %s) is not a fleet replica", ep, p.Name)
+				}
+			}
+		}
+	}
+
+	// Envoy's bootstrap parses and calls infergate's ext_proc address.
+	envoy := cf.Services["envoy"]
+	if i := slices.Index(envoy.Command, "-c"); i < 0 || i+1 >= len(envoy.Command) {
+		t.Fatalf("envoy command %v", envoy.Command)
+	} else {
+		raw, err := os.ReadFile(hostFile("envoy", envoy.Command[i+1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := envoysim.ParseBootstrap(raw)
+		if err != nil {
+			t.Fatalf("envoy bootstrap: %v", err)
+		}
+		found := false
+		for _, c := range bs.GetStaticResources().GetClusters() {
+			for _, le := range c.GetLoadAssignment().GetEndpoints() {
+				for _, e := range le.GetLbEndpoints() {
+					sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+					if net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)) == cfg.extprocAddr {
+						found = true
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no Envoy cluster points at infergate's --extproc-addr %s", cfg.extprocAddr)
+		}
+	}
+}
