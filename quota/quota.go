@@ -114,11 +114,7 @@ func entriesFor(r Request) []entry {
 	add := func(scope string, q policies.Quota) {
 		prefix := "ig:" + t + ":" + scope
 		if q.RequestsPerSecond > 0 {
-			window, limit := time.Second, int64(math.Floor(q.RequestsPerSecond))
-			if q.RequestsPerSecond < 1 {
-				window = time.Duration(math.Ceil(1/q.RequestsPerSecond)) * time.Second
-				limit = 1
-			}
+			window, limit := rpsWindow(q.RequestsPerSecond)
 			out = append(out, entry{kind: KindRequests, scope: scope, limit: limit, amount: 1, window: window,
 				key: prefix + ":rps:" + windowID(r.Now, window)})
 		}
@@ -146,6 +142,21 @@ func entriesFor(r Request) []entry {
 		add("model:"+r.Model.Name, q)
 	}
 	return out
+}
+
+// rpsWindow turns a requests-per-second limit into a fixed window and a count: whole seconds, the shortest
+// (up to 10 s) in which the rate is a whole number of requests, so 2.5/s is 5 per 2 s rather than 2 per
+// second; a rate below 1/s is one request per ⌈1/rate⌉ seconds.
+func rpsWindow(rps float64) (time.Duration, int64) {
+	if rps < 1 {
+		return time.Duration(math.Ceil(1/rps)) * time.Second, 1
+	}
+	for k := 1; k <= 10; k++ {
+		if n := rps * float64(k); math.Abs(n-math.Round(n)) < 1e-9 {
+			return time.Duration(k) * time.Second, int64(math.Round(n))
+		}
+	}
+	return time.Second, int64(math.Floor(rps))
 }
 
 func windowID(now time.Time, window time.Duration) string {

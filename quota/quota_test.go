@@ -397,3 +397,23 @@ spec:
 		t.Fatalf("another conversation is not capped: %+v", rej)
 	}
 }
+
+func TestRPSWindow(t *testing.T) {
+	for _, tc := range []struct {
+		rps    float64
+		window time.Duration
+		limit  int64
+	}{
+		{100, time.Second, 100},
+		{2.5, 2 * time.Second, 5},
+		{0.5, 2 * time.Second, 1},
+		{0.3, 4 * time.Second, 1},
+		{1.25, 4 * time.Second, 5},
+		{3.14159, time.Second, 3}, // no whole count within 10 s: floored
+	} {
+		w, l := rpsWindow(tc.rps)
+		if w != tc.window || l != tc.limit {
+			t.Errorf("rpsWindow(%v) = %v, %d; want %v, %d", tc.rps, w, l, tc.window, tc.limit)
+		}
+	}
+}
