@@ -47,9 +47,11 @@ type requestState struct {
 	ctx context.Context
 
 	seenFirst bool
-	reqMode   bodyMode
-	respMode  bodyMode
-	finished  bool // an immediate response was sent
+	// declaredLen is the request's content-length, -1 when it has none.
+	declaredLen int64
+	reqMode     bodyMode
+	respMode    bodyMode
+	finished    bool // an immediate response was sent
 
 	// request path
 	started   time.Time
@@ -182,8 +184,12 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	if h.GetEndOfStream() {
 		return rs.reject(openai.BadRequest("", "The request has no body; send a JSON object."))
 	}
+	rs.declaredLen = -1
 	if contentLength != "" {
 		n, err := strconv.ParseInt(contentLength, 10, 64)
+		if err == nil {
+			rs.declaredLen = n
+		}
 		if err == nil && n > rs.limit {
 			return rs.reject(openai.BodyTooLarge(rs.limit))
 		}
@@ -229,8 +235,9 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 		}
 		return rs.decideStreamed(true)
 	case filterv3.ProcessingMode_BUFFERED_PARTIAL:
-		if !b.GetEndOfStream() {
-			// Envoy sent what fit in its buffer, not the whole body: we cannot route on a partial prompt.
+		if !b.GetEndOfStream() && int64(len(rs.body)) != rs.declaredLen {
+			// Envoy sent what fit in its buffer, not the whole body: we cannot route on a partial prompt. (A
+			// body of its declared length without end_of_stream is whole, with trailers to follow.)
 			return rs.reject(openai.BodyTooLarge(int64(len(rs.body))))
 		}
 	}

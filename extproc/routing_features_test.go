@@ -3,8 +3,11 @@ package extproc
 import (
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -90,5 +93,26 @@ func TestDebugScoresHeader(t *testing.T) {
 	first, _, _ := strings.Cut(dest, ",")
 	if !strings.HasPrefix(hdr, first+";total=") || strings.Count(hdr, ";prefill=") != 3 {
 		t.Errorf("%s = %q, want the three llama endpoints' scores, %s first", ScoresHeader, hdr, first)
+	}
+}
+
+// BUFFERED_PARTIAL: a body Envoy cut at its buffer limit cannot be routed (413); a whole body — its declared
+// content-length — without end_of_stream is trailers to come, and is routed.
+func TestBufferedPartial(t *testing.T) {
+	h := newHarness(t)
+	partial := filterv3.ProcessingMode_BUFFERED_PARTIAL
+	s := h.open(t, partial, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(chatBody))))
+	s.recv()
+	s.send(reqBody([]byte(chatBody), false))
+	if r := s.recv(); r.GetRequestBody() == nil {
+		t.Fatalf("whole body before trailers not routed: %v", r)
+	}
+	s2 := h.open(t, partial, modeNone)
+	s2.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(chatBody)+4096)))
+	s2.recv()
+	s2.send(reqBody([]byte(chatBody), false))
+	if status, _ := immediateError(t, s2.recv()); status != 413 {
+		t.Errorf("cut body: %d, want 413", status)
 	}
 }
