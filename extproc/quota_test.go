@@ -38,11 +38,7 @@ func quotaHarness(t *testing.T, acmeQuota, settings string) (*harness, *redistes
 // sendChat opens a BUFFERED stream and sends a chat request; it returns the stream and the body answer.
 func sendChat(t *testing.T, h *harness) (*stream, *extprocv3.ProcessingResponse) {
 	t.Helper()
-	s := h.open(t, modeBuffered, modeBuffered)
-	s.send(postHeaders("/v1/chat/completions", keyAcme))
-	s.recv()
-	s.send(reqBody([]byte(chatBody), true))
-	return s, s.recv()
+	return post(t, h, keyAcme, chatBody, modeBuffered)
 }
 
 func TestQuotaRejectionIsOpenAI429(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -40,13 +41,19 @@ func featuresHarness(t *testing.T) *harness {
 	return newHarnessWith(t, snap, Options{})
 }
 
+// post sends one BUFFERED chat request with a key and returns the stream and the answer to the body.
+func post(t *testing.T, h *harness, key, body string, respMode bodyMode) (*stream, *extprocv3.ProcessingResponse) {
+	t.Helper()
+	s := h.open(t, modeBuffered, respMode)
+	s.send(postHeaders("/v1/chat/completions", key))
+	s.recv()
+	s.send(reqBody([]byte(body), true))
+	return s, s.recv()
+}
+
 func TestAdapterRequestKeepsItsName(t *testing.T) {
 	h := featuresHarness(t)
-	s := h.open(t, modeBuffered, modeNone)
-	s.send(postHeaders("/v1/chat/completions", keyAcme))
-	s.recv()
-	s.send(reqBody([]byte(`{"model":"llama-sql","messages":[{"role":"user","content":"list users"}]}`), true))
-	r := s.recv()
+	_, r := post(t, h, keyAcme, `{"model":"llama-sql","messages":[{"role":"user","content":"list users"}]}`, modeNone)
 	br := r.GetRequestBody().GetResponse()
 	if br == nil {
 		t.Fatalf("not routed: %v", r)
@@ -65,29 +72,19 @@ func TestAdapterRequestKeepsItsName(t *testing.T) {
 func TestTierLimitsHardware(t *testing.T) {
 	h := featuresHarness(t)
 	// initech's tier may use only L40S: llama (H200 only) is forbidden and not listed; qwen (L40S) is fine.
-	s := h.open(t, modeBuffered, modeNone)
-	s.send(postHeaders("/v1/chat/completions", keyInitech))
-	s.recv()
-	s.send(reqBody([]byte(chatBody), true))
-	if status, code := immediateError(t, s.recv()); status != 403 || code != "model_not_allowed" {
+	_, r := post(t, h, keyInitech, chatBody, modeNone)
+	if status, code := immediateError(t, r); status != 403 || code != "model_not_allowed" {
 		t.Errorf("llama for the free tier: %d %q", status, code)
 	}
-	s2 := h.open(t, modeBuffered, modeNone)
-	s2.send(postHeaders("/v1/chat/completions", keyInitech))
-	s2.recv()
-	s2.send(reqBody([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`), true))
-	if r := s2.recv(); r.GetRequestBody() == nil {
+	if _, r := post(t, h, keyInitech, `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`, modeNone); r.GetRequestBody() == nil {
 		t.Errorf("qwen for the free tier not routed: %v", r)
 	}
 }
 
 func TestDebugScoresHeader(t *testing.T) {
 	h := featuresHarness(t)
-	s := h.open(t, modeBuffered, modeBuffered)
-	s.send(postHeaders("/v1/chat/completions", keyAcme))
-	s.recv()
-	s.send(reqBody([]byte(chatBody), true))
-	dest := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())[HeaderDestination]
+	s, r := post(t, h, keyAcme, chatBody, modeBuffered)
+	dest := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[HeaderDestination]
 	s.send(respHeaders("200", false, "content-type", "application/json"))
 	hdr := setHeaders(s.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())[ScoresHeader]
 	first, _, _ := strings.Cut(dest, ",")

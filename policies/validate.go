@@ -3,6 +3,7 @@ package policies
 import (
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -101,12 +102,7 @@ func (v *validator) policy(pol *Policy) {
 	if len(s.HardwareClasses) == 0 {
 		v.fail(p("spec", "hardwareClasses"), "at least one hardware class is required")
 	}
-	names := make([]string, 0, len(s.HardwareClasses))
-	for name := range s.HardwareClasses {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(s.HardwareClasses)) {
 		hc := s.HardwareClasses[name]
 		base := p("spec", "hardwareClasses", name)
 		if hc.CostPerHour < 0 {
@@ -149,12 +145,7 @@ func (v *validator) routing(r *Routing) {
 }
 
 func (v *validator) tiers(s *Spec, models map[string]bool) {
-	names := make([]string, 0, len(s.Tiers))
-	for name := range s.Tiers {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(s.Tiers)) {
 		tier := s.Tiers[name]
 		base := p("spec", "tiers", name)
 		for j, c := range tier.HardwareClasses {
@@ -237,24 +228,8 @@ func (v *validator) models(s *Spec) map[string]bool {
 			v.fail(append(base, "name"), "model name %q is already used by another model or alias", m.Name)
 		}
 		known[m.Name] = true
-		for j, a := range m.Aliases {
-			switch {
-			case a == "":
-				v.fail(append(base, "aliases", j), "alias must not be empty")
-			case known[a]:
-				v.fail(append(base, "aliases", j), "alias %q is already used by another model or alias", a)
-			}
-			known[a] = true
-		}
-		for j, a := range m.Adapters {
-			switch {
-			case a == "":
-				v.fail(append(base, "adapters", j), "adapter name must not be empty")
-			case known[a]:
-				v.fail(append(base, "adapters", j), "adapter %q is already used by another model, alias or adapter", a)
-			}
-			known[a] = true
-		}
+		v.clientNames(append(slices.Clone(base), "aliases"), "alias", m.Aliases, known)
+		v.clientNames(append(slices.Clone(base), "adapters"), "adapter", m.Adapters, known)
 		if m.Pricing.InputPerMTok < 0 {
 			v.fail(append(base, "pricing", "inputPerMTok"), "must not be negative, got %v", m.Pricing.InputPerMTok)
 		}
@@ -392,6 +367,20 @@ func (v *validator) tenants(s *Spec, models map[string]bool) {
 			seenModel[mq.Model] = true
 			v.quota(mb, mq.Quota)
 		}
+	}
+}
+
+// clientNames checks names clients may put in "model" (aliases, adapters): not empty, and unique across every
+// model, alias and adapter seen so far (known, which it extends).
+func (v *validator) clientNames(path []seg, what string, names []string, known map[string]bool) {
+	for j, a := range names {
+		switch {
+		case a == "":
+			v.fail(append(slices.Clone(path), j), "%s must not be empty", what)
+		case known[a]:
+			v.fail(append(slices.Clone(path), j), "%s %q is already used by another model, alias or adapter", what, a)
+		}
+		known[a] = true
 	}
 }
 

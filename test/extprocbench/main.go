@@ -34,6 +34,7 @@ import (
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 type config struct {
@@ -311,14 +312,7 @@ func measure(client extprocv3.ExternalProcessorClient, cfg config, body []byte, 
 }
 
 func medianResult(rs []result) result {
-	pick := func(f func(result) float64) float64 {
-		v := make([]float64, len(rs))
-		for i, r := range rs {
-			v[i] = f(r)
-		}
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
+	pick := func(f func(result) float64) float64 { return loadgen.Median(rs, f) }
 	return result{
 		p50:         time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
 		p99:         time.Duration(pick(func(r result) float64 { return float64(r.p99) })),

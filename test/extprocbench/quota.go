@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -129,7 +128,7 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 		}
 		ma, mb := medianResult(a), medianResult(b)
 		fmt.Printf("| %d KiB | %s | %d | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f |\n", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency, v.name,
-			fmtDur(ma.p50), fmtDur(ma.p99), fmtDur(mb.p50), fmtDur(mb.p99), fmtDur(median(added50)), fmtDur(median(added99)),
+			fmtDur(ma.p50), fmtDur(ma.p99), fmtDur(mb.p50), fmtDur(mb.p99), fmtDur(medianDur(added50)), fmtDur(medianDur(added99)),
 			float64(trips)/float64(n), float64(cmds)/float64(n))
 	}
 }
@@ -167,9 +166,6 @@ func redisVersion(rdb *redis.Client) string {
 	return "?"
 }
 
-// median of durations (the upper one of an even count).
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
+func medianDur(ds []time.Duration) time.Duration {
+	return time.Duration(loadgen.Median(ds, func(d time.Duration) float64 { return float64(d) }))
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 )
@@ -111,4 +112,15 @@ func StartRedis() (addr string, stop func(), err error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Median is the median of one metric over benchmark runs (the upper one of an even count): the benchmarks
+// report medians, as single runs on a shared machine are noisy.
+func Median[R any](runs []R, metric func(R) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = metric(r)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }

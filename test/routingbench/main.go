@@ -311,14 +311,7 @@ spec:
 
 // medianOf takes each metric's median over runs (policies' runs alternate, so they share the machine's moods).
 func medianOf(rs []result) result {
-	med := func(f func(result) float64) float64 {
-		v := make([]float64, len(rs))
-		for i, r := range rs {
-			v[i] = f(r)
-		}
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
+	med := func(f func(result) float64) float64 { return loadgen.Median(rs, f) }
 	d := func(f func(result) time.Duration) time.Duration {
 		return time.Duration(med(func(r result) float64 { return float64(f(r)) }))
 	}
