@@ -157,5 +157,20 @@ func TestDockerCompose(t *testing.T) {
 		if !found {
 			t.Errorf("no Envoy cluster points at infergate's --extproc-addr %s", cfg.extprocAddr)
 		}
+		// When Envoy takes its configuration over ADS, it asks infergate's --xds-addr.
+		if ads := bs.GetDynamicResources().GetAdsConfig().GetGrpcServices(); len(ads) > 0 {
+			name, ok := ads[0].GetEnvoyGrpc().GetClusterName(), false
+			for _, c := range bs.GetStaticResources().GetClusters() {
+				for _, le := range c.GetLoadAssignment().GetEndpoints() {
+					for _, e := range le.GetLbEndpoints() {
+						sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+						ok = ok || (c.GetName() == name && net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)) == cfg.xdsAddr)
+					}
+				}
+			}
+			if !ok {
+				t.Errorf("Envoy's ADS cluster %s does not point at infergate's --xds-addr %s", name, cfg.xdsAddr)
+			}
+		}
 	}
 }
