@@ -59,8 +59,12 @@ type Resources struct {
 	Clusters  []types.Resource
 	Endpoints []types.Resource
 	Routes    []types.Resource
+	// Secrets are the managed APIs' keys, for the credential injector on their clusters (SDS over ADS).
+	Secrets []types.Resource
 	// Weights are the per-model pool weights used in the routes, for hysteresis on the next build.
 	Weights map[string]uint32
+	// Warnings say what the build could not do (a fallback whose key is missing), without secrets.
+	Warnings []string
 }
 
 // Build turns a policy and the fleet's state into clusters, endpoints and routes. previous, when not nil,
@@ -101,12 +105,22 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			if err != nil {
 				return nil, err
 			}
+			if key, err := fallbackKey(&f); err != nil {
+				out.Warnings = append(out.Warnings, err.Error()+"; requests to it go without a credential")
+			} else {
+				injectCredential(c, SecretName(m.Name, f.Name))
+				out.Secrets = append(out.Secrets, credentialSecret(SecretName(m.Name, f.Name), key))
+			}
 			out.Clusters = append(out.Clusters, c)
-			// infergate names a managed API as the pool "fallback/<name>" when it sends overflow there.
+			// infergate names a managed API as the pool "fallback/<name>" when it sends overflow there. The
+			// provider expects its own Host.
 			vh.Routes = append(vh.Routes, &routev3.Route{
-				Name:   FallbackClusterName(m.Name, f.Name),
-				Match:  headerMatch("x-infergate-pool", "fallback/"+f.Name),
-				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, f.Name)}})},
+				Name:  FallbackClusterName(m.Name, f.Name),
+				Match: headerMatch("x-infergate-pool", "fallback/"+f.Name),
+				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{
+					ClusterSpecifier:     &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, f.Name)},
+					HostRewriteSpecifier: &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)},
+				})},
 			})
 		}
 		action := &routev3.RouteAction{}
@@ -131,7 +145,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			Specifier: &corev3.DataSource_InlineString{InlineString: `{"error":{"message":"The routing service is unavailable; please retry.","type":"service_unavailable_error","param":null,"code":"routing_unavailable"}}`}}}},
 	})
 	out.Routes = []types.Resource{&routev3.RouteConfiguration{Name: RouteConfigName, VirtualHosts: []*routev3.VirtualHost{vh}}}
-	for _, group := range [][]types.Resource{out.Clusters, out.Endpoints, out.Routes} {
+	for _, group := range [][]types.Resource{out.Clusters, out.Endpoints, out.Routes, out.Secrets} {
 		for _, r := range group {
 			if v, ok := r.(interface{ ValidateAll() error }); ok {
 				if err := v.ValidateAll(); err != nil {
@@ -329,6 +343,17 @@ func consistent(res *Resources) error {
 	}
 	for name := range eds {
 		return fmt.Errorf("EDS cluster %q has no endpoints", name)
+	}
+	secrets := map[string]bool{}
+	for _, r := range res.Secrets {
+		secrets[r.(*tlsv3.Secret).GetName()] = true
+	}
+	for _, r := range res.Clusters {
+		for _, name := range secretRefs(r.(*clusterv3.Cluster)) {
+			if !secrets[name] {
+				return fmt.Errorf("cluster %q injects secret %q, which is not served", r.(*clusterv3.Cluster).GetName(), name)
+			}
+		}
 	}
 	for _, r := range res.Routes {
 		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {

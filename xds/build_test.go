@@ -60,6 +60,7 @@ func toYAML(t *testing.T, rs []types.Resource) string {
 
 // TestGolden: the quickstart policy in, Envoy resources out; every resource passes ValidateAll (in Build).
 func TestGolden(t *testing.T) {
+	t.Setenv("TOGETHER_API_KEY", "sk-golden") // the fallback cluster gets its credential injector
 	res, err := Build(quickstart(t), nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -45,9 +45,10 @@ type Server struct {
 	cache cachev3.SnapshotCache
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	version int
-	weights map[string]uint32
+	mu       sync.Mutex
+	version  int
+	weights  map[string]uint32
+	warnings string // the last build's warnings, logged when they change
 }
 
 // NewServer creates a control plane with an empty snapshot cache. ads=false in the cache keeps grpc-go xDS
@@ -83,6 +84,7 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 		resource.ClusterType:  res.Clusters,
 		resource.EndpointType: res.Endpoints,
 		resource.RouteType:    res.Routes,
+		resource.SecretType:   res.Secrets,
 	})
 	if err != nil {
 		return fmt.Errorf("xds snapshot: %w", err)
@@ -91,6 +93,12 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 	// named by the bootstrap's static listener, so the references are checked here instead.
 	if err := consistent(res); err != nil {
 		return fmt.Errorf("xds snapshot inconsistent: %w", err)
+	}
+	if w := strings.Join(res.Warnings, "; "); w != s.warnings {
+		s.warnings = w
+		for _, msg := range res.Warnings {
+			s.log.Warn("xds: managed-API credential", "problem", msg)
+		}
 	}
 	gres, listeners, err := BuildGRPC(snap, fleet, s.weights)
 	if err != nil {

@@ -1,0 +1,98 @@
+package xds
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	credinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
+	upstreamcodecv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// A managed API's key reaches it through Envoy, never through infergate's request path: the fallback cluster
+// runs the credential_injector filter as an upstream HTTP filter, so the key is added to requests leaving for
+// that cluster only — self-hosted replicas never see it — and the filter reads the key from a generic SDS
+// secret that this control plane serves over ADS, so it appears in no cluster, route or log.
+
+// SecretName is the SDS secret holding a fallback's Authorization header value.
+func SecretName(model, fallback string) string { return "fallback-key/" + model + "/" + fallback }
+
+// fallbackKey reads a fallback's API key from where the policy says it lives ("env:NAME" or "file:/path").
+// Errors name the source, never the key.
+func fallbackKey(f *policies.Fallback) (string, error) {
+	kind, ref, _ := strings.Cut(f.APIKeyFrom, ":")
+	var key string
+	switch kind {
+	case "env":
+		key = os.Getenv(ref)
+	case "file":
+		b, err := os.ReadFile(ref)
+		if err != nil {
+			return "", fmt.Errorf("fallback %s: key file: %w", f.Name, err)
+		}
+		key = string(b)
+	default:
+		return "", fmt.Errorf("fallback %s: apiKeyFrom %q is neither env: nor file:", f.Name, f.APIKeyFrom)
+	}
+	if key = strings.TrimSpace(key); key == "" {
+		return "", fmt.Errorf("fallback %s: no API key in %s", f.Name, f.APIKeyFrom)
+	}
+	return key, nil
+}
+
+// credentialSecret is the generic secret the injector puts in the Authorization header.
+func credentialSecret(name, key string) *tlsv3.Secret {
+	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_GenericSecret{GenericSecret: &tlsv3.GenericSecret{
+		Secret: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "Bearer " + key}}}}}
+}
+
+// injectCredential gives a fallback cluster the upstream filter chain that adds the secret's value as its
+// Authorization header (replacing whatever the client sent), then the upstream codec.
+func injectCredential(c *clusterv3.Cluster, secret string) {
+	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion: corev3.ApiVersion_V3}
+	injector := &credinjectorv3.CredentialInjector{
+		Overwrite: true,
+		Credential: &corev3.TypedExtensionConfig{Name: "envoy.http.injected_credentials.generic", TypedConfig: mustAny(&genericv3.Generic{
+			Credential: &tlsv3.SdsSecretConfig{Name: secret, SdsConfig: ads}, Header: "Authorization"})},
+	}
+	opts := &upstreamhttpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}},
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: "envoy.filters.http.credential_injector", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(injector)}},
+			{Name: "envoy.filters.http.upstream_codec", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&upstreamcodecv3.UpstreamCodec{})}},
+		},
+	}
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
+}
+
+// secretRefs lists the SDS secrets a cluster's credential injector reads.
+func secretRefs(c *clusterv3.Cluster) []string {
+	a, ok := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+	if !ok {
+		return nil
+	}
+	var opts upstreamhttpv3.HttpProtocolOptions
+	if a.UnmarshalTo(&opts) != nil {
+		return nil
+	}
+	var out []string
+	for _, f := range opts.GetHttpFilters() {
+		var inj credinjectorv3.CredentialInjector
+		var gen genericv3.Generic
+		if f.GetTypedConfig().UnmarshalTo(&inj) == nil && inj.GetCredential().GetTypedConfig().UnmarshalTo(&gen) == nil {
+			out = append(out, gen.GetCredential().GetName())
+		}
+	}
+	return out
+}
