@@ -41,7 +41,7 @@ func fallbackKey(f *policies.Fallback) (string, error) {
 		}
 		key = string(b)
 	default:
-		return "", fmt.Errorf("fallback %s: apiKeyFrom %q is neither env: nor file:", f.Name, f.APIKeyFrom)
+		return "", fmt.Errorf("fallback %s: apiKeyFrom %q names neither an environment variable nor a file", f.Name, f.APIKeyFrom)
 	}
 	if key = strings.TrimSpace(key); key == "" {
 		return "", fmt.Errorf("fallback %s: no API key in %s", f.Name, f.APIKeyFrom)
