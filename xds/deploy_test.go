@@ -106,8 +106,21 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("%s is not a health service infergate serves", service)
 		}
 	}
-	if n := len(get(kinds["Service"], "spec", "ports").([]any)); n != 3 {
-		t.Errorf("service ports %d", n)
+	// ext_proc, xDS, metrics and the Envoy Gateway hook, each a port the container declares.
+	declared := map[string]bool{}
+	for _, c := range get(kinds["Deployment"], "spec", "template", "spec", "containers").([]any) {
+		for _, p := range get(c, "ports").([]any) {
+			declared[get(p, "name").(string)] = true
+		}
+	}
+	if ports := get(kinds["Service"], "spec", "ports").([]any); len(ports) != 4 {
+		t.Errorf("service ports %d, want 4", len(ports))
+	} else {
+		for _, p := range ports {
+			if target, _ := get(p, "targetPort").(string); !declared[target] {
+				t.Errorf("service port %v targets %q, which the container does not declare", get(p, "name"), target)
+			}
+		}
 	}
 	if get(kinds["PodDisruptionBudget"], "spec", "minAvailable") == nil {
 		t.Error("PDB without minAvailable")

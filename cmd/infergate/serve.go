@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	egextension "github.com/envoyproxy/gateway/proto/extension"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,6 +38,7 @@ type serveConfig struct {
 	policy         string
 	extprocAddr    string
 	xdsAddr        string
+	egAddr         string
 	metricsAddr    string
 	redisAddr      string
 	redisCluster   bool
@@ -51,6 +53,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.policy, "policy", "", "policy YAML file (required); reloaded when it changes")
 	fs.StringVar(&cfg.extprocAddr, "extproc-addr", ":9002", "ext_proc gRPC listen address (with the gRPC health service)")
 	fs.StringVar(&cfg.xdsAddr, "xds-addr", ":18000", "xDS (ADS) gRPC listen address; empty disables it")
+	fs.StringVar(&cfg.egAddr, "envoy-gateway-addr", "", "Envoy Gateway extension server (post-translation hook) listen address, e.g. "+xds.EnvoyGatewayHookAddr+"; empty disables it")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", ":9090", "Prometheus /metrics and /healthz listen address; empty disables it")
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
@@ -202,6 +205,23 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		log.Info("xds listening", "addr", xlis.Addr().String())
 		go func() { errc <- xgs.Serve(xlis) }()
 		defer xgs.Stop()
+	}
+
+	if cfg.egAddr != "" {
+		hook := &xds.EnvoyGatewayHook{Policy: store.Current}
+		if engines != nil {
+			hook.Fleet = xds.ScrapedFleet{View: scraper}
+		}
+		elis, err := net.Listen("tcp", cfg.egAddr)
+		if err != nil {
+			gs.Stop()
+			return fmt.Errorf("listen envoy gateway hook on %s: %w", cfg.egAddr, err)
+		}
+		egs := grpc.NewServer()
+		egextension.RegisterEnvoyGatewayExtensionServer(egs, hook)
+		log.Info("envoy gateway extension hook listening", "addr", elis.Addr().String())
+		go func() { errc <- egs.Serve(elis) }()
+		defer egs.Stop()
 	}
 
 	go func() {

@@ -1,0 +1,127 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	pb "github.com/envoyproxy/gateway/proto/extension"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// EnvoyGatewayHook is an Envoy Gateway extension server: its extension manager calls the post-translation
+// hook with the xDS it translated from the Gateway API objects (deploy/envoy-gateway/: the Gateway, the
+// EnvoyExtensionPolicy that inserts infergate's ext_proc, the HTTPRoute whose rules match the pool infergate
+// chose). The hook adds infergate's pool and managed-API clusters — pools with their endpoints inline, as Envoy
+// Gateway serves no EDS for them; fallbacks with their credential injector and SDS secrets — and points every
+// route that matches an x-infergate-pool value at the right cluster. Everything else passes through untouched.
+type EnvoyGatewayHook struct {
+	pb.UnimplementedEnvoyGatewayExtensionServer
+	// Policy returns the live policy; Fleet, when set, the live health and utilisation of its endpoints.
+	Policy func() *policies.Snapshot
+	Fleet  FleetState
+}
+
+// EnvoyGatewayHookAddr is serve's default address for the hook, which the Envoy Gateway manifest names.
+const EnvoyGatewayHookAddr = ":18002"
+
+// PostTranslateModify implements the hook.
+func (h *EnvoyGatewayHook) PostTranslateModify(_ context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
+	snap := h.Policy()
+	res, err := Build(snap, h.Fleet, nil)
+	if err != nil {
+		return nil, fmt.Errorf("infergate resources: %w", err)
+	}
+	cla := map[string]*endpointv3.ClusterLoadAssignment{}
+	for _, r := range res.Endpoints {
+		c := r.(*endpointv3.ClusterLoadAssignment)
+		cla[c.GetClusterName()] = c
+	}
+	ours := map[string]*clusterv3.Cluster{}
+	for _, r := range res.Clusters {
+		c := proto.Clone(r.(*clusterv3.Cluster)).(*clusterv3.Cluster)
+		if c.GetType() == clusterv3.Cluster_EDS {
+			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
+			c.EdsClusterConfig = nil
+			c.LoadAssignment = cla[c.GetName()]
+		}
+		ours[c.GetName()] = c
+	}
+	out := &pb.PostTranslateModifyResponse{Listeners: req.GetListeners()}
+	for _, c := range req.GetClusters() {
+		if _, replaced := ours[c.GetName()]; !replaced {
+			out.Clusters = append(out.Clusters, c)
+		}
+	}
+	for _, r := range res.Clusters { // policy order
+		out.Clusters = append(out.Clusters, ours[r.(*clusterv3.Cluster).GetName()])
+	}
+	secrets := map[string]bool{}
+	for _, r := range res.Secrets {
+		secrets[r.(*tlsv3.Secret).GetName()] = true
+	}
+	for _, s := range req.GetSecrets() {
+		if !secrets[s.GetName()] {
+			out.Secrets = append(out.Secrets, s)
+		}
+	}
+	for _, r := range res.Secrets {
+		out.Secrets = append(out.Secrets, r.(*tlsv3.Secret))
+	}
+	for _, rc := range req.GetRoutes() {
+		rc = proto.Clone(rc).(*routev3.RouteConfiguration)
+		for _, vh := range rc.GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if name := poolClusterFor(snap, rt.GetMatch()); name != "" && rt.GetRoute() != nil {
+					rt.GetRoute().ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: name}
+				}
+			}
+		}
+		out.Routes = append(out.Routes, rc)
+	}
+	return out, nil
+}
+
+// poolClusterFor returns the cluster of the pool (or "fallback/<name>") a route's x-infergate-pool header
+// matcher names, narrowed by its x-infergate-model matcher when it has one; "" when the route matches no
+// infergate pool.
+func poolClusterFor(snap *policies.Snapshot, m *routev3.RouteMatch) string {
+	var pool, model string
+	for _, h := range m.GetHeaders() {
+		exact := h.GetStringMatch().GetExact()
+		switch strings.ToLower(h.GetName()) {
+		case "x-infergate-pool":
+			pool = exact
+		case "x-infergate-model":
+			model = exact
+		}
+	}
+	if pool == "" {
+		return ""
+	}
+	for _, mdl := range snap.Policy.Spec.Models {
+		if model != "" && mdl.Name != model {
+			continue
+		}
+		if name, ok := strings.CutPrefix(pool, "fallback/"); ok {
+			for _, f := range mdl.Fallbacks {
+				if f.Name == name {
+					return FallbackClusterName(mdl.Name, f.Name)
+				}
+			}
+			continue
+		}
+		for _, p := range mdl.Pools {
+			if p.Name == pool {
+				return ClusterName(mdl.Name, p.Name)
+			}
+		}
+	}
+	return ""
+}
