@@ -102,6 +102,12 @@ func poolClusterFor(snap *policies.Snapshot, m *routev3.RouteMatch) string {
 			model = exact
 		}
 	}
+	return ClusterForPoolHeader(snap, model, pool)
+}
+
+// ClusterForPoolHeader is the cluster an x-infergate-pool value (a pool name, or "fallback/<name>") selects,
+// within the model an x-infergate-model value names ("" for any); "" when no pool of the policy matches.
+func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 	if pool == "" {
 		return ""
 	}
