@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/test/envoysim"
@@ -69,19 +67,7 @@ func TestXDSBootstrap(t *testing.T) {
 	if err := s.Update(quickstart(t), nil); err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
-	s.Register(ctx, gs)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialServed(t, func(gs *grpc.Server) { s.Register(ctx, gs) })
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)

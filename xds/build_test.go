@@ -175,19 +175,7 @@ func TestServerServesADS(t *testing.T) {
 	if err := s.Update(quickstart(t), nil); err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
-	s.Register(ctx, gs)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialServed(t, func(gs *grpc.Server) { s.Register(ctx, gs) })
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 	defer scancel()
 	ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
@@ -216,4 +204,24 @@ func TestServerServesADS(t *testing.T) {
 	if err != nil || resp.GetVersionInfo() != "2" {
 		t.Errorf("second version: %v %v", resp.GetVersionInfo(), err)
 	}
+}
+
+// dialServed starts a gRPC server on a free loopback port with register's services and returns a client
+// connection to it; both stop with the test.
+func dialServed(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+	gs := grpc.NewServer()
+	register(gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }

@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -28,19 +26,9 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 func TestEnvoyGatewayHook(t *testing.T) {
 	t.Setenv("TOGETHER_API_KEY", providerKey)
 	snap := quickstart(t)
-	gs := grpc.NewServer()
-	pb.RegisterEnvoyGatewayExtensionServer(gs, &EnvoyGatewayHook{Policy: func() *policies.Snapshot { return snap }})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialServed(t, func(gs *grpc.Server) {
+		pb.RegisterEnvoyGatewayExtensionServer(gs, &EnvoyGatewayHook{Policy: func() *policies.Snapshot { return snap }})
+	})
 
 	placeholder := "httproute/infergate/llm/rule/0"
 	route := func(name string, headers ...*routev3.HeaderMatcher) *routev3.Route {

@@ -195,16 +195,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 				}
 			}()
 		}
-		xlis, err := net.Listen("tcp", cfg.xdsAddr)
+		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, func(g *grpc.Server) { cp.Register(ctx, g) })
 		if err != nil {
 			gs.Stop()
-			return fmt.Errorf("listen xds on %s: %w", cfg.xdsAddr, err)
+			return err
 		}
-		xgs := grpc.NewServer()
-		cp.Register(ctx, xgs)
-		log.Info("xds listening", "addr", xlis.Addr().String())
-		go func() { errc <- xgs.Serve(xlis) }()
-		defer xgs.Stop()
+		defer stop()
 	}
 
 	if cfg.egAddr != "" {
@@ -212,16 +208,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		if engines != nil {
 			hook.Fleet = xds.ScrapedFleet{View: scraper}
 		}
-		elis, err := net.Listen("tcp", cfg.egAddr)
+		stop, err := serveGRPC(cfg.egAddr, "envoy gateway extension hook", log, errc, func(g *grpc.Server) {
+			egextension.RegisterEnvoyGatewayExtensionServer(g, hook)
+		})
 		if err != nil {
 			gs.Stop()
-			return fmt.Errorf("listen envoy gateway hook on %s: %w", cfg.egAddr, err)
+			return err
 		}
-		egs := grpc.NewServer()
-		egextension.RegisterEnvoyGatewayExtensionServer(egs, hook)
-		log.Info("envoy gateway extension hook listening", "addr", elis.Addr().String())
-		go func() { errc <- egs.Serve(elis) }()
-		defer egs.Stop()
+		defer stop()
 	}
 
 	go func() {
@@ -270,6 +264,20 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 }
 
 // scrapeTargets lists every pool endpoint with its engine's metrics dialect.
+// serveGRPC listens on addr and serves the services register adds until the returned stop; a serve error goes
+// to errc.
+func serveGRPC(addr, what string, log *slog.Logger, errc chan<- error, register func(*grpc.Server)) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s on %s: %w", what, addr, err)
+	}
+	g := grpc.NewServer()
+	register(g)
+	log.Info(what+" listening", "addr", lis.Addr().String())
+	go func() { errc <- g.Serve(lis) }()
+	return g.Stop, nil
+}
+
 func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
 	var out []fleet.Target
 	for _, m := range snap.Policy.Spec.Models {

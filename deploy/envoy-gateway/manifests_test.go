@@ -3,57 +3,21 @@ package envoygateway_test
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
-	"gopkg.in/yaml.v3"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/manifest"
 	"github.com/infergate/infergate/xds"
 )
 
 // These tests decode the manifests into Envoy Gateway's and the Gateway API's Kubernetes types. They run
 // without the race detector (make test), which would otherwise recompile the Kubernetes libraries for nothing.
-
-func decodeAll(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var docs []map[string]any
-	for {
-		var d map[string]any
-		if err := dec.Decode(&d); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if d != nil {
-			docs = append(docs, d)
-		}
-	}
-	return docs
-}
-
-func get(m any, path ...string) any {
-	for _, k := range path {
-		mm, ok := m.(map[string]any)
-		if !ok {
-			return nil
-		}
-		m = mm[k]
-	}
-	return m
-}
 
 // strictDecode turns one YAML document (as decodeAll reads it) into an API type, refusing unknown fields.
 func strictDecode(t *testing.T, doc map[string]any, into any) {
@@ -65,7 +29,7 @@ func strictDecode(t *testing.T, doc map[string]any, into any) {
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(into); err != nil {
-		t.Fatalf("%s %v: %v", doc["kind"], get(doc, "metadata", "name"), err)
+		t.Fatalf("%s %v: %v", doc["kind"], manifest.Get(doc, "metadata", "name"), err)
 	}
 }
 
@@ -81,7 +45,7 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 	)
 	into := map[string]any{"EnvoyGateway": &eg, "Gateway": &gw, "EnvoyExtensionPolicy": &policy, "Backend": &be, "HTTPRoute": &route}
 	seen := map[string]bool{}
-	for _, doc := range decodeAll(t, "infergate.yaml") {
+	for _, doc := range manifest.DecodeAll(t, "infergate.yaml") {
 		kind, _ := doc["kind"].(string)
 		target, ok := into[kind]
 		if !ok {
@@ -132,9 +96,9 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 
 	// infergate's Service exposes both ports.
 	ports := map[float64]bool{}
-	for _, doc := range decodeAll(t, "../kubernetes/infergate.yaml") {
+	for _, doc := range manifest.DecodeAll(t, "../kubernetes/infergate.yaml") {
 		if doc["kind"] == "Service" {
-			for _, p := range get(doc, "spec", "ports").([]any) {
+			for _, p := range manifest.Get(doc, "spec", "ports").([]any) {
 				ports[float64(p.(map[string]any)["port"].(int))] = true
 			}
 		}
