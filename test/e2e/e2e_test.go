@@ -21,10 +21,12 @@ const (
 	qwen  = "qwen2.5-7b"
 )
 
-// envoyConfigs are the shipped Envoy configurations; every test runs under both body modes.
+// envoyConfigs are the shipped Envoy configurations; every test runs under both body modes, and with clusters
+// and routes taken from infergate's control plane over ADS.
 var envoyConfigs = map[string]string{
 	"full-duplex": "deploy/envoy/envoy.yaml",
 	"buffered":    "deploy/envoy/envoy-buffered.yaml",
+	"xds":         "deploy/envoy/envoy-xds.yaml",
 }
 
 func startStack(t *testing.T, envoyFile string) *Stack {

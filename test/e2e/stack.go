@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/xds"
 )
 
 // Stack is a running gateway stack.
@@ -132,6 +134,31 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
 	if err != nil {
 		return nil, err
+	}
+	if ecfg.RDSName != "" {
+		// The bootstrap takes clusters and routes over ADS: run infergate's control plane for the same policy
+		// on a free port and let the data plane fetch them, as Envoy does at startup.
+		if st.Policies == nil {
+			return nil, fmt.Errorf("%s needs the stack's own infergate (xDS)", o.EnvoyFile)
+		}
+		cp := xds.NewServer(o.Logger)
+		if err := cp.Update(st.Policies.Current(), nil); err != nil {
+			return nil, err
+		}
+		xgs := grpc.NewServer()
+		cp.Register(ctx, xgs)
+		xlis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		go func() { _ = xgs.Serve(xlis) }()
+		go func() { <-ctx.Done(); xgs.Stop() }()
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = ecfg.FetchADS(fctx, xlis.Addr().String())
+		cancel()
+		if err != nil {
+			return nil, err
+		}
 	}
 	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: real, Logger: o.Logger})
 	if err != nil {

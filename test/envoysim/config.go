@@ -37,6 +37,9 @@ type Config struct {
 	ExtProcAddr string
 	Routes      *routev3.RouteConfiguration
 	Clusters    map[string]*Cluster
+	// RDSName is the route configuration the listener takes over ADS when the bootstrap has dynamic
+	// resources; FetchADS fills Routes and the dynamic clusters.
+	RDSName string
 }
 
 // Cluster is an upstream cluster with static endpoints.
@@ -115,7 +118,10 @@ func Parse(data []byte) (*Config, error) {
 	}
 	cfg.Routes = hcm.GetRouteConfig()
 	if cfg.Routes == nil {
-		return nil, fmt.Errorf("the data plane needs an inline route_config (RDS is not emulated)")
+		if hcm.GetRds().GetConfigSource().GetAds() == nil || bs.GetDynamicResources().GetAdsConfig() == nil {
+			return nil, fmt.Errorf("the data plane needs an inline route_config or RDS over ADS")
+		}
+		cfg.RDSName = hcm.GetRds().GetRouteConfigName()
 	}
 	for _, hf := range hcm.GetHttpFilters() {
 		ep := &extprocfilterv3.ExternalProcessor{}
