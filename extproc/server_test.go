@@ -19,6 +19,7 @@ import (
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/wait"
 )
 
 const chatBody = `{"model":"llama-70b","messages":[{"role":"system","content":"Tu es un assistant. Réponds en français."},{"role":"user","content":"Bonjour ✓"}],"max_tokens":32}`
@@ -466,7 +467,7 @@ func TestAbortMidStreamSettlesOnce(t *testing.T) {
 	if st.Result != "aborted" || st.Usage.PromptTokens == 0 || st.Usage.CompletionTokens != 1 {
 		t.Errorf("settlement = %+v (the one content chunk sent must be charged)", st)
 	}
-	waitFor(t, func() bool { return h.inflight.Total() == 0 })
+	wait.For(t, "in-flight count back to zero", func() bool { return h.inflight.Total() == 0 })
 	h.noSettlement()
 }
 

@@ -153,12 +153,7 @@ func TestAffinityScoring(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			inflight := &fleet.InFlight{}
-			for ep, n := range tc.load {
-				for range n {
-					inflight.Start(ep)
-				}
-			}
+			inflight := inFlight(tc.load)
 			p := &Affinity{InFlight: inflight, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
 			r := request(t, sys, "question")
 			if tc.warm != "" {

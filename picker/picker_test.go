@@ -23,6 +23,17 @@ spec:
   - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
 `
 
+// inFlight is an in-flight count with load[endpoint] requests started at each endpoint.
+func inFlight(load map[string]int) *fleet.InFlight {
+	f := &fleet.InFlight{}
+	for ep, n := range load {
+		for range n {
+			f.Start(ep)
+		}
+	}
+	return f
+}
+
 func TestLeastInFlight(t *testing.T) {
 	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
 	if err != nil {
@@ -45,12 +56,7 @@ func TestLeastInFlight(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			inflight := &fleet.InFlight{}
-			for ep, n := range tc.load {
-				for range n {
-					inflight.Start(ep)
-				}
-			}
+			inflight := inFlight(tc.load)
 			p := &LeastInFlight{InFlight: inflight}
 			d, err := p.Pick(snap, Input{Model: model})
 			if err != nil {

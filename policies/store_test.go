@@ -8,20 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-// waitFor polls cond until it holds or a generous deadline passes; the deadline guards a hang, it is not a
-// performance assertion.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+	"github.com/infergate/infergate/test/wait"
+)
 
 // writeAtomically replaces a file by rename, as editors and Kubernetes ConfigMap updates do.
 func writeAtomically(t *testing.T, path, content string) {
@@ -56,7 +45,7 @@ func TestStoreHotReloadKeepsLastGoodPolicy(t *testing.T) {
 
 	// A broken policy is refused and counted; the old snapshot stays live.
 	writeAtomically(t, path, strings.Replace(basePolicy, "engine: vllm", "engine: ollama", 1))
-	waitFor(t, "rejected reload", func() bool { _, failed, _ := store.ReloadStats(); return failed >= 1 })
+	wait.For(t, "rejected reload", func() bool { _, failed, _ := store.ReloadStats(); return failed >= 1 })
 	if _, _, lastOK := store.ReloadStats(); lastOK {
 		t.Error("lastOK is true after a rejected reload")
 	}
@@ -66,7 +55,7 @@ func TestStoreHotReloadKeepsLastGoodPolicy(t *testing.T) {
 
 	// A good change is installed and subscribers hear of it.
 	writeAtomically(t, path, strings.Replace(basePolicy, "qwen-7b", "qwen2.5-7b", -1))
-	waitFor(t, "installed reload", func() bool { return store.Current() != first })
+	wait.For(t, "installed reload", func() bool { return store.Current() != first })
 	select {
 	case s := <-changed:
 		notified = append(notified, s)

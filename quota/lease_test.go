@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 func TestLeaseSize(t *testing.T) {
@@ -150,7 +151,7 @@ func TestLeasesHandedBack(t *testing.T) {
 			} else {
 				c.Advance(leaseIdle) // the sweeper, once a second, finds the leases idle
 			}
-			waitFor(t, "the lease handed back", func() bool {
+			wait.For(t, "the lease handed back", func() bool {
 				v, _ := srv.Do("GET", key)
 				n, _ := srv.Do("ZCARD", concKey(tn))
 				return v == "400" && n == "0"

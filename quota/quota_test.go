@@ -13,6 +13,7 @@ import (
 
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 func policy(t testing.TB, quota, settings string) (*policies.Snapshot, *policies.Tenant, *policies.Model) {
@@ -66,18 +67,6 @@ func req(snap *policies.Snapshot, tn *policies.Tenant, m *policies.Model, tokens
 	return Request{Snapshot: snap, Tenant: tn, Model: m, EstimatedTokens: tokens, EstimatedCostMicros: tokens}
 }
 
-// waitFor polls a condition with a generous deadline (a hang guard, not a timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // 256 concurrent streams against a tokens-per-minute limit and a concurrency limit: the admitted work never
 // overshoots (≤ 1 %), and settlement refunds what was not used.
 func TestConcurrentAdmissionIsAtomic(t *testing.T) {
@@ -114,7 +103,7 @@ func TestConcurrentAdmissionIsAtomic(t *testing.T) {
 			l.Settle(tk, 100, 100)
 		}()
 	}
-	waitFor(t, "16 admissions", func() bool { return admitted.Load() == 16 })
+	wait.For(t, "16 admissions", func() bool { return admitted.Load() == 16 })
 	time.Sleep(50 * time.Millisecond) // give the rejected ones time to finish
 	if peak.Load() > 16 {
 		t.Errorf("peak concurrency %d over the limit of 16", peak.Load())
@@ -123,7 +112,7 @@ func TestConcurrentAdmissionIsAtomic(t *testing.T) {
 	wg.Wait()
 
 	// With concurrency freed, tokens per minute binds: 10,000 / 100 = 100 requests, minus the 16 already in.
-	waitFor(t, "settlements flushed", func() bool { v, _ := srv.Do("ZCARD", concKey(tn)); return v == "0" })
+	wait.For(t, "settlements flushed", func() bool { v, _ := srv.Do("ZCARD", concKey(tn)); return v == "0" })
 	var more atomic.Int64
 	for range 256 {
 		wg.Add(1)
@@ -171,7 +160,7 @@ func TestSettlementRefundsAndCharges(t *testing.T) {
 	// ... but after settling at 150 real tokens it does.
 	l.Settle(tk, 150, 150)
 	key := "ig:" + tag(tn.Name) + ":tenant:tpm:" + windowID(c.Now(), time.Minute)
-	waitFor(t, "refund", func() bool { v, _ := srv.Do("GET", key); return v == "150" })
+	wait.For(t, "refund", func() bool { v, _ := srv.Do("GET", key); return v == "150" })
 	if _, rej, _ := l.Admit(context.Background(), req(snap, tn, m, 600)); rej != nil {
 		t.Fatalf("rejected after refund: %+v", rej)
 	}
@@ -287,7 +276,7 @@ func TestRedisOutage(t *testing.T) {
 				t.Error("backend_up not 0 while down")
 			}
 			srv.Restart()
-			waitFor(t, "recovery", l.Up)
+			wait.For(t, "recovery", l.Up)
 			if got := testutil.ToFloat64(l.metrics.Transitions.WithLabelValues("up")); got != 1 {
 				t.Errorf("up transitions = %v", got)
 			}
@@ -317,7 +306,7 @@ func TestCluster(t *testing.T) {
 	}
 	before := l.RoundTrips()
 	l.Settle(tk, 50, 50)
-	waitFor(t, "cluster settlement", func() bool { v, _ := srv.Do("ZCARD", concKey(tn)); return v == "0" })
+	wait.For(t, "cluster settlement", func() bool { v, _ := srv.Do("ZCARD", concKey(tn)); return v == "0" })
 	if l.RoundTrips() == before {
 		t.Error("settlement sent nothing")
 	}

@@ -1,0 +1,20 @@
+// Package wait polls a condition in tests that watch something happen in the background (a settlement
+// flushed, a reload picked up). Its deadline guards against a hang; it is not a timing assertion.
+package wait
+
+import (
+	"testing"
+	"time"
+)
+
+// For polls cond every few milliseconds until it holds, failing the test after 10 s.
+func For(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
