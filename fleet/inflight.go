@@ -1,5 +1,5 @@
 // Package fleet is the gateway's view of its replicas. This file holds what the gateway knows without asking
-// anyone: how many requests it has sent to each endpoint that have not finished yet.
+// anyone: how many requests it has sent to each endpoint that have not finished yet, and in what order.
 package fleet
 
 import (
@@ -10,34 +10,51 @@ import (
 // InFlight counts this process's unfinished requests per endpoint. It is safe for concurrent use, and reads
 // on the request path take no lock once an endpoint has been seen.
 type InFlight struct {
-	counters sync.Map // endpoint string -> *atomic.Int64
-	total    atomic.Int64
+	endpoints sync.Map // endpoint string -> *endpointLoad
+	total     atomic.Int64
+	starts    atomic.Uint64
 }
 
-func (f *InFlight) counter(endpoint string) *atomic.Int64 {
-	if c, ok := f.counters.Load(endpoint); ok {
-		return c.(*atomic.Int64)
+type endpointLoad struct {
+	count     atomic.Int64
+	lastStart atomic.Uint64
+}
+
+func (f *InFlight) endpoint(endpoint string) *endpointLoad {
+	if c, ok := f.endpoints.Load(endpoint); ok {
+		return c.(*endpointLoad)
 	}
-	c, _ := f.counters.LoadOrStore(endpoint, new(atomic.Int64))
-	return c.(*atomic.Int64)
+	c, _ := f.endpoints.LoadOrStore(endpoint, new(endpointLoad))
+	return c.(*endpointLoad)
 }
 
 // Start records a request sent to endpoint.
 func (f *InFlight) Start(endpoint string) {
-	f.counter(endpoint).Add(1)
+	e := f.endpoint(endpoint)
+	e.count.Add(1)
+	e.lastStart.Store(f.starts.Add(1))
 	f.total.Add(1)
 }
 
 // Done records that a request to endpoint finished, however it ended.
 func (f *InFlight) Done(endpoint string) {
-	f.counter(endpoint).Add(-1)
+	f.endpoint(endpoint).count.Add(-1)
 	f.total.Add(-1)
 }
 
 // Count returns the unfinished requests at endpoint.
 func (f *InFlight) Count(endpoint string) int64 {
-	if c, ok := f.counters.Load(endpoint); ok {
-		return c.(*atomic.Int64).Load()
+	if c, ok := f.endpoints.Load(endpoint); ok {
+		return c.(*endpointLoad).count.Load()
+	}
+	return 0
+}
+
+// LastStarted orders endpoints by when this process last sent them a request (0: never). Among equally loaded
+// endpoints, the one served longest ago has had the most time to work through its queue.
+func (f *InFlight) LastStarted(endpoint string) uint64 {
+	if c, ok := f.endpoints.Load(endpoint); ok {
+		return c.(*endpointLoad).lastStart.Load()
 	}
 	return 0
 }

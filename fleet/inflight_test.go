@@ -25,3 +25,20 @@ func TestInFlightConcurrent(t *testing.T) {
 		t.Fatalf("counts a=%d b=%d total=%d", f.Count("a:1"), f.Count("b:1"), f.Total())
 	}
 }
+
+func TestInFlightLastStarted(t *testing.T) {
+	var f InFlight
+	if f.LastStarted("a:1") != 0 {
+		t.Fatal("never-used endpoint has a start")
+	}
+	f.Start("a:1")
+	f.Start("b:1")
+	f.Done("a:1")
+	if !(f.LastStarted("a:1") < f.LastStarted("b:1")) || f.LastStarted("a:1") == 0 {
+		t.Errorf("a started at %d, b at %d", f.LastStarted("a:1"), f.LastStarted("b:1"))
+	}
+	f.Start("a:1")
+	if !(f.LastStarted("a:1") > f.LastStarted("b:1")) {
+		t.Errorf("a restarted at %d, b at %d", f.LastStarted("a:1"), f.LastStarted("b:1"))
+	}
+}

@@ -83,7 +83,8 @@ func (x *Index) Match(endpoint string, hashes []uint64) int {
 	return len(hashes)
 }
 
-// Credit records that the endpoint now holds the prompt's blocks; capacity sizes a new endpoint's LRU.
+// Credit records that the endpoint now holds the prompt's blocks; capacity sizes a new endpoint's LRU. The
+// prompt's group block (see GroupKey) counts towards the endpoint's Groups while the index keeps it.
 func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -91,7 +92,25 @@ func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) {
 	for _, h := range hashes {
 		l.add(h)
 	}
+	if len(hashes) > 0 {
+		l.markGroup(GroupKey(hashes))
+	}
 }
+
+// Groups reports how many conversation groups the endpoint is believed to hold: what new groups are balanced
+// on, so that every gateway replica, having seen the same groups, places the next one alike.
+func (x *Index) Groups(endpoint string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		return l.groups
+	}
+	return 0
+}
+
+// GroupKey is the chained hash that names a prompt's conversation group: that of its first rendezvousBlocks
+// blocks (or of all of them when the prompt is shorter).
+func GroupKey(hashes []uint64) uint64 { return hashes[min(len(hashes), rendezvousBlocks)-1] }
 
 // lru is a fixed-capacity set of block hashes with least-recently-used eviction, on an intrusive list of
 // array slots so that steady-state use allocates nothing.
@@ -100,11 +119,13 @@ type lru struct {
 	index      map[uint64]int32
 	head, tail int32 // most and least recently used; -1 when empty
 	free       int32 // next unused slot
+	groups     int   // slots marked group
 }
 
 type slot struct {
 	hash       uint64
 	prev, next int32
+	group      bool // the block that names a conversation group (its rendezvous key)
 }
 
 func newLRU(capacity int) *lru {
@@ -156,6 +177,7 @@ func (l *lru) remove(h uint64) {
 	}
 	delete(l.index, h)
 	l.unlink(i)
+	l.ungroup(i)
 	// Keep the slot in the list as the least recently used, holding a hash no prompt can match again soon.
 	l.slots[i].hash = 0
 	s := &l.slots[i]
@@ -171,16 +193,35 @@ func (l *lru) remove(h uint64) {
 // resized copies the most recently used entries into an LRU of another capacity.
 func (l *lru) resized(capacity int) *lru {
 	n := newLRU(capacity)
-	var recent []uint64
+	var recent []int32
 	for i := l.head; i >= 0 && len(recent) < capacity; i = l.slots[i].next {
 		if j, ok := l.index[l.slots[i].hash]; ok && j == i { // skip removed slots
-			recent = append(recent, l.slots[i].hash)
+			recent = append(recent, i)
 		}
 	}
 	for k := len(recent) - 1; k >= 0; k-- { // oldest first, so the newest ends up most recent
-		n.add(recent[k])
+		s := l.slots[recent[k]]
+		n.add(s.hash)
+		if s.group {
+			n.markGroup(s.hash)
+		}
 	}
 	return n
+}
+
+// markGroup marks a held block as the one naming a conversation group.
+func (l *lru) markGroup(h uint64) {
+	if i, ok := l.index[h]; ok && !l.slots[i].group {
+		l.slots[i].group = true
+		l.groups++
+	}
+}
+
+func (l *lru) ungroup(i int32) {
+	if l.slots[i].group {
+		l.slots[i].group = false
+		l.groups--
+	}
 }
 
 func (l *lru) add(h uint64) {
@@ -197,6 +238,7 @@ func (l *lru) add(h uint64) {
 		if j, ok := l.index[l.slots[i].hash]; ok && j == i {
 			delete(l.index, l.slots[i].hash)
 		}
+		l.ungroup(i)
 	}
 	l.slots[i].hash = h
 	l.index[h] = i

@@ -3,6 +3,7 @@ package picker
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -187,7 +188,8 @@ func TestColdPrefixRendezvousAgreesAcrossReplicas(t *testing.T) {
 	}
 }
 
-// Two gateway replicas receiving alternate requests of one workload keep ≥ 90 % of one replica's hit rate.
+// Two gateway replicas receiving alternate requests of one workload keep ≥ 90 % of one replica's hit rate, with
+// the fleet idle and with requests in flight (each replica then sees different loads).
 func TestTwoReplicasKeepAffinity(t *testing.T) {
 	snap, m := affinitySnap(t)
 	type req struct{ group, i int }
@@ -202,33 +204,61 @@ func TestTwoReplicasKeepAffinity(t *testing.T) {
 	for g := range systems {
 		systems[g] = fmt.Sprintf("Tenant group %d. %s", g, strings.Repeat("Follow the policy handbook precisely. ", 150))
 	}
-	hitRate := func(pickers []*Affinity) float64 {
-		seen := map[string]map[int]bool{} // endpoint -> groups it has served (the replicas' real caches)
+	// hitRate sends the workload; with maxInFlight > 0 each request stays in flight for a random number (up to
+	// maxInFlight) of the requests that follow it.
+	hitRate := func(pickers []*Affinity, maxInFlight int) float64 {
+		rng := rand.New(rand.NewPCG(3, 4))
+		type flight struct {
+			p         *Affinity
+			ep        string
+			endsAfter int
+		}
+		var flying []flight
+		// The replicas' real caches: each holds its four most recently served groups (16 groups, 5 replicas:
+		// the fleet holds every group once, not twice).
+		cached := map[string][]int{}
 		hits := 0
 		for k, w := range work {
-			d, err := pickers[k%len(pickers)].Pick(snap, Input{Model: m, Request: request(t, systems[w.group], fmt.Sprintf("question %d", w.i))})
+			kept := flying[:0]
+			for _, f := range flying {
+				if f.endsAfter <= k {
+					f.p.InFlight.Done(f.ep)
+				} else {
+					kept = append(kept, f)
+				}
+			}
+			flying = kept
+			p := pickers[k%len(pickers)]
+			d, err := p.Pick(snap, Input{Model: m, Request: request(t, systems[w.group], fmt.Sprintf("question %d", w.i))})
 			if err != nil {
 				t.Fatal(err)
 			}
 			ep := d.Endpoints[0]
-			if seen[ep][w.group] {
+			if maxInFlight > 0 {
+				p.InFlight.Start(ep)
+				flying = append(flying, flight{p, ep, k + 1 + rng.IntN(maxInFlight)})
+			}
+			if i := slices.Index(cached[ep], w.group); i >= 0 {
 				hits++
+				cached[ep] = slices.Delete(cached[ep], i, i+1)
 			}
-			if seen[ep] == nil {
-				seen[ep] = map[int]bool{}
+			cached[ep] = append(cached[ep], w.group)
+			if len(cached[ep]) > 4 {
+				cached[ep] = cached[ep][1:]
 			}
-			seen[ep][w.group] = true
 		}
 		return float64(hits) / float64(len(work))
 	}
 	newPicker := func() *Affinity {
 		return &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
 	}
-	one := hitRate([]*Affinity{newPicker()})
-	two := hitRate([]*Affinity{newPicker(), newPicker()})
-	t.Logf("hit rate: one replica %.3f, two replicas %.3f", one, two)
-	if two < 0.9*one {
-		t.Errorf("two replicas reach %.3f, below 90%% of one replica's %.3f", two, one)
+	for _, maxInFlight := range []int{0, 12} {
+		one := hitRate([]*Affinity{newPicker()}, maxInFlight)
+		two := hitRate([]*Affinity{newPicker(), newPicker()}, maxInFlight)
+		t.Logf("up to %d in flight: hit rate one replica %.3f, two replicas %.3f", maxInFlight, one, two)
+		if two < 0.9*one {
+			t.Errorf("up to %d in flight: two replicas reach %.3f, below 90%% of one replica's %.3f", maxInFlight, two, one)
+		}
 	}
 }
 

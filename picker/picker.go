@@ -26,9 +26,11 @@ type Decision struct {
 	// Observer compares with the engine's count.
 	EstimatedPromptTokens int
 	// ExpectedCachedTokens is how many prompt tokens the picker believed the chosen endpoint holds;
-	// FirstBlock names the prompt's first block, for the picker to forget a belief the engine contradicts.
+	// FirstBlock and GroupBlock name the prompt's first block and its conversation group's (GroupKey), for the
+	// picker to forget a belief the engine contradicts.
 	ExpectedCachedTokens int
 	FirstBlock           uint64
+	GroupBlock           uint64
 }
 
 // Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens

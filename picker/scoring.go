@@ -25,9 +25,9 @@ import (
 //
 // Bounded load: endpoints above (1+ε) × the mean load (+1) are not candidates. The best score wins; scores
 // within tieTolerance of it are ties, which go to the cheapest hardware (cost per token). A prefix no endpoint
-// holds goes, among the least loaded candidates, to the best hardware for it, the cheapest, then the
-// rendezvous-hash winner of its first blocks: gateway replicas send a new conversation group to the same
-// endpoint when loads are level, and so does this one after its index forgot the group.
+// holds is placed by placeNew: while prompts share prefixes, at the rendezvous-hash winner of its first blocks
+// among endpoints under a bound on conversation groups, so that gateway replicas that never talk to each
+// other start a group on the same endpoint; while they do not, on the least loaded endpoint.
 type Affinity struct {
 	InFlight *fleet.InFlight
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
@@ -43,18 +43,20 @@ type Affinity struct {
 	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
 
-	pool  sync.Pool     // []uint64 hash buffers
-	scale atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
+	pool    sync.Pool     // []uint64 hash buffers
+	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
+	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
 }
 
 // Observe implements Observer. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
 // that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
 // tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the
-// prefix (or another gateway's traffic did): the index forgets it there, and the prefix goes back to its
-// rendezvous endpoint, where every gateway replica will look for it.
+// prefix (or another gateway's traffic did): the index forgets it there, and the prefix is placed again as a
+// new one, where the other gateway replicas place it.
 func (p *Affinity) Observe(d Decision, u openai.Usage) {
 	if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
 		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
+		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
 	}
 	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
 	if estimated <= 0 || real <= 0 {
@@ -73,6 +75,85 @@ func (p *Affinity) Observe(d Decision, u openai.Usage) {
 	}
 }
 
+// noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
+// prompts that did (before this one).
+func (p *Affinity) noteSharing(matched bool) float64 {
+	sample := 0.0
+	if matched {
+		sample = 1
+	}
+	for {
+		old := p.sharing.Load()
+		prev := initialSharing
+		if old != 0 {
+			prev = math.Float64frombits(old)
+		}
+		next := max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
+		if p.sharing.CompareAndSwap(old, math.Float64bits(next)) {
+			return prev
+		}
+	}
+}
+
+// placeNew orders the candidates for a prefix no endpoint holds (or one the index has forgotten): the first
+// is where it starts, the others follow in score order as retry endpoints. all is every candidate of the
+// model, for the group bound.
+//
+// When prompts share prefixes (consistent), a new group goes to the rendezvous winner of its first blocks
+// among the endpoints holding fewer than (1+ε) × the mean number of groups (counting this one). Every gateway
+// replica receiving a share of the same traffic has seen about the same groups, so they agree on where the
+// next one starts — and the groups stay spread evenly, which a bare rendezvous hash does not do for a few
+// dozen groups. When prompts do not come back, agreement is worth nothing and balance is all: the least
+// loaded endpoint (this gateway's requests in flight plus the engine's queue), and among equals the one sent a
+// request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
+// tieTolerance) and then the cheapest come first.
+func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64) []scored {
+	var band, rest []scored
+	if consistent {
+		groups := 0
+		for i := range all {
+			groups += p.Index.Groups(all[i].endpoint)
+		}
+		limit := int(math.Ceil((1 + eps) * float64(groups+1) / float64(len(all))))
+		for _, c := range eligible {
+			if p.Index.Groups(c.endpoint) < limit {
+				band = append(band, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		if len(band) == 0 { // every endpoint under the group bound is out for load or KV: the others take it
+			band, rest = rest, nil
+		}
+	} else {
+		least := int64(math.MaxInt64)
+		for _, c := range eligible {
+			least = min(least, c.load+c.queue)
+		}
+		for _, c := range eligible {
+			if c.load+c.queue == least {
+				c.lastStarted = p.InFlight.LastStarted(c.endpoint)
+				band = append(band, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+	}
+	slices.SortFunc(band, func(a, b scored) int {
+		if fa, fb := fit(&a), fit(&b); fa != fb {
+			return cmpFloat(fb, fa)
+		}
+		if a.cost != b.cost {
+			return cmpFloat(a.cost, b.cost)
+		}
+		if a.lastStarted != b.lastStarted {
+			return cmpAsc(a.lastStarted, b.lastStarted)
+		}
+		return cmpDesc(a.rank, b.rank)
+	})
+	return append(band, rest...)
+}
+
 // tokenScale is estimated ÷ real tokens (1 until Observe has data).
 func (p *Affinity) tokenScale() float64 {
 	if b := p.scale.Load(); b != 0 {
@@ -89,10 +170,14 @@ type EngineView interface {
 // rendezvousBlocks is how many leading blocks identify a conversation group for rendezvous hashing.
 const rendezvousBlocks = 4
 
-// newPrefixSlack is how many more requests than the least loaded an endpoint may have and still take a new
-// prefix that hashes to it. More agreement between gateway replicas on where a group starts, for a worse
-// tail when prompts share nothing (BENCHMARKS.md): 0 measured best overall.
-const newPrefixSlack = 0
+// New prefixes are placed consistently across gateway replicas while at least consistentPlacement of recent
+// prompts (an exponential average over about sharingWindow of them, starting at initialSharing) matched a
+// prefix already held somewhere; below that, prompts rarely come back and new ones are placed for balance.
+const (
+	consistentPlacement = 0.25
+	sharingWindow       = 32
+	initialSharing      = 0.5
+)
 
 // tieTolerance is how close two candidates' scores must be to count as a tie.
 const tieTolerance = 0.02
@@ -113,6 +198,8 @@ type scored struct {
 	kvFull     bool // the engine's KV cache is over the policy's threshold while requests wait
 	s          Score
 	rank       uint64 // rendezvous rank
+	// lastStarted is when this gateway last sent the endpoint a request (placement of unshared prompts).
+	lastStarted uint64
 }
 
 // Pick implements Picker.
@@ -193,7 +280,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	wPrefill, wLoRA := *routing.PrefillWeight, *routing.LoRAWeight
 	var key uint64
 	if len(hashes) > 0 {
-		key = hashes[min(len(hashes), rendezvousBlocks)-1]
+		key = GroupKey(hashes)
 	}
 	anyMatch, kvFull := false, 0
 	eligible := cands[:0:0]
@@ -225,37 +312,14 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 		return overflow(model, in.Adapter, saturated+kvFull, unavailable)
 	}
 	slices.SortFunc(eligible, byScore)
-	if len(hashes) > 0 && !anyMatch {
-		// A new prefix (or one the index has forgotten): among the least loaded candidates (this gateway's
-		// requests in flight plus the engine's queue), the best hardware for it (prefill and LoRA scores, in steps
-		// of tieTolerance), then the cheapest, then the rendezvous winner of its first blocks — so that gateway
-		// replicas, and this one after forgetting, send a conversation group to the same endpoint when loads are
-		// level.
-		least := int64(math.MaxInt64)
-		for _, c := range eligible {
-			least = min(least, c.load+c.queue)
+	if len(hashes) > 0 {
+		sharing := p.noteSharing(anyMatch)
+		if !anyMatch {
+			fit := func(c *scored) float64 { return math.Floor((wPrefill*c.s.Prefill + wLoRA*c.s.LoRA) / tieTolerance) }
+			eligible = p.placeNew(eligible, cands, sharing >= consistentPlacement, eps, fit)
 		}
-		inBand := make([]scored, 0, len(eligible))
-		var rest []scored
-		for _, c := range eligible {
-			if c.load+c.queue <= least+newPrefixSlack {
-				inBand = append(inBand, c)
-			} else {
-				rest = append(rest, c)
-			}
-		}
-		fit := func(c *scored) float64 { return math.Floor((wPrefill*c.s.Prefill + wLoRA*c.s.LoRA) / tieTolerance) }
-		slices.SortFunc(inBand, func(a, b scored) int {
-			if fa, fb := fit(&a), fit(&b); fa != fb {
-				return cmpFloat(fb, fa)
-			}
-			if a.cost != b.cost {
-				return cmpFloat(a.cost, b.cost)
-			}
-			return cmpDesc(a.rank, b.rank)
-		})
-		eligible = append(inBand, rest...) // the others stay, in score order, as retry endpoints
-	} else {
+	}
+	if len(hashes) == 0 || anyMatch {
 		// Scores within tieTolerance of the best are ties: the cheapest hardware takes them.
 		n := 1
 		for n < len(eligible) && eligible[n].s.Total >= eligible[0].s.Total-tieTolerance {
@@ -286,7 +350,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	d := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: estimated,
 		ExpectedCachedTokens: int(float64(best.matched*blockTokens) / scale)}
 	if len(hashes) > 0 {
-		d.FirstBlock = hashes[0]
+		d.FirstBlock, d.GroupBlock = hashes[0], GroupKey(hashes)
 	}
 	if routing.DebugScores {
 		d.Scores = make([]Score, len(eligible))
@@ -334,6 +398,8 @@ func cmpFloat(a, b float64) int {
 	}
 	return 0
 }
+
+func cmpAsc(a, b uint64) int { return -cmpDesc(a, b) }
 
 func cmpDesc(a, b uint64) int {
 	switch {

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -19,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
@@ -200,6 +203,7 @@ func main() {
 	blocks := flag.Int("blocks", 700, "KV blocks per replica (16 tokens each)")
 	only := flag.String("only", "", "run only workloads whose name contains this")
 	runs := flag.Int("runs", 3, "runs per policy and workload; the table shows medians")
+	onlyPolicies := flag.String("policies", "", "run only these policies (comma-separated names; round-robin always runs, as the baseline)")
 	flag.Parse()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -276,29 +280,39 @@ spec:
 		name string
 		work func() []request
 		rate float64
-	}{
+	}{ // the target checks below name these
 		{"shared prefix, moderate", func() []request { return sharedPrefix(16, 64, 1500) }, 8},
 		{"shared prefix, near saturation", func() []request { return sharedPrefix(16, 64, 1500) }, 20},
 		{"multi-turn", func() []request { return multiTurn(32, 8) }, 10},
-		{"no shared prefix", func() []request { return noSharedPrefix(256) }, 6},
+		{"no shared prefix", func() []request { return noSharedPrefix(768) }, 6},
 	}
 	fmt.Printf("%d l40s replicas × %d KV blocks, simulated time (time scale %.2f); TTFT and throughput in simulated time\n\n", *replicas, *blocks, timeScale)
 	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | cache-hit | p95 / RR | throughput / RR |")
 	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	medians := map[string]map[string]result{} // workload -> policy -> medians
+	ceilings := map[string]float64{}
 	for _, w := range workloads {
 		if !strings.Contains(w.name, *only) {
 			continue
 		}
+		medians[w.name], ceilings[w.name] = map[string]result{}, ceiling(w.work(), 16)
 		results := make([][]result, 5)
 		for k := range *runs {
 			for i, p := range policiesUnder() {
+				if !selected(*onlyPolicies, p.name) {
+					continue
+				}
 				// Each run starts from a cold fleet: fresh prompts (tagged by run and policy) miss every cache.
 				results[i] = append(results[i], run(p.rt, tag(w.work(), k*10+i), w.rate))
 			}
 		}
 		var rr result
 		for i, p := range policiesUnder() {
+			if !selected(*onlyPolicies, p.name) {
+				continue
+			}
 			res := medianOf(results[i])
+			medians[w.name][p.name] = res
 			if i == 0 {
 				rr = res
 			}
@@ -307,6 +321,89 @@ spec:
 				float64(res.p95)/float64(max(rr.p95, 1)), res.throughput/max(rr.throughput, 1e-9))
 		}
 	}
+	printTargets(medians, ceilings)
+}
+
+// printTargets checks the picker issue's targets against the medians (rows that did not run are skipped).
+func printTargets(m map[string]map[string]result, ceilings map[string]float64) {
+	fmt.Println("\nCache-hit ceilings (every full block any earlier prompt had, nothing evicted):")
+	for _, w := range slices.Sorted(maps.Keys(ceilings)) {
+		fmt.Printf("- %s: %.1f%%\n", w, 100*ceilings[w])
+	}
+	fmt.Println("\nTargets:")
+	check := func(what string, ok bool, format string, args ...any) {
+		verdict := "NOT MET"
+		if ok {
+			verdict = "met"
+		}
+		fmt.Printf("- %s: %s — %s\n", what, fmt.Sprintf(format, args...), verdict)
+	}
+	get := func(workload, policy string) (result, bool) {
+		r, ok := m[workload][policy]
+		return r, ok && r.success > 0
+	}
+	ratio := func(a, b float64) float64 { return a / max(b, 1e-9) }
+	const moderate, nearSat, noShared = "shared prefix, moderate", "shared prefix, near saturation", "no shared prefix"
+	if ig, ok := get(moderate, "infergate"); ok {
+		rr, _ := get(moderate, "round-robin")
+		check("shared prefix, moderate: TTFT p95 ≤ 0.2× round-robin", ratio(float64(ig.p95), float64(rr.p95)) <= 0.2,
+			"%.2f×", ratio(float64(ig.p95), float64(rr.p95)))
+		check("shared prefix, moderate: 100% success", ig.success == 1, "%.1f%%", 100*ig.success)
+		check("shared prefix, moderate: cache-hit within 2 points of the workload's ceiling", ig.hit >= ceilings[moderate]-0.02,
+			"%.1f%% (ceiling %.1f%%)", 100*ig.hit, 100*ceilings[moderate])
+	}
+	if ig, ok := get(nearSat, "infergate"); ok {
+		rr, _ := get(nearSat, "round-robin")
+		check("near saturation: throughput ≥ 1.3× round-robin", ratio(ig.throughput, rr.throughput) >= 1.3,
+			"%.2f×", ratio(ig.throughput, rr.throughput))
+	}
+	if ig, ok := get(noShared, "infergate"); ok {
+		if ll, ok := get(noShared, "least-loaded"); ok {
+			check("no shared prefix: TTFT p95 within 5% of least-loaded", ratio(float64(ig.p95), float64(ll.p95)) <= 1.05,
+				"%.2f×", ratio(float64(ig.p95), float64(ll.p95)))
+		}
+	}
+	// Two replicas within 10 % of one: the cache-hit ratio (as the two-replica consistency test measures it) and
+	// the throughput; the TTFT p95 ratio is shown beside them.
+	for _, w := range []string{moderate, nearSat, "multi-turn"} {
+		one, ok1 := get(w, "infergate")
+		two, ok2 := get(w, "infergate ×2")
+		if !ok1 || !ok2 {
+			continue
+		}
+		check(w+": two replicas' cache-hit and throughput ≥ 0.9× one replica's",
+			ratio(two.hit, one.hit) >= 0.9 && ratio(two.throughput, one.throughput) >= 0.9,
+			"cache-hit %.2f×, throughput %.2f× (TTFT p95 %.2f×)", ratio(two.hit, one.hit), ratio(two.throughput, one.throughput),
+			ratio(float64(two.p95), float64(one.p95)))
+	}
+}
+
+// ceiling is a workload's best possible cache-hit ratio: every prompt finds each full block (of the simulator's
+// tokens) that any earlier prompt had, with nothing ever evicted.
+func ceiling(work []request, blockTokens int) float64 {
+	seen := map[uint64]bool{}
+	var cached, total int
+	for _, r := range work {
+		tokens := strings.Fields("<|system|> " + r.system + " <|user|> " + r.user + " <|assistant|>")
+		total += len(tokens)
+		var h uint64
+		hit := true
+		for b := 0; (b+1)*blockTokens <= len(tokens); b++ {
+			h = xxh3.HashStringSeed(strings.Join(tokens[b*blockTokens:(b+1)*blockTokens], " "), h)
+			if hit && seen[h] {
+				cached += blockTokens
+			} else {
+				hit = false
+			}
+			seen[h] = true
+		}
+	}
+	return float64(cached) / float64(max(total, 1))
+}
+
+// selected reports whether a policy runs: every policy when list is empty, round-robin always.
+func selected(list, name string) bool {
+	return list == "" || name == "round-robin" || slices.Contains(strings.Split(list, ","), name)
 }
 
 // medianOf takes each metric's median over runs (policies' runs alternate, so they share the machine's moods).
