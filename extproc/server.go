@@ -120,6 +120,9 @@ var sharedBufferPool = &BufferPool{}
 
 // Process handles one HTTP request's ext_proc stream, from request headers to the end of the response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	if model, fallback := fallbackLeg(stream.Context()); model != "" || fallback != "" {
+		return s.processFallbackLeg(stream, model, fallback)
+	}
 	m := s.opts.Metrics
 	m.ActiveStreams.Inc()
 	defer m.ActiveStreams.Dec()

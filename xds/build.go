@@ -105,12 +105,14 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			if err != nil {
 				return nil, err
 			}
+			secret := ""
 			if key, err := fallbackKey(&f); err != nil {
 				out.Warnings = append(out.Warnings, err.Error()+"; requests to it go without a credential")
 			} else {
-				injectCredential(c, SecretName(m.Name, f.Name))
-				out.Secrets = append(out.Secrets, credentialSecret(SecretName(m.Name, f.Name), key))
+				secret = SecretName(m.Name, f.Name)
+				out.Secrets = append(out.Secrets, credentialSecret(secret, key))
 			}
+			upstreamFilters(c, m.Name, f.Name, secret)
 			out.Clusters = append(out.Clusters, c)
 			// infergate names a managed API as the pool "fallback/<name>" when it sends overflow there. The
 			// provider expects its own Host.

@@ -4,16 +4,19 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	credinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	upstreamcodecv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -55,23 +58,45 @@ func credentialSecret(name, key string) *tlsv3.Secret {
 		Secret: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "Bearer " + key}}}}}
 }
 
-// injectCredential gives a fallback cluster the upstream filter chain that adds the secret's value as its
-// Authorization header (replacing whatever the client sent), then the upstream codec.
-func injectCredential(c *clusterv3.Cluster, secret string) {
-	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
-		ResourceApiVersion: corev3.ApiVersion_V3}
-	injector := &credinjectorv3.CredentialInjector{
-		Overwrite: true,
-		Credential: &corev3.TypedExtensionConfig{Name: "envoy.http.injected_credentials.generic", TypedConfig: mustAny(&genericv3.Generic{
-			Credential: &tlsv3.SdsSecretConfig{Name: secret, SdsConfig: ads}, Header: "Authorization"})},
+// upstreamFilters gives a fallback cluster its upstream filter chain, which runs once per attempt to the
+// managed API whichever way the request got there (infergate's overflow decision, or an Envoy retry away from
+// a failing pool):
+//   - an ext_proc filter calling infergate with the model and fallback as gRPC metadata, which renames the
+//     body's model to the provider's (a retried request still names the pool's served model, and Envoy does
+//     not run the downstream ext_proc again); if infergate cannot be reached the attempt goes on unchanged;
+//   - when the fallback has a key (secret non-empty), the credential injector, which sets Authorization from
+//     the SDS secret (replacing whatever the client sent) on this cluster only;
+//   - the upstream codec.
+func upstreamFilters(c *clusterv3.Cluster, model, fallback, secret string) {
+	rename := &extprocfilterv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
+			InitialMetadata: []*corev3.HeaderValue{{Key: LegModelMetadata, Value: model}, {Key: LegFallbackMetadata, Value: fallback}},
+		},
+		FailureModeAllow: true,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{
+			RequestHeaderMode: extprocfilterv3.ProcessingMode_SEND, RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
+			ResponseHeaderMode: extprocfilterv3.ProcessingMode_SKIP, RequestTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
+		},
+		MessageTimeout: durationpb.New(time.Second),
 	}
+	filters := []*hcmv3.HttpFilter{{Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(rename)}}}
+	if secret != "" {
+		ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			ResourceApiVersion: corev3.ApiVersion_V3}
+		injector := &credinjectorv3.CredentialInjector{
+			Overwrite: true,
+			Credential: &corev3.TypedExtensionConfig{Name: "envoy.http.injected_credentials.generic", TypedConfig: mustAny(&genericv3.Generic{
+				Credential: &tlsv3.SdsSecretConfig{Name: secret, SdsConfig: ads}, Header: "Authorization"})},
+		}
+		filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.credential_injector", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(injector)}})
+	}
+	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.upstream_codec", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&upstreamcodecv3.UpstreamCodec{})}})
 	opts := &upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}},
-		HttpFilters: []*hcmv3.HttpFilter{
-			{Name: "envoy.filters.http.credential_injector", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(injector)}},
-			{Name: "envoy.filters.http.upstream_codec", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&upstreamcodecv3.UpstreamCodec{})}},
-		},
+		HttpFilters: filters,
 	}
 	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
 }

@@ -8,8 +8,12 @@ import (
 	pb "github.com/envoyproxy/gateway/proto/extension"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/policies"
@@ -44,8 +48,12 @@ func (h *EnvoyGatewayHook) PostTranslateModify(_ context.Context, req *pb.PostTr
 		cla[c.GetClusterName()] = c
 	}
 	ours := map[string]*clusterv3.Cluster{}
+	extProc := extProcClusterOf(req.GetListeners())
 	for _, r := range res.Clusters {
 		c := proto.Clone(r.(*clusterv3.Cluster)).(*clusterv3.Cluster)
+		if err := retargetLegFilter(c, extProc); err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)
+		}
 		if c.GetType() == clusterv3.Cluster_EDS {
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
 			c.EdsClusterConfig = nil
@@ -130,4 +138,66 @@ func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 		}
 	}
 	return ""
+}
+
+// extProcClusterOf finds the cluster through which Envoy Gateway reaches infergate's ext_proc (the one it built
+// for the EnvoyExtensionPolicy): that of the first ext_proc HTTP filter in the translated listeners; "" when
+// there is none.
+func extProcClusterOf(listeners []*listenerv3.Listener) string {
+	for _, l := range listeners {
+		chains := l.GetFilterChains()
+		if d := l.GetDefaultFilterChain(); d != nil {
+			chains = append(chains[:len(chains):len(chains)], d)
+		}
+		for _, fc := range chains {
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				for _, hf := range hcm.GetHttpFilters() {
+					ep := &extprocfilterv3.ExternalProcessor{}
+					if hf.GetTypedConfig() != nil && hf.GetTypedConfig().UnmarshalTo(ep) == nil {
+						if name := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName(); name != "" {
+							return name
+						}
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// retargetLegFilter points a fallback cluster's upstream ext_proc filter at Envoy Gateway's cluster for
+// infergate (Envoy Gateway has no cluster of the name infergate's own bootstrap uses), or removes the filter
+// when there is no such cluster: attempts to the managed API then go without the model rename, as they would
+// with infergate unreachable.
+func retargetLegFilter(c *clusterv3.Cluster, extProcCluster string) error {
+	const key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	raw, ok := c.GetTypedExtensionProtocolOptions()[key]
+	if !ok {
+		return nil
+	}
+	opts := &upstreamhttpv3.HttpProtocolOptions{}
+	if err := raw.UnmarshalTo(opts); err != nil {
+		return fmt.Errorf("upstream protocol options: %w", err)
+	}
+	filters := opts.GetHttpFilters()[:0]
+	for _, hf := range opts.GetHttpFilters() {
+		ep := &extprocfilterv3.ExternalProcessor{}
+		if hf.GetTypedConfig() == nil || hf.GetTypedConfig().UnmarshalTo(ep) != nil {
+			filters = append(filters, hf)
+			continue
+		}
+		if extProcCluster == "" {
+			continue
+		}
+		ep.GetGrpcService().GetEnvoyGrpc().ClusterName = extProcCluster
+		hf.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(ep)}
+		filters = append(filters, hf)
+	}
+	opts.HttpFilters = filters
+	c.TypedExtensionProtocolOptions[key] = mustAny(opts)
+	return nil
 }

@@ -7,9 +7,13 @@ import (
 
 	pb "github.com/envoyproxy/gateway/proto/extension"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
 
@@ -23,6 +27,25 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 
 // The hook, called over gRPC as Envoy Gateway calls it: infergate's clusters and secrets are added, the pool
 // rules' routes point at them, and everything Envoy Gateway translated itself passes through.
+// legTargets lists the clusters a cluster's upstream ext_proc filters call.
+func legTargets(t *testing.T, c *clusterv3.Cluster) []string {
+	t.Helper()
+	opts := &upstreamhttpv3.HttpProtocolOptions{}
+	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(opts); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, hf := range opts.GetHttpFilters() {
+		ep := &extprocfilterv3.ExternalProcessor{}
+		if hf.GetTypedConfig().UnmarshalTo(ep) == nil {
+			out = append(out, ep.GetGrpcService().GetEnvoyGrpc().GetClusterName())
+		}
+	}
+	return out
+}
+
+const egExtProc = "envoyextensionpolicy/infergate/infergate/extproc/0"
+
 func TestEnvoyGatewayHook(t *testing.T) {
 	t.Setenv("TOGETHER_API_KEY", providerKey)
 	snap := quickstart(t)
@@ -36,9 +59,13 @@ func TestEnvoyGatewayHook(t *testing.T) {
 			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: placeholder}}}}
 	}
 	req := &pb.PostTranslateModifyRequest{
-		Clusters:  []*clusterv3.Cluster{{Name: placeholder}, {Name: "eg-own"}},
-		Secrets:   []*tlsv3.Secret{{Name: "eg-cert"}},
-		Listeners: []*listenerv3.Listener{{Name: "infergate/llm-gateway/http"}},
+		Clusters: []*clusterv3.Cluster{{Name: placeholder}, {Name: "eg-own"}},
+		Secrets:  []*tlsv3.Secret{{Name: "eg-cert"}},
+		Listeners: []*listenerv3.Listener{{Name: "infergate/llm-gateway/http", FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&hcmv3.HttpConnectionManager{
+				StatPrefix: "http", HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.ext_proc/envoyextensionpolicy/infergate/infergate/extproc/0",
+					ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&extprocfilterv3.ExternalProcessor{GrpcService: &corev3.GrpcService{
+						TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: egExtProc}}}})}}}})}}}}}}},
 		Routes: []*routev3.RouteConfiguration{{Name: "infergate/llm-gateway/http", VirtualHosts: []*routev3.VirtualHost{{
 			Name: "llm", Domains: []string{"*"}, Routes: []*routev3.Route{
 				route("h200", exactHeader("x-infergate-pool", "llama70b-h200")),
@@ -66,6 +93,22 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	fb := clusters[FallbackClusterName("llama-3.3-70b", "together")]
 	if fb == nil || len(secretRefs(fb)) != 1 {
 		t.Fatalf("fallback cluster %v: want its credential injector", fb)
+	}
+	if got := legTargets(t, fb); len(got) != 1 || got[0] != egExtProc {
+		t.Errorf("the fallback's upstream ext_proc calls %v, want Envoy Gateway's cluster for infergate %s", got, egExtProc)
+	}
+	// Without an ext_proc filter in Envoy Gateway's listeners there is no cluster to call: no upstream ext_proc.
+	req.Listeners = []*listenerv3.Listener{{Name: "infergate/llm-gateway/http"}}
+	bare, err := pb.NewEnvoyGatewayExtensionClient(conn).PostTranslateModify(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range bare.GetClusters() {
+		if c.GetName() == fb.GetName() {
+			if got := legTargets(t, c); len(got) != 0 || len(secretRefs(c)) != 1 {
+				t.Errorf("without an ext_proc cluster: upstream ext_proc to %v, %d secrets", got, len(secretRefs(c)))
+			}
+		}
 	}
 	if clusters[placeholder] == nil || clusters["eg-own"] == nil || len(resp.GetListeners()) != 1 {
 		t.Error("Envoy Gateway's own clusters and listeners must pass through")

@@ -14,3 +14,10 @@ func FallbackClusterName(model, fallback string) string { return "fallback/" + m
 
 // ExtProcClusterName is the cluster through which Envoy reaches infergate's ext_proc server.
 const ExtProcClusterName = "infergate-extproc"
+
+// The gRPC metadata with which a fallback cluster's upstream ext_proc filter tells infergate which model and
+// which of its fallbacks an attempt goes to (extproc reads the same names).
+const (
+	LegModelMetadata    = "x-infergate-leg-model"
+	LegFallbackMetadata = "x-infergate-leg-fallback"
+)

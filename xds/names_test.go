@@ -3,6 +3,7 @@ package xds
 import (
 	"testing"
 
+	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 )
@@ -42,5 +43,13 @@ func TestShippedEnvoyConfigMatchesPolicy(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The fallback clusters' upstream ext_proc filter and the ext_proc server must agree on the metadata names.
+func TestLegMetadataNamesAgree(t *testing.T) {
+	if LegModelMetadata != extproc.LegModelMetadata || LegFallbackMetadata != extproc.LegFallbackMetadata {
+		t.Errorf("xds sends %s/%s, extproc reads %s/%s", LegModelMetadata, LegFallbackMetadata,
+			extproc.LegModelMetadata, extproc.LegFallbackMetadata)
 	}
 }
