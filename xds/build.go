@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -12,8 +13,10 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
 	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
@@ -77,10 +80,22 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		m := &snap.Policy.Spec.Models[i]
 		var weighted []*routev3.WeightedCluster_ClusterWeight
 		capacities := map[string]float64{}
+		failover := failoverFallback(m)
 		for j := range m.Pools {
 			p := &m.Pools[j]
 			name := ClusterName(m.Name, p.Name)
-			out.Clusters = append(out.Clusters, poolCluster(m, p))
+			pc := poolCluster(m, p)
+			target := name
+			if failover != nil {
+				// A pool that fails as a whole (every replica ejected or unhealthy) hands over to the managed API:
+				// its route goes to an aggregate of the pool and the fallback, and the whole pool may be ejected.
+				pc.OutlierDetection.MaxEjectionPercent = wrapperspb.UInt32(100)
+				target = FailoverClusterName(m.Name, p.Name)
+			}
+			out.Clusters = append(out.Clusters, pc)
+			if failover != nil {
+				out.Clusters = append(out.Clusters, failoverCluster(target, name, FallbackClusterName(m.Name, failover.Name)))
+			}
 			cla, healthy, util := poolEndpoints(m, p, fleet)
 			out.Endpoints = append(out.Endpoints, cla)
 			hc := snap.Policy.Spec.HardwareClasses[p.HardwareClass]
@@ -89,7 +104,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   "pool/" + m.Name + "/" + p.Name,
 				Match:  headerMatch("x-infergate-pool", p.Name),
-				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: name}})},
+				Action: &routev3.Route_Route{Route: poolRouteAction(target)},
 			})
 		}
 		weights := capacityWeights(capacities, previous)
@@ -157,6 +172,45 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		}
 	}
 	return out, nil
+}
+
+// failoverFallback is the fallback a model's pools fail over to inside Envoy: the first whose policy allows
+// it when self-hosted capacity is unavailable; nil when there is none.
+func failoverFallback(m *policies.Model) *policies.Fallback {
+	for i := range m.Fallbacks {
+		if slices.Contains(m.Fallbacks[i].When, policies.WhenUnavailable) {
+			return &m.Fallbacks[i]
+		}
+	}
+	return nil
+}
+
+// failoverCluster is an aggregate of a pool and its model's fallback: Envoy sends to the pool while enough of
+// its replicas are available (healthy in EDS, not ejected by outlier detection) and spills to the managed API
+// as they are not. (An aggregate and not EDS priorities because the managed API needs its own discovery type,
+// TLS and upstream filters; Envoy requires CLUSTER_PROVIDED here, grpc-go clients never see these clusters.)
+func failoverCluster(name string, children ...string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name: name,
+		ClusterDiscoveryType: &clusterv3.Cluster_ClusterType{ClusterType: &clusterv3.Cluster_CustomClusterType{
+			Name: "envoy.clusters.aggregate", TypedConfig: mustAny(&aggregatev3.ClusterConfig{Clusters: children})}},
+		LbPolicy:       clusterv3.Cluster_CLUSTER_PROVIDED,
+		ConnectTimeout: durationpb.New(time.Second),
+	}
+}
+
+// poolRouteAction sends the requests infergate routed to a pool to its cluster (or failover aggregate), and
+// retries a failed attempt — connection refused or reset, or a 5xx before any byte reached the client — on
+// another replica (never the same one again); those failures also feed the pool's outlier detection.
+func poolRouteAction(cluster string) *routev3.RouteAction {
+	a := routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}})
+	a.RetryPolicy = &routev3.RetryPolicy{
+		RetryOn: "connect-failure,refused-stream,reset,5xx", NumRetries: wrapperspb.UInt32(2),
+		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{Name: "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})}}},
+		HostSelectionRetryMaxAttempts: 3,
+	}
+	return a
 }
 
 func routeAction(a *routev3.RouteAction) *routev3.RouteAction {

@@ -189,7 +189,8 @@ func TestServerServesADS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.GetVersionInfo() != "1" || len(resp.GetResources()) != 4 {
+	// Three pools, one fallback, and two failover aggregates (the pools of the model with a fallback).
+	if resp.GetVersionInfo() != "1" || len(resp.GetResources()) != 6 {
 		t.Errorf("version %q, %d clusters", resp.GetVersionInfo(), len(resp.GetResources()))
 	}
 	// A second update is a new version; the client sees it after ACKing the first.

@@ -133,6 +133,9 @@ func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 		}
 		for _, p := range mdl.Pools {
 			if p.Name == pool {
+				if failoverFallback(&mdl) != nil {
+					return FailoverClusterName(mdl.Name, p.Name)
+				}
 				return ClusterName(mdl.Name, p.Name)
 			}
 		}

@@ -124,7 +124,7 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	for _, r := range resp.GetRoutes()[0].GetVirtualHosts()[0].GetRoutes() {
 		got[r.GetName()] = r.GetRoute().GetCluster()
 	}
-	want := map[string]string{"h200": ClusterName("llama-3.3-70b", "llama70b-h200"),
+	want := map[string]string{"h200": FailoverClusterName("llama-3.3-70b", "llama70b-h200"),
 		"overflow": FallbackClusterName("llama-3.3-70b", "together"), "other": placeholder}
 	for name, c := range want {
 		if got[name] != c {

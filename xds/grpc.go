@@ -36,6 +36,9 @@ func BuildGRPC(snap *policies.Snapshot, fleet FleetState, previous map[string]ui
 		if c.GetTransportSocket() != nil {
 			continue // TLS fallbacks need a certificate provider in the client's bootstrap
 		}
+		if c.GetClusterType() != nil {
+			continue // failover aggregates serve the ext_proc's pool routes, which grpc-go clients do not use
+		}
 		c.LoadBalancingPolicy = nil
 		c.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
 		clusters = append(clusters, c)

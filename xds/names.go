@@ -12,6 +12,10 @@ func ClusterName(model, pool string) string { return "pool/" + model + "/" + poo
 // FallbackClusterName is the Envoy cluster of one managed-API fallback of a model.
 func FallbackClusterName(model, fallback string) string { return "fallback/" + model + "/" + fallback }
 
+// FailoverClusterName is the aggregate of a pool and its model's managed-API fallback that the pool's route
+// uses when the model has a fallback for unavailable capacity.
+func FailoverClusterName(model, pool string) string { return "failover/" + model + "/" + pool }
+
 // ExtProcClusterName is the cluster through which Envoy reaches infergate's ext_proc server.
 const ExtProcClusterName = "infergate-extproc"
 

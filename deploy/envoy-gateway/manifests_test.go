@@ -141,7 +141,7 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 	}
 	for _, m := range snap.Policy.Spec.Models {
 		for _, p := range m.Pools {
-			if !covered[xds.ClusterName(m.Name, p.Name)] {
+			if !covered[xds.ClusterForPoolHeader(snap, m.Name, p.Name)] {
 				t.Errorf("no HTTPRoute rule for pool %s", p.Name)
 			}
 		}

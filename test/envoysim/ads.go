@@ -8,6 +8,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -104,6 +105,22 @@ func (c *Config) FetchADS(ctx context.Context, addr string) error {
 		}
 		if _, static := c.Clusters[cl.GetName()]; !static {
 			c.Clusters[cl.GetName()] = built
+		}
+	}
+	if names := secretNames(c.Clusters); len(names) > 0 {
+		anys, err := fetch(resource.SecretType, names...)
+		if err != nil {
+			return err
+		}
+		if c.Secrets == nil {
+			c.Secrets = map[string]string{}
+		}
+		for _, a := range anys {
+			sec := &tlsv3.Secret{}
+			if err := a.UnmarshalTo(sec); err != nil {
+				return fmt.Errorf("ads secret: %w", err)
+			}
+			c.Secrets[sec.GetName()] = sec.GetGenericSecret().GetSecret().GetInlineString()
 		}
 	}
 	anys, err = fetch(resource.RouteType, c.RDSName)

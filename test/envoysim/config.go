@@ -40,6 +40,9 @@ type Config struct {
 	// RDSName is the route configuration the listener takes over ADS when the bootstrap has dynamic
 	// resources; FetchADS fills Routes and the dynamic clusters.
 	RDSName string
+	// Secrets are SDS generic secrets by name (their inline value), which FetchADS takes for the credential
+	// injectors of the clusters.
+	Secrets map[string]string
 }
 
 // Cluster is an upstream cluster with static endpoints.
@@ -48,6 +51,17 @@ type Cluster struct {
 	Endpoints      []string
 	ConnectTimeout time.Duration
 	OverrideHost   *overridehostv3.OverrideHost // nil: plain round robin / least request
+	// Children are an aggregate cluster's clusters, in priority order (upstream.go).
+	Children []string
+	// Unhealthy are endpoints EDS marks other than healthy, degraded or unknown.
+	Unhealthy map[string]bool
+	Outlier   *clusterv3.OutlierDetection
+	// UpstreamFilters are the cluster's upstream HTTP filters the data plane runs per attempt (upstream.go).
+	UpstreamFilters []UpstreamFilter
+}
+
+func joinHostPort(host string, port uint32) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
 // LoadFile reads an Envoy bootstrap in YAML.
@@ -162,6 +176,9 @@ func buildCluster(c *clusterv3.Cluster) (*Cluster, error) {
 			sa := lbe.GetEndpoint().GetAddress().GetSocketAddress()
 			cl.Endpoints = append(cl.Endpoints, net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))))
 		}
+	}
+	if err := parseUpstream(cl, c); err != nil {
+		return nil, err
 	}
 	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
 		oh := &overridehostv3.OverrideHost{}

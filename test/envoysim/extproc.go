@@ -492,8 +492,6 @@ func (f *filter) setMetadata(ns, key, value string) {
 	cur.Fields[key] = structpb.NewStringValue(value)
 }
 
-func atoi64(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
-
 func (f *filter) sendLocked(m *extprocv3.ProcessingRequest) error {
 	f.sendMu.Lock()
 	defer f.sendMu.Unlock()

@@ -171,24 +171,33 @@ func overrideList(c *Cluster, h *headerMap, md func(ns string) *structpb.Struct)
 
 // next returns the next host to try, skipping tried ones: listed hosts that belong to the cluster, in order,
 // then the least-loaded endpoint.
-func (p *hostPicker) next(c *Cluster, listed []string, tried map[string]bool) string {
+func (p *hostPicker) next(dp *DataPlane, c *Cluster, listed []string, tried map[string]bool) string {
 	for _, a := range listed {
-		if !tried[a] && member(c, a) {
+		if !tried[a] && member(c, a) && dp.available(c, a) {
 			return a
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	best, bestLoad := "", 0
+	best, bestLoad, panicPick := "", 0, ""
 	start := rand.IntN(max(1, len(c.Endpoints)))
 	for i := range c.Endpoints {
 		ep := c.Endpoints[(start+i)%len(c.Endpoints)]
 		if tried[ep] {
 			continue
 		}
+		if !dp.available(c, ep) {
+			if panicPick == "" {
+				panicPick = ep
+			}
+			continue
+		}
 		if best == "" || p.active[ep] < bestLoad {
 			best, bestLoad = ep, p.active[ep]
 		}
+	}
+	if best == "" {
+		return panicPick // no available host: Envoy's panic mode uses them all
 	}
 	return best
 }

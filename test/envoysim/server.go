@@ -1,6 +1,7 @@
 package envoysim
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,13 +42,15 @@ type DataPlane struct {
 	checker   *checker
 	forward   *headerForwardRules
 	hosts     *hostPicker
+	outliers  *outliers
 	transport *http.Transport
 	log       *slog.Logger
 }
 
 // New connects to the processor (if the config has one) and prepares routing.
 func New(cfg *Config, opts Options) (*DataPlane, error) {
-	dp := &DataPlane{cfg: cfg, hosts: &hostPicker{active: map[string]int{}}, log: opts.Logger}
+	dp := &DataPlane{cfg: cfg, hosts: &hostPicker{active: map[string]int{}}, log: opts.Logger,
+		outliers: &outliers{consecutive: map[string]int{}, ejectedTill: map[string]time.Time{}, ejections: map[string]int{}}}
 	if dp.log == nil {
 		dp.log = slog.New(slog.DiscardHandler)
 	}
@@ -248,13 +252,11 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 	if !ok {
 		return localResponse(http.StatusServiceUnavailable, "no healthy upstream", "cluster_not_found")
 	}
-	retries := 0
-	if rp := ra.GetRetryPolicy(); rp != nil && strings.Contains(rp.GetRetryOn(), "connect-failure") {
-		retries = 1
-		if n := rp.GetNumRetries(); n != nil {
-			retries = int(n.GetValue())
-		}
+	numRetries := 1
+	if n := ra.GetRetryPolicy().GetNumRetries(); n != nil {
+		numRetries = int(n.GetValue())
 	}
+	retry := parseRetryPolicy(ra.GetRetryPolicy(), numRetries)
 	timeout := 15 * time.Second
 	if t := ra.GetTimeout(); t != nil && t.AsDuration() > 0 {
 		timeout = t.AsDuration()
@@ -265,41 +267,73 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 	} else {
 		md = func(string) *structpb.Struct { return nil }
 	}
-	listed := overrideList(cluster, h, md)
+	// Envoy keeps the request body for retries (and for upstream filters that buffer it).
+	var payload []byte
+	if body != nil {
+		b, err := io.ReadAll(body)
+		if err != nil {
+			return localResponse(http.StatusBadRequest, err.Error(), "downstream_body_error")
+		}
+		payload = b
+	}
 	tried := map[string]bool{}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
-	for attempt := 0; attempt <= retries; attempt++ {
-		host := dp.hosts.next(cluster, listed, tried)
+	failure := func() (int, *headerMap, io.Reader, *headerMap, func()) {
+		cancel()
+		return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", "upstream_connection_failure")
+	}
+	for attempt := 0; attempt <= retry.retries; attempt++ {
+		target := dp.attemptCluster(cluster)
+		if target == nil {
+			break
+		}
+		listed := overrideList(target, h, md)
+		host := dp.hosts.next(dp, target, listed, tried)
 		if host == "" {
 			break
 		}
 		tried[host] = true
-		req, err := http.NewRequestWithContext(ctx, headerValueOr(h, ":method", "GET"), "http://"+host+h.value(":path"), body)
+		// Upstream filters work on this attempt's copy of the request.
+		ah := &headerMap{kv: slices.Clone(h.kv)}
+		data, err := dp.runUpstreamFilters(ctx, target, ah, payload)
+		if errors.Is(err, errNoCredential) {
+			cancel()
+			return localResponse(http.StatusUnauthorized, "Failed to inject credential.", "failed_to_inject_credential")
+		}
+		if err != nil {
+			cancel()
+			return localResponse(http.StatusInternalServerError, "upstream filter failed", "upstream_ext_proc_error")
+		}
+		req, err := http.NewRequestWithContext(ctx, headerValueOr(ah, ":method", "GET"), "http://"+host+ah.value(":path"), bytes.NewReader(data))
 		if err != nil {
 			cancel()
 			return localResponse(http.StatusBadRequest, err.Error(), "bad_request")
 		}
-		for _, e := range h.kv {
+		for _, e := range ah.kv {
 			switch {
-			case e.k[0] == ':' || hopByHop[e.k]:
-			case e.k == "content-length":
-				if n, err := atoi64(e.v); err == nil {
-					req.ContentLength = n
-				}
+			case e.k[0] == ':' || hopByHop[e.k] || e.k == "content-length":
 			default:
 				req.Header.Add(e.k, e.v)
 			}
 		}
-		if _, ok := h.get("content-length"); !ok && body != nil {
-			req.ContentLength = -1 // chunked
+		req.ContentLength = int64(len(data))
+		if _, ok := ah.get("content-length"); !ok {
+			req.ContentLength = -1 // chunked, as the downstream request came (or as a filter left it)
 		}
-		req.Host = h.value(":authority")
-		dialCtx, dialCancel := context.WithTimeout(ctx, cluster.ConnectTimeout)
+		if body == nil {
+			req.Body, req.ContentLength = http.NoBody, 0
+		}
+		req.Host = ah.value(":authority")
+		dialCtx, dialCancel := context.WithTimeout(ctx, target.ConnectTimeout)
 		conn, err := (&net.Dialer{}).DialContext(dialCtx, "tcp", host)
 		dialCancel()
 		if err != nil {
 			dp.log.Debug("upstream connect failure", "host", host, "err", err)
-			continue // connect-failure: the next host
+			dp.outliers.result(target, host, true)
+			if retry.connectFailure {
+				continue // the next attempt, on another host
+			}
+			return failure()
 		}
 		_ = conn.Close()
 		dp.hosts.start(host)
@@ -310,11 +344,22 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 				cancel()
 				return 0, nil, nil, nil, func() {}
 			}
+			dp.outliers.result(target, host, true)
+			if retry.reset && attempt < retry.retries {
+				continue
+			}
 			cancel()
 			return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers", "upstream_reset_before_response_started")
 		}
-		if f != nil && cluster.OverrideHost.GetSelectedHostKey() != nil {
-			f.setMetadata(cluster.OverrideHost.GetSelectedHostKey().GetKey(), cluster.OverrideHost.GetSelectedHostKey().GetPath()[0].GetKey(), host)
+		dp.outliers.result(target, host, resp.StatusCode >= 500)
+		if retry.status(resp.StatusCode) && attempt < retry.retries {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			dp.hosts.done(host)
+			continue
+		}
+		if f != nil && target.OverrideHost.GetSelectedHostKey() != nil {
+			f.setMetadata(target.OverrideHost.GetSelectedHostKey().GetKey(), target.OverrideHost.GetSelectedHostKey().GetPath()[0].GetKey(), host)
 		}
 		rh := &headerMap{}
 		rh.add(":status", itoa(resp.StatusCode))
@@ -326,8 +371,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		}
 		return resp.StatusCode, rh, rb, trailers, func() { resp.Body.Close(); dp.hosts.done(host); cancel() }
 	}
-	cancel()
-	return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", "upstream_connection_failure")
+	return failure()
 }
 
 func headerValueOr(h *headerMap, k, def string) string {
