@@ -130,7 +130,8 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 	}()
 	extprocAddr := logs.waitFor(t, "ext_proc listening")["addr"].(string)
 	metricsAddr := logs.waitFor(t, "metrics listening")["addr"].(string)
-	if pushed := logs.waitFor(t, "xds snapshot pushed"); pushed["clusters"].(float64) != 4 {
+	// Three pools, the fallback, and the failover aggregates of the two pools of the model with a fallback.
+	if pushed := logs.waitFor(t, "xds snapshot pushed"); pushed["clusters"].(float64) != 6 {
 		t.Errorf("xds snapshot %v", pushed)
 	}
 	logs.waitFor(t, "xds listening")
