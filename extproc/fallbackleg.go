@@ -2,15 +2,11 @@ package extproc
 
 import (
 	"context"
-	"errors"
-	"io"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/openai"
 )
@@ -63,10 +59,7 @@ func (s *Server) processFallbackLeg(stream extprocv3.ExternalProcessor_ProcessSe
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+			return endOfStream(err)
 		}
 		var out *extprocv3.ProcessingResponse
 		switch r := msg.Request.(type) {

@@ -118,6 +118,15 @@ func ServerOptions() []grpc.ServerOption {
 
 var sharedBufferPool = &BufferPool{}
 
+// endOfStream turns a Recv error into the stream handler's result: nil when Envoy closed or cancelled the
+// stream, which is how every stream ends.
+func endOfStream(err error) error {
+	if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
 // Process handles one HTTP request's ext_proc stream, from request headers to the end of the response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	if model, fallback := fallbackLeg(stream.Context()); model != "" || fallback != "" {
@@ -131,10 +140,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+			return endOfStream(err)
 		}
 		out := rs.handle(msg)
 		for _, resp := range out {
