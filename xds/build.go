@@ -104,7 +104,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   "pool/" + m.Name + "/" + p.Name,
 				Match:  headerMatch("x-infergate-pool", p.Name),
-				Action: &routev3.Route_Route{Route: poolRouteAction(target)},
+				Action: &routev3.Route_Route{Route: poolRouteAction(target, failover != nil)},
 			})
 		}
 		weights := capacityWeights(capacities, previous)
@@ -202,8 +202,14 @@ func failoverCluster(name string, children ...string) *clusterv3.Cluster {
 // poolRouteAction sends the requests infergate routed to a pool to its cluster (or failover aggregate), and
 // retries a failed attempt — connection refused or reset, or a 5xx before any byte reached the client — on
 // another replica (never the same one again); those failures also feed the pool's outlier detection.
-func poolRouteAction(cluster string) *routev3.RouteAction {
+//
+// With a failover aggregate, Host becomes the upstream host's name: the managed API's DNS name on that leg (the
+// provider expects its own Host), and unchanged for the pool's EDS endpoints, which carry no hostname.
+func poolRouteAction(cluster string, failover bool) *routev3.RouteAction {
 	a := routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}})
+	if failover {
+		a.HostRewriteSpecifier = &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)}
+	}
 	a.RetryPolicy = &routev3.RetryPolicy{
 		RetryOn: "connect-failure,refused-stream,reset,5xx", NumRetries: wrapperspb.UInt32(2),
 		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{Name: "envoy.retry_host_predicates.previous_hosts",
