@@ -108,9 +108,12 @@ func TestLRU(t *testing.T) {
 	}
 }
 
-func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) {
+func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) { return modelOf(t, testPolicy) }
+
+// modelOf parses a test policy and returns it with its model "m".
+func modelOf(t *testing.T, policy string) (*policies.Snapshot, *policies.Model) {
 	t.Helper()
-	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
+	snap, err := policies.Parse("p.yaml", []byte(policy))
 	if err != nil {
 		t.Fatal(err)
 	}

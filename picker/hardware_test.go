@@ -35,15 +35,7 @@ spec:
   - {name: free, tier: free, apiKeys: ["sha256:bbb8fab5ab2c83254e4969c119cdbb68880ee066c42a36223f8ac83fff2d5b96"], models: ["*"]}
 `
 
-func mixed(t *testing.T) (*policies.Snapshot, *policies.Model) {
-	t.Helper()
-	snap, err := policies.Parse("p.yaml", []byte(mixedPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _ := snap.Model("m")
-	return snap, m
-}
+func mixed(t *testing.T) (*policies.Snapshot, *policies.Model) { return modelOf(t, mixedPolicy) }
 
 func newMixedPicker(eng engines) *Affinity {
 	return &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64, MaxBlocks: 4096}, Engines: eng}

@@ -110,13 +110,15 @@ func (p *Affinity) noteSharing(matched bool) float64 {
 func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64) []scored {
 	var band, rest []scored
 	if consistent {
+		held := make(map[string]int, len(all)) // each endpoint's groups, read once
 		groups := 0
 		for i := range all {
-			groups += p.Index.Groups(all[i].endpoint)
+			held[all[i].endpoint] = p.Index.Groups(all[i].endpoint)
+			groups += held[all[i].endpoint]
 		}
 		limit := int(math.Ceil((1 + eps) * float64(groups+1) / float64(len(all))))
 		for _, c := range eligible {
-			if p.Index.Groups(c.endpoint) < limit {
+			if held[c.endpoint] < limit {
 				band = append(band, c)
 			} else {
 				rest = append(rest, c)

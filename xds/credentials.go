@@ -98,17 +98,29 @@ func upstreamFilters(c *clusterv3.Cluster, model, fallback, secret string) {
 			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}},
 		HttpFilters: filters,
 	}
-	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{upstreamOptionsKey: mustAny(opts)}
+}
+
+// upstreamOptionsKey is where a cluster keeps its upstream HTTP options (and so its upstream filters).
+const upstreamOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+// upstreamOptions decodes a cluster's upstream HTTP options; nil when it has none.
+func upstreamOptions(c *clusterv3.Cluster) (*upstreamhttpv3.HttpProtocolOptions, error) {
+	a, ok := c.GetTypedExtensionProtocolOptions()[upstreamOptionsKey]
+	if !ok {
+		return nil, nil
+	}
+	opts := &upstreamhttpv3.HttpProtocolOptions{}
+	if err := a.UnmarshalTo(opts); err != nil {
+		return nil, fmt.Errorf("upstream protocol options: %w", err)
+	}
+	return opts, nil
 }
 
 // secretRefs lists the SDS secrets a cluster's credential injector reads.
 func secretRefs(c *clusterv3.Cluster) []string {
-	a, ok := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-	if !ok {
-		return nil
-	}
-	var opts upstreamhttpv3.HttpProtocolOptions
-	if a.UnmarshalTo(&opts) != nil {
+	opts, err := upstreamOptions(c)
+	if err != nil || opts == nil {
 		return nil
 	}
 	var out []string

@@ -13,7 +13,6 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/policies"
@@ -177,14 +176,9 @@ func extProcClusterOf(listeners []*listenerv3.Listener) string {
 // when there is no such cluster: attempts to the managed API then go without the model rename, as they would
 // with infergate unreachable.
 func retargetLegFilter(c *clusterv3.Cluster, extProcCluster string) error {
-	const key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-	raw, ok := c.GetTypedExtensionProtocolOptions()[key]
-	if !ok {
-		return nil
-	}
-	opts := &upstreamhttpv3.HttpProtocolOptions{}
-	if err := raw.UnmarshalTo(opts); err != nil {
-		return fmt.Errorf("upstream protocol options: %w", err)
+	opts, err := upstreamOptions(c)
+	if err != nil || opts == nil {
+		return err
 	}
 	filters := opts.GetHttpFilters()[:0]
 	for _, hf := range opts.GetHttpFilters() {
@@ -201,6 +195,6 @@ func retargetLegFilter(c *clusterv3.Cluster, extProcCluster string) error {
 		filters = append(filters, hf)
 	}
 	opts.HttpFilters = filters
-	c.TypedExtensionProtocolOptions[key] = mustAny(opts)
+	c.TypedExtensionProtocolOptions[upstreamOptionsKey] = mustAny(opts)
 	return nil
 }

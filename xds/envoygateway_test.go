@@ -13,7 +13,6 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
 
@@ -30,8 +29,8 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 // legTargets lists the clusters a cluster's upstream ext_proc filters call.
 func legTargets(t *testing.T, c *clusterv3.Cluster) []string {
 	t.Helper()
-	opts := &upstreamhttpv3.HttpProtocolOptions{}
-	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(opts); err != nil {
+	opts, err := upstreamOptions(c)
+	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
