@@ -56,6 +56,7 @@ func (s *Server) processFallbackLeg(stream extprocv3.ExternalProcessor_ProcessSe
 	}
 	var path string
 	var body []byte
+	limit, tooBig := s.opts.Policies.Current().Gateway().MaxRequestBodyBytes, false
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -71,9 +72,14 @@ func (s *Server) processFallbackLeg(stream extprocv3.ExternalProcessor_ProcessSe
 			}
 			out = headersResponse(nil, false, nil)
 		case *extprocv3.ProcessingRequest_RequestBody:
-			body = append(body, r.RequestBody.GetBody()...)
+			// The downstream stream already refused bodies over the limit; a larger one here is not held.
+			if chunk := r.RequestBody.GetBody(); !tooBig && int64(len(body)+len(chunk)) <= limit {
+				body = append(body, chunk...)
+			} else {
+				tooBig, body = true, nil
+			}
 			cr := &extprocv3.CommonResponse{}
-			if r.RequestBody.GetEndOfStream() && providerModel != "" {
+			if r.RequestBody.GetEndOfStream() && providerModel != "" && !tooBig {
 				if renamed, ok := renameModel(openai.EndpointForPath(path), body, providerModel); ok {
 					cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 						setHeader("content-length", strconv.Itoa(len(renamed)))}}
@@ -109,5 +115,5 @@ func renameModel(ep openai.Endpoint, body []byte, model string) ([]byte, bool) {
 	if req.Model == model {
 		return nil, false
 	}
-	return req.Rewrite(make([]byte, 0, len(body)+len(model)), model, false), true
+	return req.Rewrite(make([]byte, 0, len(body)+len(model)), openai.Edits{Model: model}), true
 }

@@ -66,12 +66,14 @@ type requestState struct {
 	decided   bool
 
 	// routing decision
-	model        *policies.Model
-	decision     picker.Decision
-	req          openai.Request
-	injected     bool // we turned on stream_options.include_usage
-	ticket       *quota.Ticket
-	conversation string
+	model    *policies.Model
+	decision picker.Decision
+	req      openai.Request
+	injected bool // we turned on stream_options.include_usage
+	// maxOut is the output bound admission reserved; injectMaxTokens is set when it was written into the body.
+	maxOut, injectMaxTokens int64
+	ticket                  *quota.Ticket
+	conversation            string
 
 	// response path
 	upstreamStatus int
@@ -119,6 +121,22 @@ func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse 
 	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code, e.Header))
 }
 
+// maxRequestIDBytes bounds a client-supplied x-request-id; a longer one is replaced.
+const maxRequestIDBytes = 128
+
+// validRequestID accepts ids of visible ASCII only (no spaces or control characters), up to 128 bytes.
+func validRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestIDBytes {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
 func tenantName(t *policies.Tenant) string {
 	if t == nil {
 		return ""
@@ -147,7 +165,11 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		case key == "content-length":
 			contentLength = headerValue(hv)
 		case key == HeaderRequestID:
-			rs.requestID, rs.hadReqID = headerValue(hv), true
+			// A client's id is kept only when it is a plain token: it is echoed in responses and logs, where
+			// CR/LF or other control bytes would split headers and lines.
+			if id := headerValue(hv); validRequestID(id) {
+				rs.requestID, rs.hadReqID = id, true
+			}
 		case strings.HasPrefix(key, "x-gateway-") || strings.HasPrefix(key, "x-infergate-"):
 			rs.strip = append(rs.strip, key)
 		}
@@ -193,11 +215,8 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		if err == nil && n > rs.limit {
 			return rs.reject(openai.BodyTooLarge(rs.limit))
 		}
-		if err == nil && n > 0 && rs.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-			// The body arrives in frames; collect them without regrowing, but do not let a declared length
-			// reserve memory the client has not sent (slow senders at the limit would add up).
-			rs.body = make([]byte, 0, min(n, 256<<10))
-		}
+		// No buffer is reserved for the declared length: memory follows the bytes that really arrive, so
+		// thousands of slow senders that declared large bodies hold nothing they have not sent.
 	}
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
@@ -223,15 +242,16 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		rs.body = b.GetBody() // the whole body in one message: use it in place
 	} else {
-		if rs.body == nil {
-			rs.body = make([]byte, 0, min(rs.limit, int64(4*len(b.GetBody())))) // no content-length: guess
-		}
 		rs.body = append(rs.body, b.GetBody()...)
 	}
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		if !b.GetEndOfStream() {
 			return nil
+		}
+		if rs.declaredLen >= 0 && int64(len(rs.body)) != rs.declaredLen {
+			return rs.reject(openai.BadRequest("", "The request body is %d bytes but its content-length says %d.",
+				len(rs.body), rs.declaredLen))
 		}
 		return rs.decideStreamed(true)
 	case filterv3.ProcessingMode_BUFFERED_PARTIAL:
@@ -274,6 +294,9 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 		return nil, false, openai.ModelForbidden(req.Model)
 	}
 	rs.model = model
+	if e := rs.boundOutput(); e != nil {
+		return nil, false, e
+	}
 	if e := rs.admit(); e != nil {
 		return nil, false, e
 	}
@@ -294,9 +317,10 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 		rename = served
 	}
 	rs.injected = req.Stream && !req.IncludeUsage && rs.endpoint != openai.EndpointEmbeddings
-	changed := rename != "" || rs.injected
+	changed := rename != "" || rs.injected || rs.injectMaxTokens > 0
 	if changed {
-		body = rs.req.Rewrite(make([]byte, 0, len(body)+64), rename, rs.injected)
+		body = rs.req.Rewrite(make([]byte, 0, len(body)+64), openai.Edits{
+			Model: rename, IncludeUsage: rs.injected, MaxTokens: rs.injectMaxTokens})
 	}
 	// From here on the request is routed: its reservation is settled by settle().
 	rs.decided = true
@@ -310,22 +334,38 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	return body, changed, nil
 }
 
+// boundOutput fixes the most output tokens the request can produce, which admission reserves: what the
+// client asked (refused when the model's context cannot hold it), or the policy's default, which is then
+// written into the body so that the engine's own default cannot exceed what was charged.
+func (rs *requestState) boundOutput() *openai.Error {
+	rs.maxOut, rs.injectMaxTokens = rs.req.MaxTokens, 0
+	if rs.endpoint == openai.EndpointEmbeddings {
+		rs.maxOut = 0
+		return nil
+	}
+	ctxTokens := rs.model.ContextTokens
+	if rs.maxOut > ctxTokens {
+		return openai.BadRequest("max_tokens", "max_tokens is too large: %d. This model's context is %d tokens; ask for at most that many.",
+			rs.maxOut, ctxTokens)
+	}
+	if rs.maxOut == 0 {
+		room := ctxTokens - min(int64(rs.req.EstimatePromptTokens()), ctxTokens)
+		rs.maxOut = max(1, min(int64(rs.snap.Gateway().DefaultMaxTokens), room))
+		rs.injectMaxTokens = rs.maxOut
+	}
+	return nil
+}
+
 // admit reserves the request's estimated tokens and cost against the tenant's quotas.
 func (rs *requestState) admit() *openai.Error {
 	q := rs.srv.opts.Quotas
 	if q == nil {
 		return nil
 	}
-	maxOut := int64(rs.req.MaxTokens)
-	if maxOut == 0 {
-		maxOut = int64(rs.snap.Gateway().DefaultMaxTokens)
-	}
-	if rs.endpoint == openai.EndpointEmbeddings {
-		maxOut = 0
-	}
 	prompt := int64(rs.req.EstimatePromptTokens())
 	t, rej, err := q.Admit(rs.ctx, quota.Request{Snapshot: rs.snap, Tenant: rs.tenant, Model: rs.model,
-		EstimatedTokens: prompt + maxOut, EstimatedCostMicros: quota.MicroUSD(rs.model, prompt, maxOut), Conversation: rs.conversation})
+		EstimatedTokens: quota.AddTokens(prompt, rs.maxOut), EstimatedCostMicros: quota.MicroUSD(rs.model, prompt, rs.maxOut),
+		Conversation: rs.conversation})
 	switch {
 	case errors.Is(err, quota.ErrUnavailable):
 		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServiceUnavailable, Code: "quota_unavailable",
@@ -570,6 +610,12 @@ func (rs *requestState) settle(aborted bool) {
 				usage.CompletionTokens = rs.sse.ContentEvents()
 			}
 		}
+	}
+	if clamped, cut := usage.Clamp(rs.model.ContextTokens); cut {
+		rs.log().Warn("upstream reported more tokens than the model's context holds; charged at the context size",
+			"request_id", rs.requestID, "model", rs.model.Name, "prompt_tokens", usage.PromptTokens,
+			"completion_tokens", usage.CompletionTokens, "context_tokens", rs.model.ContextTokens)
+		usage = clamped
 	}
 	pricing := rs.model.Pricing
 	cost := (float64(usage.PromptTokens)*pricing.InputPerMTok + float64(usage.CompletionTokens)*pricing.OutputPerMTok) / 1e6

@@ -201,7 +201,7 @@ func TestFullDuplexChatSplitBodies(t *testing.T) {
 func TestFullDuplexLargeBodyIsChunked(t *testing.T) {
 	h := newHarness(t)
 	prompt := strings.Repeat("lorem ipsum ", 256<<10/12)
-	body := []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + prompt + `"}]}`)
+	body := []byte(`{"model":"qwen2.5-7b","max_tokens":16,"messages":[{"role":"user","content":"` + prompt + `"}]}`)
 	s := h.open(t, modeFullDuplex, modeNone)
 	s.send(postHeaders("/v1/chat/completions", keyAcme))
 	for off := 0; off < len(body); off += 16384 { // Envoy forwards data frames as they arrive

@@ -2,7 +2,9 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
+	"strconv"
 	"strings"
 
 	"github.com/valyala/fastjson"
@@ -33,7 +35,8 @@ func EndpointForPath(path string) Endpoint {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	path = strings.TrimSuffix(path, "/")
+	// Exact paths only: "/v1/chat/completions/" is not the chat API on an OpenAI-compatible server (the
+	// engines answer 404 or redirect), so it is not routed either.
 	switch path {
 	case PathChat:
 		return EndpointChat
@@ -82,7 +85,7 @@ type Request struct {
 	Model        string
 	Stream       bool
 	IncludeUsage bool // stream_options.include_usage
-	MaxTokens    int  // max_completion_tokens, else max_tokens; 0 when absent
+	MaxTokens    int64 // max_completion_tokens, else max_tokens; 0 when absent
 	User         string
 	// Prompt is the parsed messages / prompt / input value.
 	Prompt *fastjson.Value
@@ -103,6 +106,11 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	if len(body) == 0 {
 		return req, BadRequest("", "The request body is empty; send a JSON object.")
 	}
+	// The recursive validator below must never see a deep body, and misses control characters in strings
+	// that also hold an escape: a linear scan checks both first.
+	if err := preScan(body, MaxJSONDepth); err != nil {
+		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
+	}
 	if err := fastjson.ValidateBytes(body); err != nil {
 		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", trimErr(err))
 	}
@@ -121,7 +129,15 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	promptField := ep.promptField()
 	var maxTokens, maxCompletion int64
 	var fieldErr *Error
+	var seen routedKeys
 	obj.Visit(func(key []byte, v *fastjson.Value) {
+		if seen.repeated(string(key), promptField) {
+			// Parsers disagree on which of two equal keys wins (the engine's Python json takes the last): a
+			// body whose routed fields are ambiguous is refused rather than routed on one reading and served on
+			// another.
+			fieldErr = cmp.Or(fieldErr, BadRequest(string(key), "The request body repeats the key '%s'; send each field once.", key))
+			return
+		}
 		var e *Error
 		switch string(key) {
 		case "model":
@@ -170,11 +186,38 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	}
 	switch {
 	case maxCompletion > 0:
-		req.MaxTokens = int(maxCompletion)
+		req.MaxTokens = maxCompletion
 	case maxTokens > 0:
-		req.MaxTokens = int(maxTokens)
+		req.MaxTokens = maxTokens
 	}
 	return req, nil
+}
+
+// routedKeys remembers which of the fields the gateway reads were already seen in a body.
+type routedKeys uint8
+
+// repeated marks key as seen and reports whether it had been: only for the fields routing and quotas read.
+func (k *routedKeys) repeated(key, promptField string) bool {
+	var bit routedKeys
+	switch key {
+	case "model":
+		bit = 1
+	case "stream":
+		bit = 2
+	case "stream_options":
+		bit = 4
+	case "max_tokens":
+		bit = 8
+	case "max_completion_tokens":
+		bit = 16
+	case promptField:
+		bit = 32
+	default:
+		return false
+	}
+	had := *k&bit != 0
+	*k |= bit
+	return had
 }
 
 // trimErr keeps a parser error short: fastjson quotes the tail of the input, which may be a whole prompt.
@@ -264,15 +307,25 @@ func (r *Request) EstimatePromptTokens() int {
 	return r.BodyBytes/4 + 1
 }
 
-// Rewrite returns the body re-encoded with the model renamed (when newModel is not empty) and, when
-// injectUsage is set, stream_options.include_usage forced to true. Field order and string escapes are kept;
+// Edits are the changes the gateway makes to a body on its way upstream.
+type Edits struct {
+	// Model renames the model when not empty.
+	Model string
+	// IncludeUsage forces stream_options.include_usage to true.
+	IncludeUsage bool
+	// MaxTokens, when above zero, sets max_tokens: the output bound admission reserved for a request that set
+	// none, so the engine cannot produce more than was charged.
+	MaxTokens int64
+}
+
+// Rewrite returns the body re-encoded with the edits applied. Field order and string escapes are kept;
 // insignificant whitespace is not. It appends to dst, which may be nil.
-func (r *Request) Rewrite(dst []byte, newModel string, injectUsage bool) []byte {
+func (r *Request) Rewrite(dst []byte, e Edits) []byte {
 	var a fastjson.Arena
-	if newModel != "" {
-		r.doc.Set("model", a.NewString(newModel))
+	if e.Model != "" {
+		r.doc.Set("model", a.NewString(e.Model))
 	}
-	if injectUsage {
+	if e.IncludeUsage {
 		so := r.doc.Get("stream_options")
 		if so == nil || so.Type() != fastjson.TypeObject {
 			so = a.NewObject()
@@ -281,11 +334,14 @@ func (r *Request) Rewrite(dst []byte, newModel string, injectUsage bool) []byte 
 		so.Set("include_usage", a.NewTrue())
 		r.IncludeUsage = true
 	}
+	if e.MaxTokens > 0 {
+		r.doc.Set("max_tokens", a.NewNumberString(strconv.FormatInt(e.MaxTokens, 10)))
+	}
 	out := r.doc.MarshalTo(dst)
 	if goQuoted(out[len(dst):]) {
 		// fastjson re-escapes strings it decoded with Go quoting (\x01, invalid UTF-8 kept as \xNN), which is
 		// not JSON. Re-encode with the standard library from the original bytes instead.
-		return rewriteStd(r.body, newModel, injectUsage)
+		return rewriteStd(r.body, e)
 	}
 	return out
 }
@@ -308,15 +364,18 @@ func goQuoted(b []byte) bool {
 }
 
 // rewriteStd edits the top-level fields with encoding/json, keeping every other value's bytes as sent.
-func rewriteStd(body []byte, newModel string, injectUsage bool) []byte {
+func rewriteStd(body []byte, e Edits) []byte {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		return body
 	}
-	if newModel != "" {
-		top["model"], _ = json.Marshal(newModel)
+	if e.Model != "" {
+		top["model"], _ = json.Marshal(e.Model)
 	}
-	if injectUsage {
+	if e.MaxTokens > 0 {
+		top["max_tokens"] = json.RawMessage(strconv.FormatInt(e.MaxTokens, 10))
+	}
+	if e.IncludeUsage {
 		so := map[string]json.RawMessage{}
 		_ = json.Unmarshal(top["stream_options"], &so)
 		so["include_usage"] = json.RawMessage("true")

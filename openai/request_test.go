@@ -12,7 +12,7 @@ func TestEndpointForPath(t *testing.T) {
 	tests := map[string]Endpoint{
 		"/v1/chat/completions":           EndpointChat,
 		"/v1/chat/completions?x=1":       EndpointChat,
-		"/v1/chat/completions/":          EndpointChat,
+		"/v1/chat/completions/":          EndpointNone,
 		"/v1/completions":                EndpointCompletions,
 		"/v1/embeddings":                 EndpointEmbeddings,
 		"/v1/models":                     EndpointModels,
@@ -129,11 +129,15 @@ func TestRewrite(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			req, err := ParseRequest(EndpointCompletions, []byte(strings.Replace(tc.body, `"model"`, `"prompt":"p","model"`, 1)))
+			body := tc.body
+			if !strings.Contains(body, `"prompt"`) {
+				body = strings.Replace(body, `"model"`, `"prompt":"p","model"`, 1)
+			}
+			req, err := ParseRequest(EndpointCompletions, []byte(body))
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := req.Rewrite(nil, tc.model, tc.inject)
+			out := req.Rewrite(nil, Edits{Model: tc.model, IncludeUsage: tc.inject})
 			req.Release()
 			var doc map[string]any
 			if err := json.Unmarshal(out, &doc); err != nil {
@@ -200,7 +204,7 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Model == "" || req.Prompt == nil {
 			t.Fatalf("accepted request without model or prompt: %q", body)
 		}
-		out := req.Rewrite(nil, "renamed", true)
+		out := req.Rewrite(nil, Edits{Model: "renamed", IncludeUsage: true})
 		req.Release()
 		if !json.Valid(out) {
 			t.Fatalf("Rewrite produced invalid JSON from %q: %q", body, out)
@@ -224,7 +228,7 @@ func TestRewriteAfterStringsWereRead(t *testing.T) {
 	for _, v := range req.Prompt.GetArray() {
 		_ = v.Type() // decodes the string in place
 	}
-	out := req.Rewrite(nil, "renamed", true)
+	out := req.Rewrite(nil, Edits{Model: "renamed", IncludeUsage: true})
 	req.Release()
 	var doc map[string]any
 	if err := json.Unmarshal(out, &doc); err != nil {

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"math"
 
 	"github.com/valyala/fastjson"
 )
@@ -16,8 +17,22 @@ type Usage struct {
 	CachedReported bool
 }
 
-// Total is prompt plus completion tokens.
-func (u Usage) Total() int64 { return u.PromptTokens + u.CompletionTokens }
+// Total is prompt plus completion tokens, saturating rather than wrapping.
+func (u Usage) Total() int64 {
+	if u.PromptTokens > math.MaxInt64-u.CompletionTokens {
+		return math.MaxInt64
+	}
+	return u.PromptTokens + u.CompletionTokens
+}
+
+// Clamp bounds every count by limit — what one request can really use, such as the model's context — and
+// reports whether anything was cut: an upstream's usage is outside input, and a count near 2^63 must not
+// reach spend and quota arithmetic.
+func (u Usage) Clamp(limit int64) (Usage, bool) {
+	cut := u.PromptTokens > limit || u.CompletionTokens > limit || u.CachedTokens > limit
+	u.PromptTokens, u.CompletionTokens, u.CachedTokens = min(u.PromptTokens, limit), min(u.CompletionTokens, limit), min(u.CachedTokens, limit)
+	return u, cut
+}
 
 // parseUsageObject reads a "usage" object; ok is false when it holds no token counts.
 func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {

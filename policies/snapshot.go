@@ -88,6 +88,9 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 	pol.Spec.Gateway = s.gateway
 	for i := range pol.Spec.Models {
 		m := &pol.Spec.Models[i]
+		if m.ContextTokens == 0 {
+			m.ContextTokens = DefaultContextTokens
+		}
 		for j := range m.Pools {
 			if m.Pools[j].ServedModel == "" {
 				m.Pools[j].ServedModel = m.Name

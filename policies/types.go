@@ -45,7 +45,8 @@ type Gateway struct {
 	MaxRequestBodyBytes int64 `yaml:"maxRequestBodyBytes,omitempty" json:"maxRequestBodyBytes,omitempty" jsonschema:"minimum=1024"`
 	// MaxEndpointsPerDecision bounds the x-gateway-destination-endpoint list (chosen endpoint plus retry fallbacks).
 	MaxEndpointsPerDecision int `yaml:"maxEndpointsPerDecision,omitempty" json:"maxEndpointsPerDecision,omitempty" jsonschema:"minimum=1,maximum=16"`
-	// DefaultMaxTokens is the output-token estimate for requests that set no max_tokens.
+	// DefaultMaxTokens is the output bound for requests that set no max_tokens: admission reserves it and the
+	// gateway writes it into the body as max_tokens, so the engine cannot produce more than was charged.
 	DefaultMaxTokens int `yaml:"defaultMaxTokens,omitempty" json:"defaultMaxTokens,omitempty" jsonschema:"minimum=1"`
 	// TenantHeader, when true, passes x-infergate-tenant upstream so replicas can log who asked.
 	TenantHeader bool `yaml:"tenantHeader,omitempty" json:"tenantHeader,omitempty"`
@@ -56,6 +57,7 @@ const (
 	DefaultMaxRequestBodyBytes     = 4 << 20
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
+	DefaultContextTokens           = 131072
 )
 
 // Routing tunes the picker. Zero values take the defaults below.
@@ -132,11 +134,14 @@ type HardwareClass struct {
 
 // Model is one model as clients name it, with the pools that serve it and the managed APIs behind them.
 type Model struct {
-	Name      string     `yaml:"name" json:"name" jsonschema:"minLength=1"`
-	Aliases   []string   `yaml:"aliases,omitempty" json:"aliases,omitempty"`
-	Pricing   Pricing    `yaml:"pricing,omitempty" json:"pricing,omitempty"`
-	Pools     []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
-	Fallbacks []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
+	Name    string   `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	Aliases []string `yaml:"aliases,omitempty" json:"aliases,omitempty"`
+	Pricing Pricing  `yaml:"pricing,omitempty" json:"pricing,omitempty"`
+	// ContextTokens is the engines' context window (vLLM --max-model-len): the largest max_tokens a request
+	// may ask, and the cap on the bound injected into requests that ask none (default 131072).
+	ContextTokens int64      `yaml:"contextTokens,omitempty" json:"contextTokens,omitempty" jsonschema:"minimum=1"`
+	Pools         []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
+	Fallbacks     []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
 	// Adapters are LoRA adapters every pool of the model can serve (vLLM --lora-modules), named as clients
 	// call them. A request for an adapter keeps its name upstream, prefers endpoints that have it loaded, and
 	// never overflows to a managed fallback, which does not have it.

@@ -230,6 +230,9 @@ func (v *validator) models(s *Spec) map[string]bool {
 		known[m.Name] = true
 		v.clientNames(append(slices.Clone(base), "aliases"), "alias", m.Aliases, known)
 		v.clientNames(append(slices.Clone(base), "adapters"), "adapter", m.Adapters, known)
+		if m.ContextTokens < 0 {
+			v.fail(append(base, "contextTokens"), "must not be negative, got %d", m.ContextTokens)
+		}
 		if m.Pricing.InputPerMTok < 0 {
 			v.fail(append(base, "pricing", "inputPerMTok"), "must not be negative, got %v", m.Pricing.InputPerMTok)
 		}

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -35,6 +36,7 @@ type Metrics struct {
 type Limiter struct {
 	redis    *redisBackend
 	leases   *leases
+	live     *liveSlots
 	local    *localBackend
 	log      *slog.Logger
 	up       atomic.Bool
@@ -55,6 +57,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now replaces the clock (tests of window rollover).
 	Now func() time.Time
+	// RenewInterval is how often the concurrency slots of requests in flight are renewed (default
+	// ConcurrencyTTL/3); negative turns renewal off, as in a gateway that has died (tests).
+	RenewInterval time.Duration
 }
 
 // slogRedisLogger sends go-redis's own messages (pool dial failures) to the structured log. go-redis has one
@@ -79,8 +84,12 @@ func New(ctx context.Context, o Options) *Limiter {
 		// Short dial and I/O timeouts: the request path bounds each call with the policy's timeout anyway.
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		PoolSize: 64, MinIdleConns: 4, MaxRetries: -1,
+		// Without this go-redis ignores the context's deadline on reads and writes, and a hung Redis
+		// (SIGSTOP, a stalled failover) holds requests for the full read timeout instead of redisTimeout.
+		ContextTimeoutEnabled: true,
 	})
-	l := &Limiter{redis: newRedisBackend(client), leases: newLeases(), local: newLocalBackend(), log: o.Logger, now: o.Now, ctx: ctx}
+	l := &Limiter{redis: newRedisBackend(client), leases: newLeases(), live: newLiveSlots(), local: newLocalBackend(),
+		log: o.Logger, now: o.Now, ctx: ctx}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -111,6 +120,9 @@ func New(ctx context.Context, o Options) *Limiter {
 		close(flushed)
 	}()
 	go l.sweepLeases(ctx)
+	if every := cmp.Or(o.RenewInterval, renewEvery); every > 0 {
+		go l.runRenewer(ctx, every, time.Second)
+	}
 	// The client closes only after the flusher's last batch, so settlements of a drain are not lost.
 	go func() { <-flushed; _ = client.Close() }()
 	return l
@@ -138,6 +150,12 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		rej, err := l.admitShared(ctx, r, t, settings.GatewayReplicas)
 		if err == nil {
 			l.failures.Store(0)
+			if rej == nil {
+				l.live.add(t)
+				// The fail-open limiter keeps count of what this gateway admitted through Redis too, so that
+				// an outage starts from this window's real usage rather than from zero.
+				l.local.record(r.Now, t)
+			}
 			return l.result(t, rej)
 		}
 		if ctx.Err() != nil {
@@ -201,10 +219,11 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 		return
 	}
 	deltas := settleDeltas(t, tokens, costMicros)
+	l.local.settle(t, deltas)
 	if t.local {
-		l.local.settle(t, deltas)
 		return
 	}
+	l.live.remove(t)
 	l.redis.settleAsync(t.Tenant, t.ID, l.leases.settle(l.now(), t, deltas))
 }
 

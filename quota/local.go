@@ -12,6 +12,7 @@ type localBackend struct {
 	mu       sync.Mutex
 	counters map[string]*localCounter
 	replicas int64
+	swept    time.Time // last forgetExpired pass
 }
 
 type localCounter struct {
@@ -45,17 +46,27 @@ func (l *localBackend) counter(key string, now time.Time, window time.Duration) 
 	return c
 }
 
+// maxLocalCounters is how many counters are kept before finished windows are swept out.
+const maxLocalCounters = 100000
+
+// forgetExpired drops counters of finished windows once there are many; l.mu is held.
+func (l *localBackend) forgetExpired(now time.Time) {
+	if len(l.counters) <= maxLocalCounters || now.Sub(l.swept) < time.Second {
+		return
+	}
+	l.swept = now
+	for k, c := range l.counters {
+		if !c.expires.IsZero() && now.After(c.expires) {
+			delete(l.counters, k)
+		}
+	}
+}
+
 // admit checks and reserves like the Redis script, at limit ÷ replicas (rounded up, at least 1).
 func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.counters) > 100000 {
-		for k, c := range l.counters {
-			if !c.expires.IsZero() && now.After(c.expires) {
-				delete(l.counters, k)
-			}
-		}
-	}
+	l.forgetExpired(now)
 	for _, e := range t.entries {
 		limit := max(1, int64(math.Ceil(float64(e.limit)/float64(l.replicas))))
 		c := l.counter(e.key, now, e.window)
@@ -63,7 +74,7 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 		if e.kind == KindConcurrency {
 			used = int64(len(c.holders))
 		}
-		if used+e.amount > limit {
+		if AddTokens(used, e.amount) > limit {
 			reset := time.Second
 			if !c.expires.IsZero() {
 				reset = c.expires.Sub(now)
@@ -76,10 +87,26 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 		if e.kind == KindConcurrency {
 			c.holders[t.ID] = true
 		} else {
-			c.value += e.amount
+			c.value = AddTokens(c.value, e.amount)
 		}
 	}
 	return nil
+}
+
+// record counts a ticket admitted through Redis or a lease without checking it: the local limiter mirrors what
+// this gateway admitted in each window, so that when Redis fails it goes on from there instead of from zero.
+func (l *localBackend) record(now time.Time, t *Ticket) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forgetExpired(now)
+	for _, e := range t.entries {
+		c := l.counter(e.key, now, e.window)
+		if e.kind == KindConcurrency {
+			c.holders[t.ID] = true
+		} else {
+			c.value = AddTokens(c.value, e.amount)
+		}
+	}
 }
 
 func (l *localBackend) settle(t *Ticket, deltas []int64) {

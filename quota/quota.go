@@ -88,13 +88,27 @@ type Rejection struct {
 	Reset     time.Duration
 }
 
-// ConcurrencyTTL is how long a concurrency slot survives without settlement (a crashed gateway's requests
-// stop counting after it).
-const ConcurrencyTTL = 10 * time.Minute
+// ConcurrencyTTL is how long a concurrency slot survives without renewal: the gateway renews the slots of
+// requests in flight (renew.go), so a crashed gateway's requests stop counting this long after it died.
+const ConcurrencyTTL = 10 * time.Second
 
-// MicroUSD prices tokens at a model's policy prices.
+// MicroUSD prices tokens at a model's policy prices, saturating at the largest int64 rather than wrapping:
+// token counts come from clients and engines.
 func MicroUSD(m *policies.Model, prompt, completion int64) int64 {
-	return int64(math.Round(float64(prompt)*m.Pricing.InputPerMTok + float64(completion)*m.Pricing.OutputPerMTok))
+	v := math.Round(float64(max(prompt, 0))*m.Pricing.InputPerMTok + float64(max(completion, 0))*m.Pricing.OutputPerMTok)
+	if v >= math.MaxInt64 || math.IsNaN(v) {
+		return math.MaxInt64
+	}
+	return int64(v)
+}
+
+// AddTokens adds two non-negative token counts, saturating at the largest int64: an estimate built from a
+// client's max_tokens must never wrap negative and slip under a limit.
+func AddTokens(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // tag keeps every key of a tenant in one Redis Cluster slot.

@@ -58,7 +58,8 @@ func newLimiter(t *testing.T, addr string, cluster bool, c *clock) *Limiter {
 	t.Cleanup(cancel)
 	o := Options{Addrs: []string{addr}, Cluster: cluster}
 	if c != nil {
-		o.Now = c.Now
+		// Tests on a fake clock renew slots by hand (renewSlots), never on a real-time ticker.
+		o.Now, o.RenewInterval = c.Now, -1
 	}
 	return New(ctx, o)
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -95,6 +96,20 @@ func (s *Server) Kill() {
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
 		s.cmd = nil
+	}
+}
+
+// Pause stops the process with SIGSTOP: connections stay open and nothing answers, as with a hung server.
+func (s *Server) Pause() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused process.
+func (s *Server) Resume() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
 	}
 }
 

@@ -1,0 +1,124 @@
+package extproc
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Requests a hostile tenant sends with a valid key: each ends in a clear 4xx, and the server goes on serving.
+func TestHostileBodiesAreRefused(t *testing.T) {
+	h := newHarness(t)
+	tests := []struct {
+		name, body string
+		status     int
+		wantMsg    string
+	}{
+		{"a hundred thousand brackets", `{"model":"qwen2.5-7b","messages":` + strings.Repeat("[", 100_000), 400, "nesting deeper"},
+		{"max_tokens near 2^63", `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807}`, 400, "max_tokens is too large"},
+		{"max_tokens beyond the context", `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"x"}],"max_tokens":131073}`, 400, "max_tokens is too large"},
+		{"max_tokens zero", `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"x"}],"max_tokens":0}`, 400, "positive integer"},
+		{"duplicate model keys", `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"x"}],"model":"llama-70b"}`, 400, "repeats the key 'model'"},
+		{"control character before an escape", "{\"model\":\"qwen2.5-7b\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\\n\"}]}", 400, "control character"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, r := post(t, h, keyAcme, tc.body, modeNone)
+			status, _ := immediateError(t, r)
+			if status != tc.status {
+				t.Fatalf("status %d, want %d", status, tc.status)
+			}
+			if msg := string(r.GetImmediateResponse().GetBody()); !strings.Contains(msg, tc.wantMsg) {
+				t.Errorf("body %.200s does not say %q", msg, tc.wantMsg)
+			}
+		})
+	}
+	// Still serving.
+	if _, r := post(t, h, keyAcme, chatBody, modeNone); r.GetRequestBody() == nil {
+		t.Fatalf("not routed after hostile requests: %v", r)
+	}
+}
+
+// A request without max_tokens is bounded by the policy's default, written into the body, so that the engine
+// cannot produce more than admission reserved.
+func TestMaxTokensInjectedWhenAbsent(t *testing.T) {
+	h := newHarness(t)
+	_, r := post(t, h, keyAcme, `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}]}`, modeNone)
+	body := r.GetRequestBody().GetResponse().GetBodyMutation().GetBody()
+	var doc map[string]any
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatalf("no rewritten body: %v (%v)", err, r)
+	}
+	if doc["max_tokens"] != float64(256) {
+		t.Errorf("max_tokens = %v, want the policy default 256", doc["max_tokens"])
+	}
+	if cl := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())["content-length"]; cl != strconv.Itoa(len(body)) {
+		t.Errorf("content-length %q for a %d-byte body", cl, len(body))
+	}
+	// A client's own bound is kept as sent.
+	_, r = post(t, h, keyAcme, `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"hi"}],"max_tokens":7}`, modeNone)
+	if b := r.GetRequestBody().GetResponse().GetBodyMutation().GetBody(); b != nil {
+		t.Errorf("body rewritten although the client bounded it: %s", b)
+	}
+}
+
+// An upstream that reports absurd usage is charged at the model's context, never at 2^63.
+func TestAbsurdUpstreamUsageIsClamped(t *testing.T) {
+	h := newHarness(t)
+	s, _ := post(t, h, keyAcme, chatBody, modeBuffered)
+	s.send(respHeaders("200", false, "content-type", "application/json"))
+	s.recv()
+	s.send(respBody([]byte(`{"choices":[],"usage":{"prompt_tokens":9223372036854775000,"completion_tokens":9223372036854775000}}`), true))
+	s.recv()
+	st := h.settlement()
+	if st.Usage.PromptTokens > 131072 || st.Usage.CompletionTokens > 131072 {
+		t.Errorf("usage not clamped: %+v", st.Usage)
+	}
+	if math.IsInf(st.CostUSD, 0) || st.CostUSD > 1000 {
+		t.Errorf("cost %v", st.CostUSD)
+	}
+}
+
+func TestRequestIDWithControlCharactersIsReplaced(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"abc\r\nset-cookie: x=1", "has space", strings.Repeat("a", 200)} {
+		s := h.open(t, modeBuffered, modeNone)
+		s.send(postHeaders("/v1/chat/completions", keyAcme, "x-request-id", id))
+		s.recv()
+		s.send(reqBody([]byte(chatBody), true))
+		r := s.recv()
+		got := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[HeaderRequestID]
+		if got == "" || got == id || strings.ContainsAny(got, "\r\n ") {
+			t.Errorf("x-request-id %q forwarded as %q; want a fresh id", id, got)
+		}
+	}
+	// A plain id is kept (and so not set again).
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyAcme, "x-request-id", "req-123_abc"))
+	s.recv()
+	s.send(reqBody([]byte(chatBody), true))
+	if got, ok := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())[HeaderRequestID]; ok {
+		t.Errorf("a valid client id was replaced by %q", got)
+	}
+}
+
+func TestTrailingSlashPathIsNotRouted(t *testing.T) {
+	h := newHarness(t)
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(postHeaders("/v1/chat/completions/", keyAcme))
+	if status, _ := immediateError(t, s.recv()); status != 404 {
+		t.Errorf("status %d, want 404", status)
+	}
+}
+
+func TestFullDuplexBodyShorterThanDeclared(t *testing.T) {
+	h := newHarness(t)
+	s := h.open(t, modeFullDuplex, modeNone)
+	s.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(chatBody)+100)))
+	s.send(reqBody([]byte(chatBody), true))
+	if status, _ := immediateError(t, s.recv()); status != 400 {
+		t.Errorf("status %d, want 400", status)
+	}
+}

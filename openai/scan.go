@@ -1,0 +1,85 @@
+package openai
+
+import "fmt"
+
+// MaxJSONDepth bounds how deeply objects and arrays may nest in a body the gateway parses. Real requests
+// (messages with tool calls and JSON-schema response formats) stay well under 64; the bound is what keeps a
+// hostile body of a million '[' from exhausting the stack of a recursive parser.
+const MaxJSONDepth = 128
+
+// scanError says why preScan refused a body; offset is where it stopped.
+type scanError struct {
+	offset int
+	reason string
+}
+
+func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
+
+// preScan walks a JSON text once, without recursion, before any recursive parser sees it: it bounds nesting
+// depth and refuses raw control characters inside strings (including object keys), which the recursive
+// validator misses when a string also holds an escape. It does not check the grammar: the parser does that
+// next, on a body now known to be shallow.
+func preScan(b []byte, maxDepth int) error {
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '[', '{':
+			if depth++; depth > maxDepth {
+				return &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth)}
+			}
+		case ']', '}':
+			depth--
+		case '"':
+			end, err := skipString(b, i+1)
+			if err != nil {
+				return err
+			}
+			i = end
+		}
+	}
+	return nil
+}
+
+// skipString returns the index of the quote that closes the string starting at i, or an error for a raw
+// control character or a missing end.
+func skipString(b []byte, i int) (int, error) {
+	for {
+		// Find the next byte that needs a look: a quote, a backslash or a control character.
+		j := indexStringSpecial(b[i:])
+		if j < 0 {
+			return 0, &scanError{len(b), "unterminated string"}
+		}
+		i += j
+		switch c := b[i]; {
+		case c == '"':
+			return i, nil
+		case c == '\\':
+			i += 2 // the escaped byte is never a terminator; the parser checks the escape itself
+			if i > len(b) {
+				return 0, &scanError{len(b), "unterminated string"}
+			}
+		default:
+			return 0, &scanError{i, fmt.Sprintf("raw control character 0x%02X inside a string", c)}
+		}
+	}
+}
+
+// stringSpecial marks the bytes a string scan must stop at: '"', '\\' and the control characters.
+var stringSpecial = func() (t [256]bool) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// indexStringSpecial finds the first '"', '\\' or byte below 0x20: one table look-up a byte, so a scan is
+// linear however many escapes a string holds.
+func indexStringSpecial(b []byte) int {
+	for k, c := range b {
+		if stringSpecial[c] {
+			return k
+		}
+	}
+	return -1
+}

@@ -1,0 +1,115 @@
+package openai
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+// Hostile bodies get a 400 naming the problem, without a recursive parser ever seeing them.
+func TestParseRequestRefusesHostileJSON(t *testing.T) {
+	deep := func(n int) string {
+		return `{"model":"m","messages":` + strings.Repeat("[", n)
+	}
+	nested := func(n int) string { // well-formed but too deep
+		return `{"model":"m","messages":[{"role":"user","content":` + strings.Repeat(`{"a":`, n) + `1` +
+			strings.Repeat("}", n) + `}]}`
+	}
+	tests := []struct {
+		name, body, wantErr string
+	}{
+		{"two million brackets", deep(2_000_000), "nesting deeper than 128"},
+		{"twenty thousand brackets", deep(20_000), "nesting deeper than 128"},
+		{"deep but closed objects", nested(200), "nesting deeper than 128"},
+		{"raw control character before an escape", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01b\\n\"}]}", "control character 0x01"},
+		{"raw control character in a key", "{\"mo\x02del\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\\t\"}]}", "control character 0x02"},
+		{"raw newline in a string", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}", "control character 0x0A"},
+		{"unterminated string", `{"model":"m","messages":[{"role":"user","content":"abc`, "unterminated string"},
+		{"escape at the very end", `{"model":"m","messages":"\`, "unterminated string"},
+		{"duplicate model", `{"model":"a","messages":[{"role":"user","content":"x"}],"model":"b"}`, "repeats the key 'model'"},
+		{"duplicate messages", `{"model":"a","messages":[{"role":"user","content":"x"}],"messages":[]}`, "repeats the key 'messages'"},
+		{"duplicate stream", `{"model":"a","messages":[{"role":"user","content":"x"}],"stream":false,"stream":true}`, "repeats the key 'stream'"},
+		{"duplicate max_tokens", `{"model":"a","messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_tokens":99999}`, "repeats the key 'max_tokens'"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := ParseRequest(EndpointChat, []byte(tc.body))
+			req.Release()
+			e, ok := err.(*Error)
+			if !ok || e.Status != 400 {
+				t.Fatalf("err = %v, want a 400 *Error", err)
+			}
+			if !strings.Contains(e.Message, tc.wantErr) {
+				t.Errorf("message %q does not say %q", e.Message, tc.wantErr)
+			}
+			if len(e.Message) > 400 {
+				t.Errorf("message is %d bytes; it must not quote the body", len(e.Message))
+			}
+		})
+	}
+}
+
+// Bodies real clients send still parse: nesting up to the bound, escapes, keys repeated where routing does
+// not read them, and UTF-8.
+func TestParseRequestAcceptsOrdinaryJSON(t *testing.T) {
+	bodies := []string{
+		`{"model":"m","messages":[{"role":"user","content":` + strings.Repeat(`{"a":`, 100) + `1` + strings.Repeat("}", 100) + `}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"tab\tescaped\\t \"quoted\" \u00e9 é \\\\"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x","name":"a","name":"b"}],"temperature":1,"temperature":2}`,
+		`{"model":"m","messages":[{"role":"user","content":"[[[{{{"}]}`,
+	}
+	for _, b := range bodies {
+		b = strings.ReplaceAll(b, "\t", `\t`) // a literal tab in Go source is a raw control character in JSON
+		req, err := ParseRequest(EndpointChat, []byte(b))
+		if err != nil {
+			t.Errorf("%.60q: %v", b, err)
+		}
+		req.Release()
+	}
+}
+
+func TestRewriteInjectsMaxTokens(t *testing.T) {
+	req, err := ParseRequest(EndpointChat, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := req.Rewrite(nil, Edits{MaxTokens: 256, IncludeUsage: true})
+	req.Release()
+	var doc map[string]any
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc["max_tokens"] != float64(256) {
+		t.Errorf("max_tokens = %v in %s", doc["max_tokens"], out)
+	}
+	again, err := ParseRequest(EndpointChat, out)
+	defer again.Release()
+	if err != nil || again.MaxTokens != 256 {
+		t.Errorf("rewritten body reads back max_tokens %d, %v", again.MaxTokens, err)
+	}
+}
+
+func TestUsageArithmeticSaturates(t *testing.T) {
+	u := Usage{PromptTokens: math.MaxInt64 - 1, CompletionTokens: math.MaxInt64 - 1}
+	if got := u.Total(); got != math.MaxInt64 {
+		t.Errorf("Total = %d, want saturation", got)
+	}
+	c, cut := u.Clamp(131072)
+	if !cut || c.PromptTokens != 131072 || c.CompletionTokens != 131072 {
+		t.Errorf("Clamp = %+v, %v", c, cut)
+	}
+	if _, cut := (Usage{PromptTokens: 5, CompletionTokens: 7}).Clamp(10); cut {
+		t.Error("Clamp cut a usage within the limit")
+	}
+}
+
+func BenchmarkPreScan(b *testing.B) {
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat(`You are helpful. \"Quote\"\n`, 400) + `"}]}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := preScan(body, MaxJSONDepth); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package quota
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/test/redistest"
+)
+
+// A gateway that dies with requests in flight stops holding its tenant's concurrency slots within
+// ConcurrencyTTL; one that lives renews them for as long as its requests last.
+func TestCrashedGatewayFreesConcurrencySlots(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "maxConcurrent: 4", "redisTimeout: 2s, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	ctxA, crashA := context.WithCancel(context.Background())
+	t.Cleanup(crashA)
+	a := New(ctxA, Options{Addrs: []string{srv.Addr}, Now: c.Now, RenewInterval: -1})
+	b := newLimiter(t, srv.Addr, false, c)
+	for range 4 {
+		if _, rej, err := a.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
+			t.Fatal(rej, err)
+		}
+	}
+	if _, rej, _ := b.Admit(context.Background(), req(snap, tn, m, 1)); rej == nil || rej.Kind != KindConcurrency {
+		t.Fatalf("gateway B admitted a fifth concurrent request: %+v", rej)
+	}
+	// A lives: its renewals keep the slots past the TTL.
+	for range 3 {
+		c.Advance(renewEvery)
+		if err := a.renewSlots(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, rej, _ := b.Admit(context.Background(), req(snap, tn, m, 1)); rej == nil {
+		t.Fatal("renewed slots expired while their requests were in flight")
+	}
+	// A dies without settling: within the TTL its slots are free for B.
+	crashA()
+	c.Advance(ConcurrencyTTL + time.Millisecond)
+	for i := range 4 {
+		if _, rej, err := b.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
+			t.Fatalf("request %d after the crash: %+v %v", i, rej, err)
+		}
+	}
+}
+
+// A settled request's slot is not brought back by a renewal that raced with it.
+func TestRenewalDoesNotResurrectSettledSlots(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "maxConcurrent: 1", "redisTimeout: 2s, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1))
+	if err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	due := l.live.due()
+	l.Settle(tk, 1, 1)
+	l.redis.flushPending(context.Background(), time.Second)
+	// The renewal that had listed the slot runs after the settlement: XX keeps it from re-adding the member.
+	for _, r := range due {
+		if err := l.redis.client.ZAddXX(context.Background(), r.key, zMember(c.Now().Add(ConcurrencyTTL), r.member)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := srv.Do("ZCARD", concKey(tn)); n != "0" {
+		t.Errorf("%s slots after settlement and a late renewal", n)
+	}
+}
+
+// A hung Redis (SIGSTOP: connections open, nothing answers) costs a request the policy's redisTimeout, not
+// the client's one-second read timeout.
+func TestHungRedisHonoursRedisTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "requestsPerSecond: 1000", "failMode: open, redisTimeout: 50ms")
+	l := newLimiter(t, srv.Addr, false, nil)
+	if _, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	start := time.Now()
+	_, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1))
+	took := time.Since(start)
+	if err != nil || rej != nil {
+		t.Fatalf("fail open: %+v %v", rej, err)
+	}
+	// Not a speed target: the bound tells a deadline that was honoured (50 ms) from one that was not (1 s).
+	if took >= 900*time.Millisecond {
+		t.Errorf("admission against a hung Redis took %v with redisTimeout 50ms", took)
+	}
+}
+
+// When Redis fails, the fail-open limiter starts from what this gateway admitted through Redis in the window,
+// not from zero.
+func TestOutageStartsFromThisWindowsUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	if _, rej, err := l.Admit(context.Background(), req(snap, tn, m, 900)); err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	srv.Kill()
+	_, rej, err := l.Admit(context.Background(), req(snap, tn, m, 200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rej == nil || rej.Kind != KindTokens || rej.Used != 900 {
+		t.Fatalf("the local limiter admitted 200 tokens on top of 900 of a 1000 TPM limit: %+v", rej)
+	}
+	if _, rej, _ := l.Admit(context.Background(), req(snap, tn, m, 100)); rej != nil {
+		t.Errorf("the last 100 tokens of the window were refused: %+v", rej)
+	}
+}
+
+func zMember(exp time.Time, member string) redis.Z {
+	return redis.Z{Score: float64(exp.UnixMilli()), Member: member}
+}
