@@ -84,7 +84,7 @@ type Request struct {
 	Endpoint     Endpoint
 	Model        string
 	Stream       bool
-	IncludeUsage bool // stream_options.include_usage
+	IncludeUsage bool  // stream_options.include_usage
 	MaxTokens    int64 // max_completion_tokens, else max_tokens; 0 when absent
 	User         string
 	// Prompt is the parsed messages / prompt / input value.
