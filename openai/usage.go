@@ -69,20 +69,28 @@ func UsageFromJSON(body []byte) (Usage, bool) {
 	return parseUsageObject(obj)
 }
 
-// maxPendingEvent bounds how much of one unfinished SSE event is held across chunks; an event larger than this
-// is passed through unparsed rather than buffered without limit.
-const maxPendingEvent = 1 << 20
+// maxPendingLine bounds how much of one unfinished SSE line is held across chunks; a longer line is passed
+// through unparsed rather than buffered without limit.
+const maxPendingLine = 1 << 20
 
 // SSEScanner follows a server-sent-events response chunk by chunk, across arbitrary chunk boundaries, and
 // records the token usage it reports. With DropUsageChunk it also removes the usage-only event (empty
 // "choices") that the gateway asked for on the client's behalf, so the client sees the stream it asked for.
+//
+// It works line by line, so a malformed stream (data lines with no blank line between events) still flows
+// through as it arrives: only a usage-only data line that is an event of its own — first line of its event,
+// followed by a blank line or the end of the stream — is ever removed, and at most that one line is held
+// back while the scanner waits to see which it is.
 type SSEScanner struct {
 	DropUsageChunk bool
 
 	usage    Usage
 	sawUsage bool
-	content  int64  // events with choices: about one output token each
-	pending  []byte // start of an event whose end has not arrived yet
+	content  int64  // data lines with choices: about one output token each
+	pending  []byte // start of a line whose end has not arrived yet
+	tooLong  bool   // pending overflowed: the rest of this line passes unparsed
+	held     []byte // a usage-only data line waiting for the blank line that makes it droppable
+	midEvent bool   // a line other than a blank one has been seen since the last event ended
 }
 
 // ContentEvents counts events that carried choices, an estimate of output tokens when usage never came.
@@ -92,139 +100,139 @@ func (s *SSEScanner) ContentEvents() int64 { return s.content }
 func (s *SSEScanner) Usage() (Usage, bool) { return s.usage, s.sawUsage }
 
 // Process consumes one chunk and returns the bytes to forward in its place. Without DropUsageChunk the chunk
-// is returned unchanged. With it, a trailing partial event is held back and forwarded with the chunk that
-// completes it; end flushes whatever is held.
+// is returned unchanged. With it, a partial trailing line and a held usage line are kept back and forwarded
+// (or dropped) once the bytes that decide arrive; end flushes whatever is held.
 func (s *SSEScanner) Process(chunk []byte, end bool) []byte {
-	if !s.DropUsageChunk {
-		s.scan(chunk, end)
-		return chunk
+	var out *[]byte
+	var buf []byte
+	if s.DropUsageChunk {
+		buf = make([]byte, 0, len(chunk)+len(s.pending)+len(s.held))
+		out = &buf
 	}
-	return s.filter(chunk, end)
-}
-
-// scan parses events without changing the stream, carrying an unfinished event over to the next chunk.
-func (s *SSEScanner) scan(chunk []byte, end bool) {
 	data := chunk
 	if len(s.pending) > 0 {
 		s.pending = append(s.pending, chunk...)
 		data = s.pending
 	}
-	rest := s.eachEvent(data, nil)
+	for {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			break
+		}
+		s.line(data[:i+1], out)
+		data = data[i+1:]
+	}
 	switch {
 	case end:
-		s.event(rest) // a last event the server did not close with a blank line
+		if len(data) > 0 {
+			s.line(data, out) // a last line the server did not end
+		}
+		if len(s.held) > 0 && out != nil {
+			s.held = s.held[:0] // a usage-only event at the very end of the stream: dropped
+		}
 		s.pending = s.pending[:0]
-	case len(rest) > maxPendingEvent:
-		s.pending = s.pending[:0]
-	case len(s.pending) > 0:
-		s.pending = s.pending[:copy(s.pending, rest)] // rest is a suffix of pending; copy handles the overlap
+	case len(data) > maxPendingLine:
+		s.passLong(data, out)
 	default:
-		s.pending = append(s.pending, rest...)
+		// Keep the partial line; data is a suffix of pending or of chunk (copy handles the overlap).
+		if len(s.pending) > 0 {
+			s.pending = s.pending[:copy(s.pending, data)]
+		} else {
+			s.pending = append(s.pending, data...)
+		}
+	}
+	if out == nil {
+		return chunk
+	}
+	return *out
+}
+
+// passLong forwards a line too long to hold, unparsed, and remembers to skip the rest of it.
+func (s *SSEScanner) passLong(data []byte, out *[]byte) {
+	s.release(out)
+	if out != nil {
+		*out = append(*out, data...)
+	}
+	s.pending, s.tooLong, s.midEvent = s.pending[:0], true, true
+}
+
+// release forwards the held line: what followed it shows it was not an event of its own.
+func (s *SSEScanner) release(out *[]byte) {
+	if len(s.held) > 0 {
+		if out != nil {
+			*out = append(*out, s.held...)
+		}
+		s.held = s.held[:0]
 	}
 }
 
-// filter parses events and returns the chunk with dropped events removed and a partial tail held back.
-func (s *SSEScanner) filter(chunk []byte, end bool) []byte {
-	data := chunk
-	if len(s.pending) > 0 {
-		data = append(s.pending, chunk...)
-		s.pending = nil
+// line handles one complete line (with its terminator, if any).
+func (s *SSEScanner) line(l []byte, out *[]byte) {
+	if s.tooLong { // the end of a line already passed through unparsed
+		s.tooLong = false
+		if out != nil {
+			*out = append(*out, l...)
+		}
+		return
 	}
-	out := make([]byte, 0, len(data))
-	rest := s.eachEvent(data, &out)
-	if end || len(rest) > maxPendingEvent {
-		if end && !s.event(rest) {
-			out = append(out, rest...)
-		} else if !end {
-			out = append(out, rest...)
+	text := bytes.TrimRight(l, "\r\n")
+	if len(text) == 0 { // blank line: the event ends
+		if len(s.held) > 0 && out != nil {
+			s.held = s.held[:0] // the held usage line was an event of its own: drop it and this blank line
+			s.midEvent = false
+			return
 		}
-		s.pending = nil
-		return out
+		s.midEvent = false
+		if out != nil {
+			*out = append(*out, l...)
+		}
+		return
 	}
-	s.pending = append(s.pending[:0], rest...)
-	return out
-}
-
-// eachEvent handles every complete event in data, appending kept events to out when out is not nil, and
-// returns the incomplete remainder.
-func (s *SSEScanner) eachEvent(data []byte, out *[]byte) []byte {
-	for {
-		n, sep := eventEnd(data)
-		if n < 0 {
-			return data
-		}
-		event := data[:n+sep]
-		if drop := s.event(data[:n]); !drop && out != nil {
-			*out = append(*out, event...)
-		}
-		data = data[n+sep:]
+	s.release(out)
+	usageOnly := s.dataLine(text)
+	if usageOnly && !s.midEvent && out != nil {
+		s.held = append(s.held, l...)
+		s.midEvent = true
+		return
 	}
-}
-
-// eventEnd finds the blank line that ends the first event: its index and the separator length.
-func eventEnd(data []byte) (int, int) {
-	for i := 0; i < len(data); i++ {
-		if data[i] != '\n' {
-			continue
-		}
-		if i+1 < len(data) && data[i+1] == '\n' {
-			return i, 2
-		}
-		if i+2 < len(data) && data[i+1] == '\r' && data[i+2] == '\n' {
-			return i, 3
-		}
+	s.midEvent = true
+	if out != nil {
+		*out = append(*out, l...)
 	}
-	return -1, 0
 }
 
 var dataPrefix = []byte("data:")
 
-// event parses one event's lines and reports whether it should be dropped.
-func (s *SSEScanner) event(ev []byte) (drop bool) {
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
-		} else {
-			ev = nil
-		}
-		line = bytes.TrimRight(line, "\r")
-		payload, ok := bytes.CutPrefix(line, dataPrefix)
-		if !ok {
-			continue
-		}
-		payload = bytes.TrimLeft(payload, " ")
-		if len(payload) == 0 || payload[0] != '{' {
-			continue // [DONE] and keep-alives
-		}
-		s.eventJSON(payload, &drop)
+// dataLine reads one line's data payload, if it is a JSON data line, and reports whether it is the
+// usage-only chunk (usage and an empty choices array).
+func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
+	payload, ok := bytes.CutPrefix(text, dataPrefix)
+	if !ok {
+		return false
 	}
-	return drop
-}
-
-// eventJSON reads one data payload: its usage, and whether it is the usage-only chunk to drop.
-func (s *SSEScanner) eventJSON(payload []byte, drop *bool) {
+	payload = bytes.TrimLeft(payload, " ")
+	if len(payload) == 0 || payload[0] != '{' {
+		return false // [DONE] and keep-alives
+	}
 	p := parsers.Get()
 	defer parsers.Put(p)
 	doc, err := p.ParseBytes(payload)
 	if err != nil {
-		return
+		return false
 	}
-	if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray && len(choices.GetArray()) > 0 {
+	choices := doc.Get("choices")
+	isArray := choices != nil && choices.Type() == fastjson.TypeArray
+	if isArray && len(choices.GetArray()) > 0 {
 		s.content++
 	}
 	obj := doc.Get("usage")
 	if obj == nil || obj.Type() != fastjson.TypeObject {
-		return
+		return false
 	}
 	u, ok := parseUsageObject(obj)
 	if !ok {
-		return
+		return false
 	}
 	s.usage, s.sawUsage = u, true
-	if s.DropUsageChunk {
-		if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray && len(choices.GetArray()) == 0 {
-			*drop = true
-		}
-	}
+	return isArray && len(choices.GetArray()) == 0
 }

@@ -161,3 +161,49 @@ func TestSSEFinalEventWithoutBlankLine(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that never separates events with blank lines: every byte reaches the client as it arrives
+// (nothing held back but a partial line), and usage is still read.
+func TestSSEWithoutBlankLinesPassesThrough(t *testing.T) {
+	data := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n" +
+		"data: [DONE]\n")
+	for _, drop := range []bool{false, true} {
+		s := &SSEScanner{DropUsageChunk: drop}
+		var out []byte
+		fed := 0 // bytes of the lines before this one
+		lines := bytes.SplitAfter(data, []byte("\n"))
+		for i, l := range lines {
+			got := s.Process(append([]byte(nil), l...), i == len(lines)-1)
+			if !drop && !bytes.Equal(got, l) {
+				t.Fatalf("scan mode changed line %d", i)
+			}
+			out = append(out, got...)
+			// At most the line just fed is held back.
+			if !bytes.HasPrefix(data, out) || len(out) < fed {
+				t.Fatalf("drop=%v: after line %d forwarded %q", drop, i, out)
+			}
+			fed += len(l)
+		}
+		if !bytes.Equal(out, data) {
+			t.Errorf("drop=%v: forwarded %q, want the stream unchanged", drop, out)
+		}
+		if u, ok := s.Usage(); !ok || u.CompletionTokens != 2 {
+			t.Errorf("drop=%v: usage %+v %v", drop, u, ok)
+		}
+		if s.ContentEvents() != 2 {
+			t.Errorf("drop=%v: content events %d", drop, s.ContentEvents())
+		}
+	}
+}
+
+// A line longer than the scanner holds passes through unparsed, whole.
+func TestSSELongLinePassesThrough(t *testing.T) {
+	long := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", maxPendingLine+10) + "\"}}]}\n\n"
+	data := []byte(long + "data: [DONE]\n\n")
+	s := &SSEScanner{DropUsageChunk: true}
+	if out := runChunks(s, data, 100, maxPendingLine+5, maxPendingLine+20); !bytes.Equal(out, data) {
+		t.Errorf("long line changed: %d bytes out of %d", len(out), len(data))
+	}
+}
