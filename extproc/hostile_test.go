@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Requests a hostile tenant sends with a valid key: each ends in a clear 4xx, and the server goes on serving.
@@ -120,5 +123,24 @@ func TestFullDuplexBodyShorterThanDeclared(t *testing.T) {
 	s.send(reqBody([]byte(chatBody), true))
 	if status, _ := immediateError(t, s.recv()); status != 400 {
 		t.Errorf("status %d, want 400", status)
+	}
+}
+
+// Envoy reports the endpoint it really used (a retry may have moved the request): the settlement names it.
+func TestSettlementUsesTheServedEndpoint(t *testing.T) {
+	h := newHarness(t)
+	s, r := post(t, h, keyAcme, chatBody, modeNone)
+	chosen := lbDestination(r)
+	if chosen == "" {
+		t.Fatalf("no destination: %v", r)
+	}
+	m := respHeaders("200", false)
+	m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		MetadataNamespace: {Fields: map[string]*structpb.Value{HeaderServedEndpoint: structpb.NewStringValue("10.9.9.9:8000")}},
+	}}
+	s.send(m)
+	s.recv()
+	if st := h.settlement(); st.Endpoint != "10.9.9.9:8000" {
+		t.Errorf("settled against %q (chosen %q), want the endpoint Envoy served it on", st.Endpoint, chosen)
 	}
 }

@@ -28,6 +28,9 @@ const (
 	HeaderPool        = "x-infergate-pool"
 	HeaderTenant      = "x-infergate-tenant"
 	HeaderRequestID   = "x-request-id"
+	// HeaderServedEndpoint is the envoy.lb metadata key under which Envoy's override_host policy reports the
+	// endpoint it really sent the request to (a retry may have moved it down the list).
+	HeaderServedEndpoint = "x-gateway-destination-endpoint-served"
 	// MetadataNamespace is where Envoy's override_host policy reads the destination from dynamic metadata.
 	MetadataNamespace = "envoy.lb"
 )
@@ -80,7 +83,8 @@ type requestState struct {
 	sse            *openai.SSEScanner
 	respBody       []byte
 	respTooBig     bool
-	respEnded      bool // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
+	respEnded      bool   // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
+	served         string // the endpoint Envoy reports it sent the request to, when it does
 	settled        bool
 }
 
@@ -94,6 +98,9 @@ func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.Pr
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			rs.reqMode, rs.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 		}
+	}
+	if rs.decided && rs.served == "" {
+		rs.noteServed(msg)
 	}
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -110,6 +117,20 @@ func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.Pr
 		return rs.responseTrailers()
 	}
 	return nil
+}
+
+// noteServed reads the endpoint Envoy reports it used, from a response-path message's metadata context.
+func (rs *requestState) noteServed(msg *extprocv3.ProcessingRequest) {
+	switch msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_ResponseHeaders, *extprocv3.ProcessingRequest_ResponseBody,
+		*extprocv3.ProcessingRequest_ResponseTrailers:
+	default:
+		return
+	}
+	lb := msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace]
+	if v := lb.GetFields()[HeaderServedEndpoint].GetStringValue(); v != "" && len(v) <= 256 {
+		rs.served = v
+	}
 }
 
 // reject ends the request with an OpenAI-shaped error.
@@ -625,8 +646,12 @@ func (rs *requestState) settle(aborted bool) {
 	opts.Metrics.Tokens.WithLabelValues(tenant, model, "completion").Add(float64(usage.CompletionTokens))
 	opts.Metrics.Tokens.WithLabelValues(tenant, model, "cached").Add(float64(usage.CachedTokens))
 	opts.Metrics.CostUSD.WithLabelValues(tenant, model).Add(cost)
+	endpoint := target
+	if rs.served != "" && rs.decision.Fallback == nil {
+		endpoint = rs.served
+	}
 	st := Settlement{
-		RequestID: rs.requestID, Tenant: tenant, Model: model, Pool: rs.poolName(), Endpoint: target,
+		RequestID: rs.requestID, Tenant: tenant, Model: model, Pool: rs.poolName(), Endpoint: endpoint,
 		Status: rs.upstreamStatus, Result: result, Usage: usage, Reported: reported, CostUSD: cost, Started: rs.started,
 	}
 	rs.log().Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model,
@@ -636,7 +661,9 @@ func (rs *requestState) settle(aborted bool) {
 		opts.Quotas.Settle(rs.ticket, usage.Total(), quota.MicroUSD(rs.model, usage.PromptTokens, usage.CompletionTokens))
 	}
 	if o, ok := opts.Picker.(picker.Observer); ok && reported && rs.decision.Fallback == nil {
-		o.Observe(rs.decision, usage)
+		d := rs.decision
+		d.ServedBy = rs.served
+		o.Observe(d, usage)
 	}
 	if opts.OnSettle != nil {
 		opts.OnSettle(st)

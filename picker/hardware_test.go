@@ -244,3 +244,25 @@ func TestPolicyChangedForgetsRemovedEndpoints(t *testing.T) {
 		t.Error("PolicyChanged kept a removed endpoint or dropped a listed one")
 	}
 }
+
+// A request Envoy retried on another endpoint never reached the chosen one: the index stops believing the
+// chosen endpoint holds the prompt.
+func TestObserveForgetsWhenServedElsewhere(t *testing.T) {
+	snap, m := mixed(t)
+	p := newMixedPicker(idleEngines(func(_ string, e *fleet.EngineMetrics) { e.NumBlocks, e.BlockSize = 1000, 16 }))
+	sys := strings.Repeat("Group rules, to be cached. ", 60)
+	d, err := p.Pick(snap, Input{Model: m, Request: request(t, sys, "q1")})
+	if err != nil || len(d.Endpoints) < 2 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	chosen := d.Endpoints[0]
+	probe := p.Hasher.Hash(nil, Seed("m", ""), chatPrompt(t, sys, "q2"))
+	if p.Index.Match(chosen, probe) == 0 {
+		t.Fatal("the pick did not credit the chosen endpoint")
+	}
+	d.ServedBy = d.Endpoints[1]
+	p.Observe(d, openai.Usage{PromptTokens: 500})
+	if n := p.Index.Match(chosen, probe); n != 0 {
+		t.Errorf("still believes %s holds %d blocks of a prompt Envoy served on %s", chosen, n, d.ServedBy)
+	}
+}

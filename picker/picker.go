@@ -31,6 +31,9 @@ type Decision struct {
 	ExpectedCachedTokens int
 	FirstBlock           uint64
 	GroupBlock           uint64
+	// ServedBy is the endpoint Envoy reports it used, set on the way back when Envoy reports it: a retry may
+	// have moved the request past Endpoints[0].
+	ServedBy string
 }
 
 // Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens

@@ -54,7 +54,12 @@ type Affinity struct {
 // prefix (or another gateway's traffic did): the index forgets it there, and the prefix is placed again as a
 // new one, where the other gateway replicas place it.
 func (p *Affinity) Observe(d Decision, u openai.Usage) {
-	if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
+	if len(d.Endpoints) > 0 && d.ServedBy != "" && d.ServedBy != d.Endpoints[0] {
+		// Envoy retried the request elsewhere: the chosen endpoint never saw the prompt, so what the index
+		// recorded there is not true. The served endpoint's cache is learnt from its own later answers.
+		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
+		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
+	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
 		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
 		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
 	}

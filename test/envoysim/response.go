@@ -114,7 +114,7 @@ func (f *filter) responsePath(h *headerMap, body io.Reader, trailers *headerMap,
 			}
 		}
 		d.writeHeaders(h)
-		return f.pumpDuplex(false, flushWriter{d}, sd.trailersSent, trailers)
+		return f.pumpDuplexWatching(sd, flushWriter{d}, trailers)
 	}
 	d.writeHeaders(h)
 	err := f.pumpStreamed(false, sd.queue, flushWriter{d}, &sd.bypass, sd.trailersSent, trailers)
@@ -126,6 +126,35 @@ func (f *filter) responsePath(h *headerMap, body io.Reader, trailers *headerMap,
 	}
 	return err
 }
+
+// pumpDuplexWatching relays the processor's streamed response body while watching the upstream body: when
+// the upstream stream breaks, Envoy resets the downstream stream and destroys the filter, which closes the
+// ext_proc stream; it never waits for an end of stream that cannot come.
+func (f *filter) pumpDuplexWatching(sd *sender, w io.Writer, trailers *headerMap) error {
+	done := make(chan struct{})
+	upstream := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-sd.err:
+			upstream <- err
+			f.cancel()
+		case <-done:
+		}
+	}()
+	err := f.pumpDuplex(false, w, sd.trailersSent, trailers)
+	close(done)
+	select {
+	case uerr := <-upstream:
+		return &upstreamReset{uerr}
+	default:
+	}
+	return err
+}
+
+// upstreamReset is an upstream response body that broke after its headers went downstream.
+type upstreamReset struct{ err error }
+
+func (e *upstreamReset) Error() string { return "upstream reset: " + e.err.Error() }
 
 type flushWriter struct{ d *downstream }
 

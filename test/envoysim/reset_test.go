@@ -1,0 +1,59 @@
+package envoysim
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// An upstream that cuts its response body mid-stream in FULL_DUPLEX_STREAMED: Envoy resets the downstream
+// stream (the client sees a broken body, not a clean end and not a stall) and closes the ext_proc stream.
+func TestFullDuplexUpstreamCutResetsDownstream(t *testing.T) {
+	procEnded := make(chan error, 1)
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SEND, response_body_mode: FULL_DUPLEX_STREAMED, response_trailer_mode: SEND}"), 1<<20,
+		func(t *testing.T, p *procStream) {
+			p.next() // response headers
+			p.reply(respHeadersResp(nil))
+			for {
+				m, err := p.Recv()
+				if err != nil {
+					procEnded <- err
+					return
+				}
+				if b := m.GetResponseBody(); b != nil {
+					p.reply(streamed(false, string(b.GetBody()), b.GetEndOfStream()))
+				}
+			}
+		})
+	handler := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("content-type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close() // the replica dies mid-stream: no terminating chunk
+		}
+	}
+	s.a1.handler, s.a2.handler = handler, handler
+	resp, err := http.Get(s.url + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || line != "data: first\n" {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	rest, err := io.ReadAll(rd)
+	if err == nil {
+		t.Fatalf("the body ended cleanly after the upstream was cut (rest %q); Envoy resets the stream", rest)
+	}
+	if strings.Contains(string(rest), "first") {
+		t.Errorf("rest %q", rest)
+	}
+	if err := <-procEnded; err == nil {
+		t.Error("the processor's stream did not end")
+	}
+}
