@@ -87,6 +87,7 @@ func TestFallbackCredentialInjection(t *testing.T) {
 func TestServerServesSecretsAndWarnsOnce(t *testing.T) {
 	var logs bytes.Buffer
 	s := NewServer(slog.New(slog.NewTextHandler(&logs, nil)))
+	s.AllowSecrets("envoy-1")
 	t.Setenv("TOGETHER_API_KEY", "")
 	for range 3 {
 		if err := s.Update(quickstart(t), nil); err != nil {

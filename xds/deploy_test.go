@@ -2,12 +2,13 @@ package xds
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/manifest"
 )
@@ -58,17 +59,20 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("the ConfigMap's policy is invalid: %v", err)
 	}
 	container := manifest.Get(kinds["Deployment"], "spec", "template", "spec", "containers").([]any)[0]
-	for probe, service := range map[string]string{"readinessProbe": "readiness", "livenessProbe": "liveness"} {
-		got := manifest.Get(container, probe, "grpc", "service")
-		if got != service {
-			t.Errorf("%s asks %v", probe, got)
+	// kubelet's gRPC probes cannot speak TLS: the probes ask serve's HTTP health paths on the metrics port.
+	for probe, path := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+		if got := manifest.Get(container, probe, "httpGet", "path"); got != path {
+			t.Errorf("%s asks %v, want %s", probe, got, path)
 		}
-		found := false
-		for _, s := range extproc.HealthServices {
-			found = found || s == service
+		if got := manifest.Get(container, probe, "httpGet", "port"); got != "metrics" {
+			t.Errorf("%s on port %v", probe, got)
 		}
-		if !found {
-			t.Errorf("%s is not a health service infergate serves", service)
+	}
+	// Beyond loopback every gRPC port is mutual TLS, from the mounted Secret.
+	args := fmt.Sprint(manifest.Get(container, "args"))
+	for _, flag := range []string{"--tls-cert", "--tls-key", "--tls-client-ca", "--xds-secret-nodes"} {
+		if !strings.Contains(args, flag) {
+			t.Errorf("the Deployment does not set %s", flag)
 		}
 	}
 	// ext_proc, xDS, metrics and the Envoy Gateway hook, each a port the container declares.

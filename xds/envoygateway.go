@@ -13,6 +13,8 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/policies"
@@ -34,8 +36,13 @@ type EnvoyGatewayHook struct {
 // EnvoyGatewayHookAddr is serve's default address for the hook, which the Envoy Gateway manifest names.
 const EnvoyGatewayHookAddr = ":18002"
 
-// PostTranslateModify implements the hook.
-func (h *EnvoyGatewayHook) PostTranslateModify(_ context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
+// PostTranslateModify implements the hook. Its answer carries the managed-API keys, so only an authenticated
+// caller gets one: Envoy Gateway with a client certificate the server's client CA verifies, or a caller on
+// loopback when the server runs without TLS.
+func (h *EnvoyGatewayHook) PostTranslateModify(ctx context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
+	if !PeerOf(ctx).Trusted() {
+		return nil, status.Error(codes.PermissionDenied, "the Envoy Gateway hook answers only authenticated callers: configure mTLS (a client certificate from the server's client CA)")
+	}
 	snap := h.Policy()
 	res, err := Build(snap, h.Fleet, nil)
 	if err != nil {

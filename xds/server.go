@@ -23,20 +23,27 @@ import (
 	"github.com/infergate/infergate/policies"
 )
 
-// Snapshot keys: every Envoy of the fleet gets the same resources, and so does every proxyless grpc-go client.
+// Snapshot keys: every Envoy allowed the managed-API keys gets the same resources, every other Envoy the same
+// without secrets, and every proxyless grpc-go client its own kind.
 const (
-	nodeGroup = "infergate"
-	grpcGroup = "infergate-grpc"
+	nodeGroup   = "infergate"
+	publicGroup = "infergate-nosecrets"
+	grpcGroup   = "infergate-grpc"
 )
 
-type twoGroups struct{}
+// groups sorts clients by what they can read: grpc-go announces itself in user_agent_name; an Envoy whose
+// node id may receive secrets (and whose connection proved it, see access.go) gets them.
+type groups struct{ gate *secretGate }
 
-// ID sorts clients by what they can read: grpc-go announces itself in user_agent_name.
-func (twoGroups) ID(n *corev3.Node) string {
-	if strings.HasPrefix(strings.ToLower(n.GetUserAgentName()), "grpc") {
+// ID implements go-control-plane's NodeHash.
+func (g groups) ID(n *corev3.Node) string {
+	switch {
+	case strings.HasPrefix(strings.ToLower(n.GetUserAgentName()), "grpc"):
 		return grpcGroup
+	case g.gate.mayHaveSecrets(n.GetId()):
+		return nodeGroup
 	}
-	return nodeGroup
+	return publicGroup
 }
 
 // Server serves the resources built from the live policy and fleet state over ADS (and the per-type xDS
@@ -44,6 +51,7 @@ func (twoGroups) ID(n *corev3.Node) string {
 type Server struct {
 	cache cachev3.SnapshotCache
 	log   *slog.Logger
+	gate  *secretGate
 
 	mu       sync.Mutex
 	version  int
@@ -57,12 +65,17 @@ func NewServer(log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cache: cachev3.NewSnapshotCache(false, twoGroups{}, nil), log: log}
+	gate := newSecretGate()
+	return &Server{cache: cachev3.NewSnapshotCache(false, groups{gate}, nil), log: log, gate: gate}
 }
+
+// AllowSecrets names the Envoy node ids that may receive the managed-API keys; each must prove its id on its
+// connection (access.go). Without it no client receives a secret.
+func (s *Server) AllowSecrets(nodeIDs ...string) { s.gate.allow(nodeIDs) }
 
 // Register adds the xDS services to g.
 func (s *Server) Register(ctx context.Context, g *grpc.Server) {
-	srv := serverv3.NewServer(ctx, s.cache, nil)
+	srv := serverv3.NewServer(ctx, s.cache, s.gate.callbacks())
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	clusterservice.RegisterClusterDiscoveryServiceServer(g, srv)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(g, srv)
@@ -85,6 +98,14 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 		resource.EndpointType: res.Endpoints,
 		resource.RouteType:    res.Routes,
 		resource.SecretType:   res.Secrets,
+	})
+	if err != nil {
+		return fmt.Errorf("xds snapshot: %w", err)
+	}
+	public, err := cachev3.NewSnapshot(strconv.Itoa(next), map[resource.Type][]types.Resource{
+		resource.ClusterType:  res.Clusters,
+		resource.EndpointType: res.Endpoints,
+		resource.RouteType:    res.Routes,
 	})
 	if err != nil {
 		return fmt.Errorf("xds snapshot: %w", err)
@@ -114,6 +135,9 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 		return fmt.Errorf("xds snapshot (grpc clients): %w", err)
 	}
 	if err := s.cache.SetSnapshot(context.Background(), nodeGroup, cs); err != nil {
+		return fmt.Errorf("xds set snapshot: %w", err)
+	}
+	if err := s.cache.SetSnapshot(context.Background(), publicGroup, public); err != nil {
 		return fmt.Errorf("xds set snapshot: %w", err)
 	}
 	if err := s.cache.SetSnapshot(context.Background(), grpcGroup, gs); err != nil {

@@ -212,8 +212,22 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 		}
 	}
 
+	readyz := func() int {
+		resp, err := http.Get("http://" + metricsAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := readyz(); code != http.StatusOK {
+		t.Errorf("/readyz = %d before the drain", code)
+	}
 	cancel() // SIGTERM
 	logs.waitFor(t, "draining")
+	if code := readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d while draining, want 503", code)
+	}
 	select {
 	case code := <-exit:
 		t.Fatalf("serve exited (%d) while a stream was open", code)

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/extproc"
@@ -45,16 +47,24 @@ type serveConfig struct {
 	logLevel       string
 	drainTimeout   time.Duration
 	scrapeInterval time.Duration
+	tlsCert        string
+	tlsKey         string
+	tlsClientCA    string
+	secretNodes    string
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
 func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("serve", stderr)
 	fs.StringVar(&cfg.policy, "policy", "", "policy YAML file (required); reloaded when it changes")
-	fs.StringVar(&cfg.extprocAddr, "extproc-addr", ":9002", "ext_proc gRPC listen address (with the gRPC health service)")
-	fs.StringVar(&cfg.xdsAddr, "xds-addr", ":18000", "xDS (ADS) gRPC listen address; empty disables it")
+	fs.StringVar(&cfg.extprocAddr, "extproc-addr", "127.0.0.1:9002", "ext_proc gRPC listen address (with the gRPC health service); loopback unless you give another")
+	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000", "xDS (ADS) gRPC listen address; empty disables it")
 	fs.StringVar(&cfg.egAddr, "envoy-gateway-addr", "", "Envoy Gateway extension server (post-translation hook) listen address, e.g. "+xds.EnvoyGatewayHookAddr+"; empty disables it")
-	fs.StringVar(&cfg.metricsAddr, "metrics-addr", ":9090", "Prometheus /metrics and /healthz listen address; empty disables it")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", "127.0.0.1:9090", "Prometheus /metrics and /healthz listen address; empty disables it")
+	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate for the gRPC listeners (ext_proc, xDS, Envoy Gateway hook); reloaded when the file changes")
+	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: with it every gRPC client must present a certificate it signed (mTLS)")
+	fs.StringVar(&cfg.secretNodes, "xds-secret-nodes", "envoy-quickstart", "comma-separated Envoy node ids that may receive managed-API keys over SDS; each must present a client certificate naming it (or connect over loopback without TLS)")
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -127,6 +137,16 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		engines = scraper
 	}
 
+	creds, err := listenerCredentials(cfg, log)
+	if err != nil {
+		return err
+	}
+	for _, a := range []string{cfg.extprocAddr, cfg.xdsAddr, cfg.egAddr} {
+		if a != "" && creds == nil && !loopbackAddr(a) {
+			log.Warn("a gRPC listener binds beyond loopback without TLS: anyone who reaches it is trusted as Envoy; set --tls-cert, --tls-key and --tls-client-ca", "addr", a)
+		}
+	}
+
 	extproc.InstallBufferPool()
 	if os.Getenv("GOGC") == "" {
 		// Every request allocates its body; with the default GOGC=100 and a small live heap the collector runs
@@ -134,7 +154,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		debug.SetGCPercent(defaultGCPercent)
 	}
 	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: limiter, Engines: engines})
-	gs := grpc.NewServer(extproc.ServerOptions()...)
+	gs := grpc.NewServer(append(extproc.ServerOptions(), creds...)...)
 	health := srv.Register(gs)
 
 	lis, err := net.Listen("tcp", cfg.extprocAddr)
@@ -146,6 +166,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	go func() { errc <- gs.Serve(lis) }()
 
 	var metricsSrv *http.Server
+	var draining atomic.Bool
 	if cfg.metricsAddr != "" {
 		mlis, err := net.Listen("tcp", cfg.metricsAddr)
 		if err != nil {
@@ -155,6 +176,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		// Readiness for probes that cannot speak the gRPC health protocol over TLS (kubelet's): 503 from the
+		// moment the drain starts, like the gRPC readiness service.
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if draining.Load() {
+				http.Error(w, "draining", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = io.WriteString(w, "ok\n")
+		})
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		log.Info("metrics listening", "addr", mlis.Addr().String())
 		go func() {
@@ -165,6 +195,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	if cfg.xdsAddr != "" {
 		cp := xds.NewServer(log)
+		cp.AllowSecrets(splitList(cfg.secretNodes)...)
 		var state xds.FleetState
 		if engines != nil {
 			state = xds.ScrapedFleet{View: scraper}
@@ -195,7 +226,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 				}
 			}()
 		}
-		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, func(g *grpc.Server) { cp.Register(ctx, g) })
+		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, creds, func(g *grpc.Server) { cp.Register(ctx, g) })
 		if err != nil {
 			gs.Stop()
 			return err
@@ -208,7 +239,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		if engines != nil {
 			hook.Fleet = xds.ScrapedFleet{View: scraper}
 		}
-		stop, err := serveGRPC(cfg.egAddr, "envoy gateway extension hook", log, errc, func(g *grpc.Server) {
+		stop, err := serveGRPC(cfg.egAddr, "envoy gateway extension hook", log, errc, creds, func(g *grpc.Server) {
 			egextension.RegisterEnvoyGatewayExtensionServer(g, hook)
 		})
 		if err != nil {
@@ -241,6 +272,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 
 	// Drain: tell health checkers we are going away, let open streams (requests in flight) finish, then stop.
+	draining.Store(true)
 	log.Info("draining", "timeout", cfg.drainTimeout.String())
 	for _, name := range extproc.HealthServices {
 		health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -266,16 +298,53 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 // scrapeTargets lists every pool endpoint with its engine's metrics dialect.
 // serveGRPC listens on addr and serves the services register adds until the returned stop; a serve error goes
 // to errc.
-func serveGRPC(addr, what string, log *slog.Logger, errc chan<- error, register func(*grpc.Server)) (stop func(), err error) {
+func serveGRPC(addr, what string, log *slog.Logger, errc chan<- error, opts []grpc.ServerOption, register func(*grpc.Server)) (stop func(), err error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s on %s: %w", what, addr, err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	register(g)
 	log.Info(what+" listening", "addr", lis.Addr().String())
 	go func() { errc <- g.Serve(lis) }()
 	return g.Stop, nil
+}
+
+// listenerCredentials returns the gRPC server option that puts the listeners behind TLS (mTLS with a
+// client CA), or nothing when no certificate is configured.
+func listenerCredentials(cfg serveConfig, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if cfg.tlsCert == "" && cfg.tlsKey == "" && cfg.tlsClientCA == "" {
+		return nil, nil
+	}
+	files, err := newTLSFiles(cfg.tlsCert, cfg.tlsKey, cfg.tlsClientCA, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("gRPC listeners use TLS", "client_certificates_required", cfg.tlsClientCA != "")
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(files.ServerConfig()))}, nil
+}
+
+// loopbackAddr reports whether a listen address binds only the loopback interface.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func scrapeTargets(snap *policies.Snapshot) []fleet.Target {

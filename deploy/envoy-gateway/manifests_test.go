@@ -42,8 +42,11 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 		policy egv1a1.EnvoyExtensionPolicy
 		be     egv1a1.Backend
 		route  gwapiv1.HTTPRoute
+		proxy  egv1a1.EnvoyProxy
+		btls   gwapiv1.BackendTLSPolicy
 	)
-	into := map[string]any{"EnvoyGateway": &eg, "Gateway": &gw, "EnvoyExtensionPolicy": &policy, "Backend": &be, "HTTPRoute": &route}
+	into := map[string]any{"EnvoyGateway": &eg, "Gateway": &gw, "EnvoyExtensionPolicy": &policy, "Backend": &be, "HTTPRoute": &route,
+		"EnvoyProxy": &proxy, "BackendTLSPolicy": &btls}
 	seen := map[string]bool{}
 	for _, doc := range manifest.DecodeAll(t, "infergate.yaml") {
 		kind, _ := doc["kind"].(string)
@@ -72,6 +75,21 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 	hookPort := strings.TrimPrefix(xds.EnvoyGatewayHookAddr, ":")
 	if em.Service == nil || em.Service.FQDN == nil || strconv.Itoa(int(em.Service.FQDN.Port)) != hookPort {
 		t.Errorf("extension service %+v, want port %s", em.Service, hookPort)
+	}
+
+	// Mutual TLS everywhere infergate is reached: the hook (its answers carry the managed-API keys) and ext_proc.
+	if tls := em.Service.TLS; tls == nil || tls.ClientCertificateRef == nil || tls.CertificateRef.Name == "" {
+		t.Errorf("the extension manager must call the hook over mTLS: %+v", em.Service.TLS)
+	}
+	if ref := gw.Spec.Infrastructure; ref == nil || ref.ParametersRef == nil || ref.ParametersRef.Name != proxy.Name {
+		t.Errorf("the Gateway must use the EnvoyProxy %s", proxy.Name)
+	}
+	if proxy.Spec.BackendTLS == nil || proxy.Spec.BackendTLS.ClientCertificateRef == nil {
+		t.Error("the proxies need a client certificate for infergate's ext_proc")
+	}
+	if len(btls.Spec.TargetRefs) != 1 || btls.Spec.TargetRefs[0].Name != "infergate" || btls.Spec.TargetRefs[0].SectionName == nil ||
+		*btls.Spec.TargetRefs[0].SectionName != "grpc-extproc" || len(btls.Spec.Validation.CACertificateRefs) != 1 {
+		t.Errorf("BackendTLSPolicy %+v must verify infergate's ext_proc port", btls.Spec)
 	}
 
 	// The ext_proc policy: on the Gateway, to infergate's ext_proc port, full-duplex, envoy.lb writable.

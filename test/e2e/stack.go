@@ -142,6 +142,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			return nil, fmt.Errorf("%s needs the stack's own infergate (xDS)", o.EnvoyFile)
 		}
 		cp := xds.NewServer(o.Logger)
+		cp.AllowSecrets(ecfg.Bootstrap.GetNode().GetId()) // as serve's default --xds-secret-nodes does for the quickstart
 		if err := cp.Update(st.Policies.Current(), nil); err != nil {
 			return nil, err
 		}
