@@ -64,6 +64,7 @@ type requestState struct {
 	requestID string
 	hadReqID  bool
 	strip     []string // client-supplied routing headers to remove
+	source    string   // the client's IP, when Envoy sends the source.address attribute
 	body      []byte
 	limit     int64
 	decided   bool
@@ -94,6 +95,7 @@ func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }
 func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
 	if !rs.seenFirst {
 		rs.seenFirst = true
+		rs.source = sourceOf(msg)
 		rs.reqMode, rs.respMode = filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			rs.reqMode, rs.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
@@ -207,10 +209,16 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		key, ok = strings.CutPrefix(auth, "bearer ")
 	}
 	key = strings.TrimSpace(key)
+	guard := rs.srv.auth
+	if throttled, retry := guard.throttled(rs.source); throttled {
+		return rs.reject(openai.TooManyAuthFailures(retry))
+	}
 	if !ok || key == "" {
+		guard.failed(rs.source)
 		return rs.reject(openai.InvalidAPIKey(true))
 	}
 	if rs.tenant, ok = rs.snap.TenantForKey(key); !ok {
+		guard.failed(rs.source)
 		return rs.reject(openai.InvalidAPIKey(false))
 	}
 	if rs.endpoint == openai.EndpointModels {

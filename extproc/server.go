@@ -53,12 +53,15 @@ type Options struct {
 	Quotas *quota.Limiter
 	// OnSettle, when set, receives every Settlement (audit, tests); it must not block for long.
 	OnSettle func(Settlement)
+	// Now replaces the clock of the failed-authentication limit (tests).
+	Now func() time.Time
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	opts Options
+	auth *authGuard
 }
 
 // New builds a Server; Policies is required, everything else has a default.
@@ -78,7 +81,7 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{opts: opts}
+	return &Server{opts: opts, auth: newAuthGuard(opts.Now)}
 }
 
 // HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.

@@ -6,7 +6,10 @@ package openai
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // Error is an OpenAI-shaped error: the status plus the {"error":{...}} envelope that SDKs turn into typed
@@ -71,6 +74,15 @@ func InvalidAPIKey(missing bool) *Error {
 		msg = "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'."
 	}
 	return &Error{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "invalid_api_key", Message: msg}
+}
+
+// TooManyAuthFailures is a 429 for a client address that sent too many unknown or missing API keys: it is
+// answered before the key is looked at, so it says nothing about the key.
+func TooManyAuthFailures(retry time.Duration) *Error {
+	retry = max(retry, time.Second)
+	return &Error{Status: http.StatusTooManyRequests, Type: TypeRateLimit, Code: "too_many_auth_failures",
+		Message: "Too many requests with an invalid API key from your address; try again later with a valid key.",
+		Header: map[string]string{"retry-after": strconv.Itoa(int(math.Ceil(retry.Seconds())))}}
 }
 
 // ModelNotFound is a 404 for a model the policy does not define.

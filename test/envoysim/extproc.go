@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -78,9 +79,12 @@ type filter struct {
 	requestErr  error
 	// routeCleared is set when a response cleared the route cache, so routing re-runs.
 	routeCleared bool
+	// requestAttrs are the resolved request_attributes, sent once (requestAttrsSent).
+	requestAttrs     map[string]*structpb.Struct
+	requestAttrsSent bool
 }
 
-func newFilter(ctx context.Context, dp *DataPlane) *filter {
+func newFilter(ctx context.Context, dp *DataPlane, remoteAddr string) *filter {
 	cfg := dp.cfg.ExtProc
 	mode := &extprocfilterv3.ProcessingMode{}
 	if cfg.GetProcessingMode() != nil {
@@ -88,7 +92,42 @@ func newFilter(ctx context.Context, dp *DataPlane) *filter {
 	}
 	f := &filter{dp: dp, cfg: cfg, mode: mode, chk: dp.checker, fwd: dp.forward, metadata: map[string]*structpb.Struct{}}
 	f.ctx, f.cancel = context.WithCancel(ctx)
+	f.requestAttrs = requestAttributes(cfg.GetRequestAttributes(), remoteAddr)
 	return f
+}
+
+// requestAttributes resolves the request attributes the filter asks for, as Envoy's attribute names mean them.
+// Envoy sends the lot once, with the first request-path message, under the filter's name.
+func requestAttributes(names []string, remoteAddr string) map[string]*structpb.Struct {
+	if len(names) == 0 {
+		return nil
+	}
+	fields := map[string]*structpb.Value{}
+	for _, n := range names {
+		switch n {
+		case "source.address":
+			fields[n] = structpb.NewStringValue(remoteAddr)
+		case "source.port":
+			if _, port, err := net.SplitHostPort(remoteAddr); err == nil {
+				if p, err := strconv.Atoi(port); err == nil {
+					fields[n] = structpb.NewNumberValue(float64(p))
+				}
+			}
+		}
+	}
+	return map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: fields}}
+}
+
+// attachRequestAttributes puts the request attributes on the first request-path message only.
+func (f *filter) attachRequestAttributes(m *extprocv3.ProcessingRequest) {
+	if f.requestAttrs == nil || f.requestAttrsSent {
+		return
+	}
+	switch m.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders, *extprocv3.ProcessingRequest_RequestBody,
+		*extprocv3.ProcessingRequest_RequestTrailers:
+		m.Attributes, f.requestAttrsSent = f.requestAttrs, true
+	}
 }
 
 func (f *filter) sendsRequestHeaders() bool {
@@ -175,6 +214,7 @@ func (f *filter) send(m *extprocv3.ProcessingRequest) error {
 	if md := f.metadataContext(); md != nil {
 		m.MetadataContext = md
 	}
+	f.attachRequestAttributes(m)
 	if err := f.sendLocked(m); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The server closed the stream; its status arrives through Recv.

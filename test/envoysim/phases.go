@@ -307,6 +307,9 @@ func (f *filter) startSender(request bool, body io.Reader, trailers *headerMap, 
 					m.ProtocolConfig, attachConfig = protocol, false
 				}
 				m.MetadataContext = md
+				if request {
+					f.attachRequestAttributes(m)
+				}
 				if err := f.sendLocked(m); err != nil && !errors.Is(err, io.EOF) {
 					sd.err <- err
 					return

@@ -3,9 +3,12 @@ package envoysim
 import (
 	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
 
 // An upstream that cuts its response body mid-stream in FULL_DUPLEX_STREAMED: Envoy resets the downstream
@@ -55,5 +58,30 @@ func TestFullDuplexUpstreamCutResetsDownstream(t *testing.T) {
 	}
 	if err := <-procEnded; err == nil {
 		t.Error("the processor's stream did not end")
+	}
+}
+
+// request_attributes go once, on the first request-path message, under the filter's name.
+func TestRequestAttributesOnFirstMessage(t *testing.T) {
+	got := make(chan [2]string, 1)
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, response_header_mode: SKIP}",
+		`request_attributes: ["source.address"]`), 1<<20,
+		func(t *testing.T, p *procStream) {
+			first := p.next()
+			p.reply(reqHeadersResp(nil))
+			second := p.next()
+			p.reply(reqBodyResp(nil))
+			attr := func(m *extprocv3.ProcessingRequest) string {
+				return m.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()["source.address"].GetStringValue()
+			}
+			got <- [2]string{attr(first), attr(second)}
+		})
+	s.do("POST", "/v1/chat/completions", `{"x":1}`)
+	a := <-got
+	if host, _, err := net.SplitHostPort(a[0]); err != nil || host != "127.0.0.1" {
+		t.Errorf("first message source.address %q", a[0])
+	}
+	if a[1] != "" {
+		t.Errorf("attributes sent again on the body: %q", a[1])
 	}
 }

@@ -172,7 +172,7 @@ func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var f *filter
 	if dp.cfg.ExtProc != nil {
-		f = newFilter(r.Context(), dp)
+		f = newFilter(r.Context(), dp, r.RemoteAddr)
 		defer f.close()
 		up, err := f.requestPath(h, body, reqTrailers)
 		if err != nil {
