@@ -82,7 +82,7 @@ func TooManyAuthFailures(retry time.Duration) *Error {
 	retry = max(retry, time.Second)
 	return &Error{Status: http.StatusTooManyRequests, Type: TypeRateLimit, Code: "too_many_auth_failures",
 		Message: "Too many requests with an invalid API key from your address; try again later with a valid key.",
-		Header: map[string]string{"retry-after": strconv.Itoa(int(math.Ceil(retry.Seconds())))}}
+		Header:  map[string]string{"retry-after": strconv.Itoa(int(math.Ceil(retry.Seconds())))}}
 }
 
 // ModelNotFound is a 404 for a model the policy does not define.
