@@ -26,7 +26,6 @@ Usage:
   infergate serve --policy FILE [flags]   run the ext_proc, xDS and metrics servers
   infergate validate FILE...              check policy files; print every problem with file:line
   infergate schema                        print the policy JSON Schema (for editors)
-  infergate sim [--fleet FILE]            serve a simulated GPU fleet (vLLM API and metrics) for demos and tests
   infergate hash-key [KEY]                print the sha256 form of an API key for a policy (reads stdin without KEY)
   infergate version                       print the version
 
@@ -44,8 +43,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdServe(ctx, args[1:], stdout, stderr)
 	case "validate":
 		return cmdValidate(args[1:], stdout, stderr)
-	case "sim":
-		return cmdSim(ctx, args[1:], stdout, stderr)
 	case "schema":
 		return cmdSchema(stdout, stderr)
 	case "hash-key":

@@ -23,6 +23,7 @@ type composeFile struct {
 		Build *struct {
 			Context, Dockerfile string
 		}
+		Entrypoint  []string
 		Command     []string
 		Volumes     []string
 		NetworkMode string   `yaml:"network_mode"`
@@ -109,10 +110,10 @@ func TestDockerCompose(t *testing.T) {
 
 	// The simulator's fleet serves every endpoint the policy routes to.
 	sim := cf.Services["fleet"]
-	if len(sim.Command) != 3 || sim.Command[0] != "sim" || sim.Command[1] != "--fleet" {
-		t.Fatalf("fleet command %v", sim.Command)
+	if !slices.Equal(sim.Entrypoint, []string{"/infergate-sim"}) || len(sim.Command) != 2 || sim.Command[0] != "--fleet" {
+		t.Fatalf("fleet entrypoint %v command %v", sim.Entrypoint, sim.Command)
 	}
-	fleetCfg, err := fleetsim.LoadConfig(hostFile("fleet", sim.Command[2]))
+	fleetCfg, err := fleetsim.LoadConfig(hostFile("fleet", sim.Command[1]))
 	if err != nil {
 		t.Fatalf("fleet: %v", err)
 	}

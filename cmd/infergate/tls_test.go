@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -147,4 +149,18 @@ func TestKubernetesDeploymentArgs(t *testing.T) {
 		return
 	}
 	t.Fatal("no Deployment")
+}
+
+// The production binary carries neither the simulated fleet nor its fault-injection API, nor any other test
+// package.
+func TestProductBinaryImportsNoTestPackage(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "github.com/infergate/infergate/test/") {
+			t.Errorf("infergate imports %s", p)
+		}
+	}
 }
