@@ -3,7 +3,10 @@ package xds
 import (
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,5 +173,36 @@ func TestEnvoyGatewayHookRefusesUnauthenticatedCallers(t *testing.T) {
 	local := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 4000}})
 	if _, err := h.PostTranslateModify(local, &pb.PostTranslateModifyRequest{}); err != nil {
 		t.Errorf("loopback caller: %v", err)
+	}
+}
+
+// The periodic refresh pushes (and logs) a snapshot only when the resources changed.
+func TestUnchangedSnapshotIsNotPushed(t *testing.T) {
+	var logs strings.Builder
+	s := NewServer(slog.New(slog.NewTextHandler(&logs, nil)))
+	for range 5 {
+		if err := s.Update(quickstart(t), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := s.Version(); v != 1 {
+		t.Errorf("version %d after five identical updates, want 1", v)
+	}
+	if n := strings.Count(logs.String(), "xds snapshot pushed"); n != 1 {
+		t.Errorf("logged %d pushes, want 1", n)
+	}
+	src, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed, err := policies.Parse("policy.yaml", []byte(strings.Replace(string(src), "127.0.0.1:", "127.0.0.2:", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(changed, nil); err != nil {
+		t.Fatal(err)
+	}
+	if v := s.Version(); v != 2 {
+		t.Errorf("version %d after a change, want 2", v)
 	}
 }

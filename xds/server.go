@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -54,6 +56,7 @@ type Server struct {
 	gate  *secretGate
 
 	mu       sync.Mutex
+	digest   [sha256.Size]byte // of the last pushed resources: an unchanged build is not pushed again
 	version  int
 	weights  map[string]uint32
 	warnings string // the last build's warnings, logged when they change
@@ -92,6 +95,19 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 	if err != nil {
 		return fmt.Errorf("xds: %w", err)
 	}
+	gres, listeners, err := BuildGRPC(snap, fleet, s.weights)
+	if err != nil {
+		return fmt.Errorf("xds (grpc clients): %w", err)
+	}
+	digest, err := digestOf(res.Clusters, res.Endpoints, res.Routes, res.Secrets, gres.Clusters, gres.Endpoints, gres.Routes, listeners)
+	if err != nil {
+		return fmt.Errorf("xds: %w", err)
+	}
+	if s.version > 0 && digest == s.digest {
+		// The periodic refresh found nothing new: Envoy keeps what it has, and the log stays quiet.
+		s.weights = res.Weights
+		return nil
+	}
 	next := s.version + 1
 	cs, err := cachev3.NewSnapshot(strconv.Itoa(next), map[resource.Type][]types.Resource{
 		resource.ClusterType:  res.Clusters,
@@ -121,10 +137,6 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 			s.log.Warn("xds: managed-API credential", "problem", msg)
 		}
 	}
-	gres, listeners, err := BuildGRPC(snap, fleet, s.weights)
-	if err != nil {
-		return fmt.Errorf("xds (grpc clients): %w", err)
-	}
 	gs, err := cachev3.NewSnapshot(strconv.Itoa(next), map[resource.Type][]types.Resource{
 		resource.ClusterType:  gres.Clusters,
 		resource.EndpointType: gres.Endpoints,
@@ -143,10 +155,27 @@ func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 	if err := s.cache.SetSnapshot(context.Background(), grpcGroup, gs); err != nil {
 		return fmt.Errorf("xds set snapshot (grpc clients): %w", err)
 	}
-	s.version, s.weights = next, res.Weights
+	s.version, s.weights, s.digest = next, res.Weights, digest
 	s.log.Info("xds snapshot pushed", "version", next, "policy_version", snap.Version,
 		"clusters", len(res.Clusters), "endpoints", len(res.Endpoints))
 	return nil
+}
+
+// digestOf hashes resources in a deterministic encoding, in order.
+func digestOf(lists ...[]types.Resource) ([sha256.Size]byte, error) {
+	h := sha256.New()
+	opts := proto.MarshalOptions{Deterministic: true}
+	for _, list := range lists {
+		for _, r := range list {
+			b, err := opts.Marshal(r)
+			if err != nil {
+				return [sha256.Size]byte{}, err
+			}
+			h.Write(b)
+		}
+		h.Write([]byte{0xff}) // list boundary
+	}
+	return [sha256.Size]byte(h.Sum(nil)), nil
 }
 
 // Version is the last pushed snapshot version (0 before the first).
