@@ -304,6 +304,17 @@ func poolCluster(m *policies.Model, p *policies.Pool) *clusterv3.Cluster {
 		}},
 		ConnectTimeout:      durationpb.New(time.Second),
 		LoadBalancingPolicy: overrideHostPolicy(),
+		// Envoy probes each replica's /health (vLLM, SGLang and TensorRT-LLM all serve it) every two seconds,
+		// with or without traffic — Envoy's default no_traffic_interval is 60 s, and a pool whose traffic went to
+		// the managed API carries none. A passing probe brings a replica outlier detection ejected back at once
+		// (successful_active_health_check_uneject_host, default true), so recovered pools stop paying for the
+		// managed API within seconds instead of after the ejection time.
+		HealthChecks: []*corev3.HealthCheck{{
+			Timeout: durationpb.New(time.Second), Interval: durationpb.New(2 * time.Second),
+			NoTrafficInterval: durationpb.New(2 * time.Second), UnhealthyThreshold: wrapperspb.UInt32(2),
+			HealthyThreshold: wrapperspb.UInt32(1),
+			HealthChecker:    &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{Path: "/health"}},
+		}},
 		// A replica that keeps failing leaves the rotation; at most half a pool is ejected at once.
 		OutlierDetection: &clusterv3.OutlierDetection{
 			Consecutive_5Xx: wrapperspb.UInt32(5), Interval: durationpb.New(5 * time.Second),

@@ -11,8 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/test/wait"
 )
 
 // upstream is a stand-in HTTP server that records what it received.
@@ -29,6 +32,10 @@ type seenRequest struct {
 func newUpstream(t *testing.T, answer func(w http.ResponseWriter, model string)) *upstream {
 	u := &upstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/health" { // Envoy's active health check
+			answer(w, "")
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		var req struct {
 			Model string `json:"model"`
@@ -56,8 +63,13 @@ func (u *upstream) requests() []seenRequest {
 func TestPoolFailsOverToManagedAPI(t *testing.T) {
 	const key = "sk-provider-e2e"
 	t.Setenv("INFERGATE_E2E_PROVIDER_KEY", key)
+	var recovered atomic.Bool
 	failing := func(w http.ResponseWriter, _ string) {
 		w.Header().Set("content-type", "application/json")
+		if recovered.Load() {
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"meta-llama/Llama-3.3-70B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":"back"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+			return
+		}
 		w.WriteHeader(http.StatusInternalServerError)
 		_, _ = io.WriteString(w, `{"error":{"message":"engine crashed","type":"server_error","code":null}}`)
 	}
@@ -157,4 +169,12 @@ spec:
 			}
 		}
 	}
+
+	// The replicas recover: as soon as Envoy's health check sees them pass, the pool serves again and the paid
+	// managed API stops getting traffic — seconds, not the 30 s × ejections of outlier detection.
+	recovered.Store(true)
+	wait.For(t, "traffic back on the recovered pool", func() bool {
+		status, body := send()
+		return status == http.StatusOK && strings.Contains(body, `"content":"back"`)
+	})
 }

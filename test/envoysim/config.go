@@ -58,6 +58,8 @@ type Cluster struct {
 	Outlier   *clusterv3.OutlierDetection
 	// UpstreamFilters are the cluster's upstream HTTP filters the data plane runs per attempt (upstream.go).
 	UpstreamFilters []UpstreamFilter
+	// HealthCheck is the cluster's active HTTP health check, or nil (health.go).
+	HealthCheck *HealthCheck
 }
 
 func joinHostPort(host string, port uint32) string {

@@ -43,13 +43,14 @@ type DataPlane struct {
 	forward   *headerForwardRules
 	hosts     *hostPicker
 	outliers  *outliers
+	health    *healthState
 	transport *http.Transport
 	log       *slog.Logger
 }
 
 // New connects to the processor (if the config has one) and prepares routing.
 func New(cfg *Config, opts Options) (*DataPlane, error) {
-	dp := &DataPlane{cfg: cfg, hosts: &hostPicker{active: map[string]int{}}, log: opts.Logger,
+	dp := &DataPlane{cfg: cfg, hosts: &hostPicker{active: map[string]int{}}, log: opts.Logger, health: newHealthState(),
 		outliers: &outliers{consecutive: map[string]int{}, ejectedTill: map[string]time.Time{}, ejections: map[string]int{}}}
 	if dp.log == nil {
 		dp.log = slog.New(slog.DiscardHandler)
@@ -99,6 +100,7 @@ func (dp *DataPlane) Close() {
 
 // Serve answers HTTP/1.1 on lis until ctx ends.
 func (dp *DataPlane) Serve(ctx context.Context, lis net.Listener) error {
+	dp.runHealthChecks(ctx)
 	srv := &http.Server{Handler: dp, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -287,6 +289,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		if target == nil {
 			break
 		}
+		dp.health.sawTraffic(target.Name)
 		listed := overrideList(target, h, md)
 		host := dp.hosts.next(dp, target, listed, tried)
 		if host == "" {

@@ -56,6 +56,8 @@ func parseUpstream(cl *Cluster, c *clusterv3.Cluster) error {
 		}
 	}
 	cl.Outlier = c.GetOutlierDetection()
+	uneject := cl.Outlier.GetSuccessfulActiveHealthCheckUnejectHost()
+	cl.HealthCheck = parseHealthCheck(c.GetHealthChecks(), uneject == nil || uneject.GetValue())
 	raw, ok := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
 	if !ok {
 		return nil
@@ -178,9 +180,17 @@ func (o *outliers) result(c *Cluster, host string, failed bool) {
 	o.consecutive[k] = 0
 }
 
-// available reports whether a host can take traffic: healthy in EDS and not ejected.
+// available reports whether a host can take traffic: healthy in EDS, passing its active health check, and
+// not ejected.
 func (dp *DataPlane) available(c *Cluster, host string) bool {
-	return !c.Unhealthy[host] && !dp.outliers.ejected(c.Name, host)
+	return !c.Unhealthy[host] && !dp.health.failed(c.Name, host) && !dp.outliers.ejected(c.Name, host)
+}
+
+// uneject returns an ejected host to the rotation (a successful active health check).
+func (o *outliers) uneject(cluster, host string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.ejectedTill, hostKey(cluster, host))
 }
 
 // availableShare is the fraction of a cluster's hosts that are available.

@@ -1,7 +1,12 @@
 package envoysim
 
 import (
+	"context"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +65,51 @@ func TestOutlierEjection(t *testing.T) {
 		if a, b := o.ejected("pool", "a:1"), o.ejected("pool", "b:1"); a != s.wantA || b != s.wantB {
 			t.Fatalf("step %d: ejected a=%v b=%v, want %v %v", i, a, b, s.wantA, s.wantB)
 		}
+	}
+}
+
+// Active health checking: a host that fails its probes leaves the rotation, and a successful probe brings an
+// ejected host back at once instead of after the ejection time.
+func TestActiveHealthCheckUnejects(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	c := &Cluster{Name: "pool", Endpoints: []string{host}, Outlier: &clusterv3.OutlierDetection{MaxEjectionPercent: wrapperspb.UInt32(100)},
+		HealthCheck: &HealthCheck{Path: "/health", Interval: time.Hour, NoTraffic: time.Hour, Timeout: time.Second,
+			Unhealthy: 2, Healthy: 1, ExpectedLow: 200, ExpectedHigh: 201, UnejectOnSuccess: true}}
+	dp := &DataPlane{cfg: &Config{Clusters: map[string]*Cluster{"pool": c}}, health: newHealthState(), transport: &http.Transport{},
+		outliers: &outliers{consecutive: map[string]int{}, ejectedTill: map[string]time.Time{}, ejections: map[string]int{}}}
+	ctx := context.Background()
+	for range 5 {
+		dp.outliers.result(c, host, true)
+	}
+	if dp.available(c, host) {
+		t.Fatal("five 5xx did not eject the host")
+	}
+	dp.probeRound(ctx, c)
+	if !dp.available(c, host) {
+		t.Error("a passing probe did not bring the ejected host back")
+	}
+	healthy.Store(false)
+	dp.probeRound(ctx, c)
+	if !dp.available(c, host) {
+		t.Error("one failed probe took the host out (unhealthy_threshold 2)")
+	}
+	dp.probeRound(ctx, c)
+	if dp.available(c, host) {
+		t.Error("two failed probes left the host in rotation")
+	}
+	healthy.Store(true)
+	dp.probeRound(ctx, c)
+	if !dp.available(c, host) {
+		t.Error("a passing probe (healthy_threshold 1) did not bring the host back")
 	}
 }
