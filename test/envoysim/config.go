@@ -32,7 +32,10 @@ type Config struct {
 	Bootstrap   *bootstrapv3.Bootstrap
 	ListenAddr  string
 	BufferLimit int // per_connection_buffer_limit_bytes (Envoy's default 1 MiB)
-	ExtProc     *extprocfilterv3.ExternalProcessor
+	// RequestTimeout is the HCM's request_timeout: how long the whole request may take to arrive (0: none,
+	// Envoy's default).
+	RequestTimeout time.Duration
+	ExtProc        *extprocfilterv3.ExternalProcessor
 	// ExtProcAddr is the processor's address, from the cluster its grpc_service names.
 	ExtProcAddr string
 	Routes      *routev3.RouteConfiguration
@@ -133,6 +136,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("listener %s has no http_connection_manager", lis.GetName())
 	}
 	cfg.Routes = hcm.GetRouteConfig()
+	cfg.RequestTimeout = hcm.GetRequestTimeout().AsDuration()
 	if cfg.Routes == nil {
 		if hcm.GetRds().GetConfigSource().GetAds() == nil || bs.GetDynamicResources().GetAdsConfig() == nil {
 			return nil, fmt.Errorf("the data plane needs an inline route_config or RDS over ADS")

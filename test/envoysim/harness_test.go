@@ -165,7 +165,7 @@ static_resources:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: test
+          stat_prefix: test%s
           http_filters:
           - name: envoy.filters.http.ext_proc
             typed_config:
@@ -230,6 +230,12 @@ static_resources:
 // newSetup starts everything; filter is the ext_proc filter's YAML fields (processing_mode etc.) at 14 spaces.
 func newSetup(t *testing.T, filter string, bufferLimit int, sc script) *setup {
 	t.Helper()
+	return newSetupHCM(t, "", filter, bufferLimit, sc)
+}
+
+// newSetupHCM is newSetup with extra HTTP connection manager fields (one per line, at 10 spaces).
+func newSetupHCM(t *testing.T, hcm, filter string, bufferLimit int, sc script) *setup {
+	t.Helper()
 	s := &setup{t: t, proc: &fakeProcessor{t: t, script: sc, done: make(chan *procStream, 16)}}
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, s.proc)
@@ -243,7 +249,7 @@ func newSetup(t *testing.T, filter string, bufferLimit int, sc script) *setup {
 	deadLis, _ := net.Listen("tcp", "127.0.0.1:0")
 	s.dead = deadLis.Addr().String()
 	deadLis.Close()
-	cfg, err := Parse([]byte(fmt.Sprintf(configTemplate, bufferLimit, filter)))
+	cfg, err := Parse([]byte(fmt.Sprintf(configTemplate, bufferLimit, hcm, filter)))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

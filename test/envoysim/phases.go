@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
@@ -210,7 +211,7 @@ func (f *filter) requestStreaming(h *headerMap, body io.Reader, trailers *header
 		if bm == modeFullDuplex {
 			timeout = 0
 		}
-		resp, err := f.awaitResp(timeout, isRequestHeaders)
+		resp, err := f.awaitWatchingBody(timeout, isRequestHeaders, sendErr)
 		if err != nil {
 			if errors.Is(err, errBypass) && bm == modeStreamed {
 				bypass.Store(true)
@@ -260,6 +261,30 @@ func (f *filter) requestStreaming(h *headerMap, body io.Reader, trailers *header
 		pw.Close()
 	}()
 	return pr, nil
+}
+
+// awaitWatchingBody waits for a processor answer while the client's body is still arriving: when reading the
+// body fails (request_timeout, a reset), Envoy ends the request and the filter's stream instead of waiting for
+// an answer the processor may hold until the body is complete. The body's error is returned in that case.
+func (f *filter) awaitWatchingBody(timeout time.Duration, want func(*extprocv3.ProcessingResponse) bool, bodyErr chan error) (*extprocv3.ProcessingResponse, error) {
+	done := make(chan struct{})
+	failed := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-bodyErr:
+			failed <- err
+			f.cancel()
+		case <-done:
+		}
+	}()
+	resp, err := f.awaitResp(timeout, want)
+	close(done)
+	select {
+	case berr := <-failed:
+		return nil, berr
+	default:
+	}
+	return resp, err
 }
 
 // sender streams a body to the processor frame by frame, from its own goroutine.

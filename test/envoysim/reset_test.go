@@ -85,3 +85,43 @@ func TestRequestAttributesOnFirstMessage(t *testing.T) {
 		t.Errorf("attributes sent again on the body: %q", a[1])
 	}
 }
+
+// A client that declares a longer body than it sends gets Envoy's 408 when request_timeout runs out, in
+// every request body mode, instead of holding the stream.
+func TestRequestTimeoutForShortBody(t *testing.T) {
+	for _, mode := range []string{"BUFFERED", "FULL_DUPLEX_STREAMED"} {
+		t.Run(mode, func(t *testing.T) {
+			trailers := ""
+			if mode == "FULL_DUPLEX_STREAMED" {
+				trailers = ", request_trailer_mode: SEND"
+			}
+			s := newSetupHCM(t, "\n          request_timeout: 0.3s",
+				filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: "+mode+trailers+", response_header_mode: SKIP}"), 1<<20,
+				func(t *testing.T, p *procStream) {
+					if mode == "BUFFERED" {
+						p.next()
+						p.reply(reqHeadersResp(nil))
+					}
+					for {
+						if _, err := p.Recv(); err != nil {
+							return
+						}
+					}
+				})
+			conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusRequestTimeout || string(body) != "request timeout" {
+				t.Errorf("got %d %q, want 408 request timeout", resp.StatusCode, body)
+			}
+		})
+	}
+}

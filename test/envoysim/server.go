@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -140,6 +141,9 @@ type trailerReader struct {
 
 func (t *trailerReader) Read(p []byte) (int, error) {
 	n, err := t.r.Read(p)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, &localReply{status: http.StatusRequestTimeout, body: []byte("request timeout"), details: "request_overall_timeout"}
+	}
 	if errors.Is(err, io.EOF) && !t.done {
 		t.done = true
 		for k, vs := range t.src() {
@@ -166,6 +170,10 @@ func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reqTrailers := &headerMap{}
 	if r.ContentLength != 0 {
 		body = &trailerReader{r: r.Body, src: func() http.Header { return r.Trailer }, dst: reqTrailers}
+	}
+	if t := dp.cfg.RequestTimeout; t > 0 {
+		// request_timeout: the whole request must have arrived in time, or Envoy answers 408 itself.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(t))
 	}
 	d := &downstream{w: w}
 	// The route is resolved when the request headers arrive; a processor's header changes re-route only
