@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -18,6 +19,12 @@ import (
 // quotaHarness serves testdata/policy.yaml with acme's quota replaced, and quotas in a real redis-server.
 func quotaHarness(t *testing.T, acmeQuota, settings string) (*harness, *redistest.Server) {
 	t.Helper()
+	return quotaHarnessAt(t, acmeQuota, settings, nil)
+}
+
+// quotaHarnessAt is quotaHarness with the quota stage on a given clock (nil: the real one).
+func quotaHarnessAt(t *testing.T, acmeQuota, settings string, now func() time.Time) (*harness, *redistest.Server) {
+	t.Helper()
 	src, err := os.ReadFile("testdata/policy.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +39,7 @@ func quotaHarness(t *testing.T, acmeQuota, settings string) (*harness, *redistes
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return newHarnessWith(t, snap, Options{Quotas: quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}})}), srv
+	return newHarnessWith(t, snap, Options{Quotas: quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}, Now: now})}), srv
 }
 
 // sendChat opens a BUFFERED stream and sends a chat request; it returns the stream and the body answer.
@@ -124,5 +131,54 @@ func TestQuotaFailClosedIs503(t *testing.T) {
 	status, code := immediateError(t, r)
 	if status != 503 || code != "quota_unavailable" {
 		t.Errorf("got %d %q", status, code)
+	}
+}
+
+// Requests without max_tokens to an engine whose own default output (600 tokens) is larger than the policy's
+// defaultMaxTokens (256): the gateway writes the bound it reserved into the body, so an engine that honours
+// max_tokens can never push a tokens-per-minute limit past itself.
+func TestTokensPerMinuteHoldWithoutMaxTokens(t *testing.T) {
+	now := time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)
+	h, _ := quotaHarnessAt(t, "tokensPerMinute: 5000", "redisTimeout: 2s, leaseFraction: 0", func() time.Time { return now })
+	const engineDefault = 600
+	body := `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"write me a long story"}],"stream":false}`
+	var used int64
+	for i := 0; ; i++ {
+		if i > 100 {
+			t.Fatal("never rejected")
+		}
+		s, r := post(t, h, keyAcme, body, modeBuffered)
+		if r.GetImmediateResponse() != nil {
+			if status, _ := immediateError(t, r); status != 429 {
+				t.Fatalf("status %d", status)
+			}
+			break
+		}
+		// The engine: its default output unless the body bounds it.
+		sent := r.GetRequestBody().GetResponse().GetBodyMutation().GetBody()
+		if sent == nil {
+			sent = []byte(body)
+		}
+		var req struct {
+			MaxTokens int64 `json:"max_tokens"`
+		}
+		_ = json.Unmarshal(sent, &req)
+		completion := int64(engineDefault)
+		if req.MaxTokens > 0 {
+			completion = min(completion, req.MaxTokens)
+		}
+		prompt := int64(len(body)/4 + 1)
+		s.send(respHeaders("200", false, "content-type", "application/json"))
+		s.recv()
+		s.send(respBody([]byte(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`, prompt, completion)), true))
+		s.recv()
+		h.settlement()
+		used += prompt + completion
+	}
+	if used > 5000 {
+		t.Errorf("served %d tokens under a 5000 tokens-per-minute limit", used)
+	}
+	if used < 4000 {
+		t.Errorf("served only %d of 5000 tokens", used)
 	}
 }

@@ -30,6 +30,10 @@ type Metrics struct {
 	BackendUp   prometheus.Gauge
 	Transitions *prometheus.CounterVec // by state entered: up, down
 	RoundTrips  prometheus.CounterFunc
+	// Overshoot counts tokens settled beyond what admission reserved, by tenant: usage the limit check never
+	// saw. It stays at zero while every request's output is bounded (max_tokens) and prompts are estimated
+	// from above; anything else is charged to the window it was admitted in, and shows here.
+	Overshoot *prometheus.CounterVec
 }
 
 // Limiter admits and settles requests against tenants' quotas.
@@ -108,10 +112,12 @@ func New(ctx context.Context, o Options) *Limiter {
 			Help: "Changes of the quota store's state, by the state entered (up, down)."}, []string{"state"}),
 		RoundTrips: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "infergate_quota_redis_round_trips_total",
 			Help: "Network round trips to Redis (commands and pipelines)."}, func() float64 { return float64(l.redis.roundTrips.Load()) }),
+		Overshoot: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_quota_overshoot_tokens_total",
+			Help: "Tokens settled beyond the admission's reservation, by tenant (usage no limit check saw)."}, []string{"tenant"}),
 	}
 	l.metrics.BackendUp.Set(1)
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips)
+		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips, l.metrics.Overshoot)
 	}
 	flushed := make(chan struct{})
 	go func() {
@@ -217,6 +223,11 @@ func (l *Limiter) result(t *Ticket, rej *Rejection) (*Ticket, *Rejection, error)
 func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 	if t == nil || len(t.entries) == 0 {
 		return
+	}
+	if over := tokens - t.est; over > 0 && t.est > 0 {
+		l.metrics.Overshoot.WithLabelValues(t.Tenant).Add(float64(over))
+		l.log.Debug("usage exceeded the admission's reservation; charged to the window it was admitted in",
+			"tenant", t.Tenant, "reserved_tokens", t.est, "used_tokens", tokens)
 	}
 	deltas := settleDeltas(t, tokens, costMicros)
 	l.local.settle(t, deltas)

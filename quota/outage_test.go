@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/test/redistest"
@@ -120,4 +121,25 @@ func TestOutageStartsFromThisWindowsUsage(t *testing.T) {
 
 func zMember(exp time.Time, member string) redis.Z {
 	return redis.Z{Score: float64(exp.UnixMilli()), Member: member}
+}
+
+// Usage beyond the reservation is charged, and counted where an operator sees it.
+func TestOvershootIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "tokensPerMinute: 1000", "redisTimeout: 2s, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 100))
+	if err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	l.Settle(tk, 130, 130)
+	if got := testutil.ToFloat64(l.metrics.Overshoot.WithLabelValues("acme")); got != 30 {
+		t.Errorf("overshoot %v, want 30", got)
+	}
+	l.redis.flushPending(context.Background(), time.Second)
+	key := tk.entries[0].key
+	if v, _ := srv.Do("GET", key); v != "130" {
+		t.Errorf("window counter %s, want the 130 really used", v)
+	}
 }
