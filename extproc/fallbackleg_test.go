@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/metadata"
 
+	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -82,4 +84,26 @@ spec:
 		})
 	}
 	h.noSettlement()
+}
+
+// The fallback leg's rename reads bodies Envoy forwards: it never panics, and what it returns is JSON naming
+// the provider's model.
+func FuzzRenameModel(f *testing.F) {
+	f.Add(`{"model":"meta-llama/Llama-3.3-70B-Instruct","messages":[{"role":"user","content":"hi"}]}`, uint8(0))
+	f.Add(`{"model":"x","prompt":"\u0001","model":"y"}`, uint8(1))
+	f.Add(`{"model":"x","input":`+strings.Repeat("[", 300), uint8(2))
+	f.Fuzz(func(t *testing.T, body string, ep uint8) {
+		const provider = "meta-llama/Llama-3.3-70B-Instruct-Turbo"
+		out, ok := renameModel(openai.Endpoint(ep%3+1), []byte(body), provider)
+		if !ok {
+			return
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(out, &doc); err != nil {
+			t.Fatalf("renamed body is not JSON: %v\n%q", err, out)
+		}
+		if doc["model"] != provider {
+			t.Fatalf("model %v after rename", doc["model"])
+		}
+	})
 }

@@ -207,3 +207,21 @@ func TestSSELongLinePassesThrough(t *testing.T) {
 		t.Errorf("long line changed: %d bytes out of %d", len(out), len(data))
 	}
 }
+
+func FuzzUsageFromJSON(f *testing.F) {
+	f.Add(readFixture(f, "vllm-chat-completion.json"))
+	f.Add([]byte(`{"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":-1,"prompt_tokens_details":{"cached_tokens":1e99}}}`))
+	f.Add([]byte(`{"usage":` + strings.Repeat("[", 1000)))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		u, ok := UsageFromJSON(body)
+		if !ok && u != (Usage{}) {
+			t.Fatalf("usage %+v reported without ok", u)
+		}
+		if u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 {
+			t.Fatalf("negative usage %+v from %q", u, body)
+		}
+		if u.Total() < 0 {
+			t.Fatalf("total wrapped: %+v", u)
+		}
+	})
+}

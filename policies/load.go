@@ -63,8 +63,16 @@ func LoadFile(path string) (*Snapshot, error) {
 	return Parse(path, data)
 }
 
+// MaxPolicyBytes bounds a policy file: real ones are kilobytes, and the decoder's work grows with the input.
+// (Nesting is bounded by yaml.v3 itself, at 10,000 levels.)
+const MaxPolicyBytes = 16 << 20
+
 // Parse decodes and validates policy bytes; name is used in problem locations.
 func Parse(name string, data []byte) (*Snapshot, error) {
+	if len(data) > MaxPolicyBytes {
+		return nil, &InvalidError{Problems: []Problem{{File: name, Line: 1,
+			Message: fmt.Sprintf("policy file is %d bytes, more than the %d a policy may have", len(data), MaxPolicyBytes)}}}
+	}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, &InvalidError{Problems: []Problem{yamlProblem(name, err)}}

@@ -178,3 +178,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A hostile or broken policy file — nested far too deep, or far too large — is refused with a problem, never
+// a crash.
+func TestParseBoundsHostileInput(t *testing.T) {
+	for name, data := range map[string]string{
+		"deep flow":  "spec: " + strings.Repeat("[", 200_000),
+		"deep block": "spec:\n" + deepBlock(20_000),
+		"huge":       "# " + strings.Repeat("x", MaxPolicyBytes),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse("hostile.yaml", []byte(data))
+			var inv *InvalidError
+			if !errors.As(err, &inv) || len(inv.Problems) == 0 {
+				t.Fatalf("err = %v", err)
+			}
+		})
+	}
+}
+
+func deepBlock(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(strings.Repeat(" ", i%200))
+		b.WriteString("- \n")
+	}
+	return b.String()
+}

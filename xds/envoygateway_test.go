@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -15,6 +16,8 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -53,25 +56,7 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	})
 
 	placeholder := "httproute/infergate/llm/rule/0"
-	route := func(name string, headers ...*routev3.HeaderMatcher) *routev3.Route {
-		return &routev3.Route{Name: name, Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, Headers: headers},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: placeholder}}}}
-	}
-	req := &pb.PostTranslateModifyRequest{
-		Clusters: []*clusterv3.Cluster{{Name: placeholder}, {Name: "eg-own"}},
-		Secrets:  []*tlsv3.Secret{{Name: "eg-cert"}},
-		Listeners: []*listenerv3.Listener{{Name: "infergate/llm-gateway/http", FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&hcmv3.HttpConnectionManager{
-				StatPrefix: "http", HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.ext_proc/envoyextensionpolicy/infergate/infergate/extproc/0",
-					ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&extprocfilterv3.ExternalProcessor{GrpcService: &corev3.GrpcService{
-						TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: egExtProc}}}})}}}})}}}}}}},
-		Routes: []*routev3.RouteConfiguration{{Name: "infergate/llm-gateway/http", VirtualHosts: []*routev3.VirtualHost{{
-			Name: "llm", Domains: []string{"*"}, Routes: []*routev3.Route{
-				route("h200", exactHeader("x-infergate-pool", "llama70b-h200")),
-				route("overflow", exactHeader("x-infergate-pool", "fallback/together")),
-				route("other"),
-			}}}}},
-	}
+	req := hookRequest(placeholder)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := pb.NewEnvoyGatewayExtensionClient(conn).PostTranslateModify(ctx, req)
@@ -133,4 +118,54 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	if req.GetRoutes()[0].GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster() != placeholder {
 		t.Error("the hook modified its input in place")
 	}
+}
+
+// hookRequest is what Envoy Gateway sends the hook for deploy/envoy-gateway: a placeholder backend's cluster,
+// one of its own, its listener with infergate's ext_proc filter, and the HTTPRoute's rules.
+func hookRequest(placeholder string) *pb.PostTranslateModifyRequest {
+	route := func(name string, headers ...*routev3.HeaderMatcher) *routev3.Route {
+		return &routev3.Route{Name: name, Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, Headers: headers},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: placeholder}}}}
+	}
+	return &pb.PostTranslateModifyRequest{
+		Clusters: []*clusterv3.Cluster{{Name: placeholder}, {Name: "eg-own"}},
+		Secrets:  []*tlsv3.Secret{{Name: "eg-cert"}},
+		Listeners: []*listenerv3.Listener{{Name: "infergate/llm-gateway/http", FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&hcmv3.HttpConnectionManager{
+				StatPrefix: "http", HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.ext_proc/envoyextensionpolicy/infergate/infergate/extproc/0",
+					ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&extprocfilterv3.ExternalProcessor{GrpcService: &corev3.GrpcService{
+						TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: egExtProc}}}})}}}})}}}}}}},
+		Routes: []*routev3.RouteConfiguration{{Name: "infergate/llm-gateway/http", VirtualHosts: []*routev3.VirtualHost{{
+			Name: "llm", Domains: []string{"*"}, Routes: []*routev3.Route{
+				route("h200", exactHeader("x-infergate-pool", "llama70b-h200")),
+				route("overflow", exactHeader("x-infergate-pool", "fallback/together")),
+				route("other"),
+			}}}}},
+	}
+}
+
+// The hook decodes whatever Envoy Gateway (or anyone who reaches its port) sends: it never panics.
+func FuzzEnvoyGatewayHook(f *testing.F) {
+	seed, err := proto.Marshal(hookRequest("httproute/infergate/llm/rule/0"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	f.Add([]byte{})
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := &EnvoyGatewayHook{Policy: func() *policies.Snapshot { return snap }}
+	local := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 1}})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req pb.PostTranslateModifyRequest
+		if err := proto.Unmarshal(data, &req); err != nil {
+			return
+		}
+		resp, err := h.PostTranslateModify(local, &req)
+		if err == nil && resp == nil {
+			t.Fatal("nil response without error")
+		}
+	})
 }

@@ -1,0 +1,32 @@
+package picker
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/infergate/infergate/openai"
+)
+
+// Prefix hashing runs over every accepted body's prompt: it never panics, stays within MaxBlocks, and gives
+// the same hashes for the same prompt.
+func FuzzPrefixHash(f *testing.F) {
+	f.Add(`{"model":"m","messages":[{"role":"system","content":"rules"},{"role":"user","content":[{"type":"text","text":"hi"}],"tool_calls":[{"id":"1"}]}]}`, uint8(1), uint16(64))
+	f.Add(`{"model":"m","prompt":["a","b",[1,2,3]]}`, uint8(2), uint16(1))
+	f.Add(`{"model":"m","input":"\u0000\ud800 é"}`, uint8(3), uint16(0))
+	f.Fuzz(func(t *testing.T, body string, ep uint8, blockBytes uint16) {
+		req, err := openai.ParseRequest(openai.Endpoint(ep%3+1), []byte(body))
+		if err != nil {
+			return
+		}
+		defer req.Release()
+		h := Hasher{BlockBytes: int(blockBytes), MaxBlocks: 64}
+		a := h.Hash(nil, Seed(req.Model, ""), req.Prompt)
+		b := h.Hash(nil, Seed(req.Model, ""), req.Prompt)
+		if len(a) > 64 {
+			t.Fatalf("%d blocks, limit 64", len(a))
+		}
+		if !slices.Equal(a, b) {
+			t.Fatal("hashing the same prompt twice differs")
+		}
+	})
+}
