@@ -4,6 +4,7 @@ GO ?= go
 BIN := bin/infergate
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 20s
+FUZZFLAGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -40,7 +41,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for fz in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
 	    echo "== $$pkg $$fz"; \
-	    $(GO) test $$pkg -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME); \
+	    $(GO) test $$pkg -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
 	  done; \
 	done
 

@@ -298,6 +298,13 @@ func (l *Limiter) probe() {
 		err := l.redis.ping(cctx)
 		cancel()
 		if err == nil {
+			// What this gateway admitted on its own goes to Redis before shared admission resumes, so the
+			// window goes on from its real usage there too.
+			rctx, rcancel := context.WithTimeout(l.ctx, time.Second)
+			if rerr := l.redis.replay(rctx, l.local.takeUnsynced(l.now())); rerr != nil {
+				l.log.Warn("could not replay local admissions to Redis; those windows are undercounted there", "err", redactAddr(rerr))
+			}
+			rcancel()
 			// Metrics first, then probing cleared before up: a failure right after must be able to start a
 			// new probe.
 			l.metrics.BackendUp.Set(1)

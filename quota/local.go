@@ -19,6 +19,10 @@ type localCounter struct {
 	value   int64
 	expires time.Time
 	holders map[string]bool // concurrency: ticket ids
+	// unsynced is what was admitted here while Redis was unreachable (net of those requests' settlements):
+	// Redis never counted it, so it is replayed there when Redis answers again.
+	unsynced int64
+	window   time.Duration
 }
 
 func newLocalBackend() *localBackend {
@@ -37,7 +41,7 @@ func (l *localBackend) counter(key string, now time.Time, window time.Duration) 
 		ok = false
 	}
 	if !ok {
-		c = &localCounter{holders: map[string]bool{}}
+		c = &localCounter{holders: map[string]bool{}, window: window}
 		if window > 0 {
 			c.expires = now.Add(window)
 		}
@@ -88,6 +92,7 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 			c.holders[t.ID] = true
 		} else {
 			c.value = AddTokens(c.value, e.amount)
+			c.unsynced = AddTokens(c.unsynced, e.amount)
 		}
 	}
 	return nil
@@ -121,6 +126,30 @@ func (l *localBackend) settle(t *Ticket, deltas []int64) {
 			delete(c.holders, t.ID)
 		} else {
 			c.value += deltas[i]
+			if t.local {
+				c.unsynced = max(0, c.unsynced+deltas[i])
+			}
 		}
 	}
+}
+
+// replay is one counter's unsynced amount, to add in Redis.
+type replay struct {
+	key    string
+	amount int64
+	window time.Duration
+}
+
+// takeUnsynced hands over what was admitted locally in windows still open and forgets it here.
+func (l *localBackend) takeUnsynced(now time.Time) []replay {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []replay
+	for k, c := range l.counters {
+		if c.unsynced > 0 && (c.expires.IsZero() || now.Before(c.expires)) {
+			out = append(out, replay{key: k, amount: c.unsynced, window: c.window})
+		}
+		c.unsynced = 0
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // A gateway that dies with requests in flight stops holding its tenant's concurrency slots within
@@ -141,5 +142,33 @@ func TestOvershootIsCounted(t *testing.T) {
 	key := tk.entries[0].key
 	if v, _ := srv.Do("GET", key); v != "130" {
 		t.Errorf("window counter %s, want the 130 really used", v)
+	}
+}
+
+// What the fail-open limiter admitted while Redis was down is added to Redis when it answers again, so the
+// window does not start over there either.
+func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	srv.Kill()
+	for range downAfterFailures {
+		_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 0)) // a request of no tokens: only marks Redis down
+	}
+	if l.Up() {
+		t.Fatal("still up")
+	}
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 400))
+	if err != nil || rej != nil || !tk.local {
+		t.Fatalf("local admission: %+v %+v %v", tk, rej, err)
+	}
+	srv.Restart() // no persistence: Redis comes back empty
+	wait.For(t, "recovery", l.Up)
+	if v, _ := srv.Do("GET", tk.entries[0].key); v != "400" {
+		t.Errorf("Redis counter %q after recovery, want the 400 admitted during the outage", v)
+	}
+	if _, rej, _ := l.Admit(context.Background(), req(snap, tn, m, 700)); rej == nil {
+		t.Error("700 more admitted on top of 400 of a 1000 limit")
 	}
 }

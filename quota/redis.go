@@ -90,6 +90,33 @@ end
 return 1
 `)
 
+// replayScript adds what a gateway admitted on its own while Redis was unreachable to a counter, giving a
+// counter it creates the expiry admission would have. KEYS: the counter. ARGV: amount, ttl_ms.
+var replayScript = redis.NewScript(`
+if redis.call('INCRBY', KEYS[1], ARGV[1]) == tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+`)
+
+// replay sends local admissions to Redis, one small script per counter in one pipeline.
+func (b *redisBackend) replay(ctx context.Context, items []replay) error {
+	if len(items) == 0 {
+		return nil
+	}
+	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, it := range items {
+			ttl := it.window
+			if strings.Contains(it.key, ":rps:") || strings.Contains(it.key, ":tpm:") {
+				ttl = 2 * it.window // window keys live two windows, as the admission script gives them
+			}
+			replayScript.Eval(ctx, p, []string{it.key}, it.amount, max(ttl, time.Second).Milliseconds())
+		}
+		return nil
+	})
+	return err
+}
+
 // redisBackend is the shared quota store.
 type redisBackend struct {
 	client     redis.UniversalClient
