@@ -27,6 +27,7 @@ type Snapshot struct {
 	quotas      QuotaSettings
 	routing     Routing
 	redisTO     time.Duration
+	upIdle      time.Duration
 }
 
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
@@ -45,6 +46,7 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		quotas:      pol.Spec.Quotas,
 		routing:     pol.Spec.Routing,
 		redisTO:     DefaultRedisTimeout,
+		upIdle:      DefaultUpstreamIdleTimeout,
 	}
 	r := &s.routing
 	if r.MaxWaiting == 0 {
@@ -75,6 +77,9 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 	}
 	if d, err := time.ParseDuration(s.quotas.RedisTimeout); err == nil && d > 0 {
 		s.redisTO = d
+	}
+	if d, err := time.ParseDuration(s.gateway.UpstreamIdleTimeout); err == nil && d > 0 {
+		s.upIdle = d
 	}
 	if s.gateway.MaxRequestBodyBytes == 0 {
 		s.gateway.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
@@ -167,6 +172,9 @@ func (s *Snapshot) LeaseFraction() float64 {
 
 // RedisTimeout bounds one Redis call on the request path.
 func (s *Snapshot) RedisTimeout() time.Duration { return s.redisTO }
+
+// UpstreamIdleTimeout is the route idle timeout Envoy applies to attempts to the pools.
+func (s *Snapshot) UpstreamIdleTimeout() time.Duration { return s.upIdle }
 
 // ModelQuota returns the tenant's extra quota on a model, if the policy sets one.
 func (s *Snapshot) ModelQuota(t *Tenant, m *Model) (Quota, bool) {

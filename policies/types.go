@@ -48,6 +48,10 @@ type Gateway struct {
 	// DefaultMaxTokens is the output bound for requests that set no max_tokens: admission reserves it and the
 	// gateway writes it into the body as max_tokens, so the engine cannot produce more than was charged.
 	DefaultMaxTokens int `yaml:"defaultMaxTokens,omitempty" json:"defaultMaxTokens,omitempty" jsonschema:"minimum=1"`
+	// UpstreamIdleTimeout is how long Envoy lets an attempt go without a byte from the replica, e.g. "60s": a
+	// hung engine then costs its requests a 408 (or a reset mid-stream) instead of the five-minute route
+	// timeout. Long enough for a queued prompt's time to first token.
+	UpstreamIdleTimeout string `yaml:"upstreamIdleTimeout,omitempty" json:"upstreamIdleTimeout,omitempty"`
 	// TenantHeader, when true, passes x-infergate-tenant upstream so replicas can log who asked.
 	TenantHeader bool `yaml:"tenantHeader,omitempty" json:"tenantHeader,omitempty"`
 }
@@ -58,6 +62,7 @@ const (
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
 	DefaultContextTokens           = 131072
+	DefaultUpstreamIdleTimeout     = 60 * time.Second
 )
 
 // Routing tunes the picker. Zero values take the defaults below.

@@ -211,6 +211,11 @@ func (v *validator) gateway(g *Gateway) {
 	if g.DefaultMaxTokens < 0 {
 		v.fail(append(base, "defaultMaxTokens"), "must not be negative, got %d", g.DefaultMaxTokens)
 	}
+	if g.UpstreamIdleTimeout != "" {
+		if d, err := time.ParseDuration(g.UpstreamIdleTimeout); err != nil || d < time.Second {
+			v.fail(append(base, "upstreamIdleTimeout"), "must be a duration of at least 1s such as \"60s\", got %q", g.UpstreamIdleTimeout)
+		}
+	}
 }
 
 // models validates every model and returns the set of names and aliases clients may use.

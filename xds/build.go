@@ -104,7 +104,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   "pool/" + m.Name + "/" + p.Name,
 				Match:  headerMatch("x-infergate-pool", p.Name),
-				Action: &routev3.Route_Route{Route: poolRouteAction(target, failover != nil)},
+				Action: &routev3.Route_Route{Route: poolRouteAction(target, failover != nil, snap.UpstreamIdleTimeout())},
 			})
 		}
 		weights := capacityWeights(capacities, previous)
@@ -137,7 +137,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{
 					ClusterSpecifier:     &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, f.Name)},
 					HostRewriteSpecifier: &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)},
-				})},
+				}, snap.UpstreamIdleTimeout())},
 			})
 		}
 		action := &routev3.RouteAction{}
@@ -151,7 +151,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		}
 		modelRoutes = append(modelRoutes, &routev3.Route{
 			Name: "model/" + m.Name, Match: headerMatch("x-infergate-model", m.Name),
-			Action: &routev3.Route_Route{Route: routeAction(action)},
+			Action: &routev3.Route_Route{Route: routeAction(action, snap.UpstreamIdleTimeout())},
 		})
 	}
 	vh.Routes = append(vh.Routes, modelRoutes...)
@@ -205,8 +205,8 @@ func failoverCluster(name string, children ...string) *clusterv3.Cluster {
 //
 // With a failover aggregate, Host becomes the upstream host's name: the managed API's DNS name on that leg (the
 // provider expects its own Host), and unchanged for the pool's EDS endpoints, which carry no hostname.
-func poolRouteAction(cluster string, failover bool) *routev3.RouteAction {
-	a := routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}})
+func poolRouteAction(cluster string, failover bool, idle time.Duration) *routev3.RouteAction {
+	a := routeAction(&routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}, idle)
 	if failover {
 		a.HostRewriteSpecifier = &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)}
 	}
@@ -219,8 +219,9 @@ func poolRouteAction(cluster string, failover bool) *routev3.RouteAction {
 	return a
 }
 
-func routeAction(a *routev3.RouteAction) *routev3.RouteAction {
+func routeAction(a *routev3.RouteAction, idle time.Duration) *routev3.RouteAction {
 	a.Timeout = durationpb.New(300 * time.Second)
+	a.IdleTimeout = durationpb.New(idle)
 	a.RetryPolicy = &routev3.RetryPolicy{RetryOn: "connect-failure,refused-stream", NumRetries: wrapperspb.UInt32(2)}
 	return a
 }

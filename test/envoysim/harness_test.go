@@ -183,6 +183,8 @@ static_resources:
                 route: {cluster: b}
               - match: {prefix: "/", headers: [{name: x-route, string_match: {exact: weighted}}]}
                 route: {weighted_clusters: {clusters: [{name: a, weight: 1}, {name: b, weight: 3}]}, retry_policy: {retry_on: connect-failure, num_retries: 2}}
+              - match: {prefix: "/idle"}
+                route: {cluster: b, idle_timeout: 0.3s}
               - match: {prefix: "/direct"}
                 direct_response: {status: 418, body: {inline_string: "teapot"}}
               - match: {prefix: "/"}

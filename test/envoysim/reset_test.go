@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -120,8 +121,40 @@ func TestRequestTimeoutForShortBody(t *testing.T) {
 			}
 			body, _ := io.ReadAll(resp.Body)
 			if resp.StatusCode != http.StatusRequestTimeout || string(body) != "request timeout" {
-				t.Errorf("got %d %q, want 408 request timeout", resp.StatusCode, body)
+				t.Errorf("got %d %q %v, want 408 request timeout", resp.StatusCode, body, resp.Header)
 			}
 		})
+	}
+}
+
+// The route's idle_timeout: a replica that sends nothing gets its request a 408 before the response headers,
+// and a stream that stalls after them is reset — never a request held for the five-minute route timeout.
+func TestRouteIdleTimeout(t *testing.T) {
+	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SKIP}"), 1<<20, nil)
+	var stall atomic.Bool
+	s.b.handler = func(w http.ResponseWriter, r *http.Request) {
+		if stall.Load() {
+			w.Header().Set("content-type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: first\n\n")
+			w.(http.Flusher).Flush()
+		}
+		<-r.Context().Done() // hung engine
+	}
+	r := s.do("POST", "/idle", `{}`)
+	if r.status != http.StatusRequestTimeout || r.details != "stream_idle_timeout" {
+		t.Errorf("hung upstream: %d %q %q", r.status, r.details, r.body)
+	}
+	stall.Store(true)
+	resp, err := http.Post(s.url+"/idle", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || line != "data: first\n" {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	if _, err := io.ReadAll(rd); err == nil {
+		t.Error("a stalled stream ended cleanly; Envoy resets it")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -171,9 +172,11 @@ func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 {
 		body = &trailerReader{r: r.Body, src: func() http.Header { return r.Trailer }, dst: reqTrailers}
 	}
+	var requestDeadline time.Time
 	if t := dp.cfg.RequestTimeout; t > 0 {
 		// request_timeout: the whole request must have arrived in time, or Envoy answers 408 itself.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(t))
+		requestDeadline = time.Now().Add(t)
+		_ = http.NewResponseController(w).SetReadDeadline(requestDeadline)
 	}
 	d := &downstream{w: w}
 	// The route is resolved when the request headers arrive; a processor's header changes re-route only
@@ -186,6 +189,10 @@ func (dp *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer f.close()
 		up, err := f.requestPath(h, body, reqTrailers)
 		if err != nil {
+			if errors.Is(err, context.Canceled) && !requestDeadline.IsZero() && !time.Now().Before(requestDeadline) {
+				// The read deadline also cancels the request's context; it is Envoy's request timer that fired.
+				err = &localReply{status: http.StatusRequestTimeout, body: []byte("request timeout"), details: "request_overall_timeout"}
+			}
 			dp.fail(d, err)
 			return
 		}
@@ -315,8 +322,13 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 			cancel()
 			return localResponse(http.StatusInternalServerError, "upstream filter failed", "upstream_ext_proc_error")
 		}
-		req, err := http.NewRequestWithContext(ctx, headerValueOr(ah, ":method", "GET"), "http://"+host+ah.value(":path"), bytes.NewReader(data))
+		// The route's idle_timeout: no byte from upstream for that long ends the attempt — 408 before the
+		// response headers, a reset after.
+		actx, acancel := context.WithCancel(ctx)
+		idle := newIdleTimer(ra.GetIdleTimeout().AsDuration(), acancel)
+		req, err := http.NewRequestWithContext(actx, headerValueOr(ah, ":method", "GET"), "http://"+host+ah.value(":path"), bytes.NewReader(data))
 		if err != nil {
+			idle.stop()
 			cancel()
 			return localResponse(http.StatusBadRequest, err.Error(), "bad_request")
 		}
@@ -339,6 +351,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		conn, err := (&net.Dialer{}).DialContext(dialCtx, "tcp", host)
 		dialCancel()
 		if err != nil {
+			idle.stop()
 			dp.log.Debug("upstream connect failure", "host", host, "err", err)
 			dp.outliers.result(target, host, true)
 			if retry.connectFailure {
@@ -351,6 +364,10 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		resp, err := dp.transport.RoundTrip(req)
 		if err != nil {
 			dp.hosts.done(host)
+			if idle.stop() {
+				cancel()
+				return localResponse(http.StatusRequestTimeout, "stream timeout", "stream_idle_timeout")
+			}
 			if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
 				cancel()
 				return 0, nil, nil, nil, func() {}
@@ -366,6 +383,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		if retry.status(resp.StatusCode) && attempt < retry.retries {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
+			idle.stop()
 			dp.hosts.done(host)
 			continue
 		}
@@ -376,11 +394,12 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		rh.add(":status", itoa(resp.StatusCode))
 		copyHeaders(rh, resp.Header)
 		trailers := &headerMap{}
-		var rb io.Reader = &trailerReader{r: resp.Body, src: func() http.Header { return resp.Trailer }, dst: trailers}
+		idle.kick()
+		var rb io.Reader = &trailerReader{r: idle.reader(resp.Body), src: func() http.Header { return resp.Trailer }, dst: trailers}
 		if resp.ContentLength == 0 {
 			rb = nil
 		}
-		return resp.StatusCode, rh, rb, trailers, func() { resp.Body.Close(); dp.hosts.done(host); cancel() }
+		return resp.StatusCode, rh, rb, trailers, func() { idle.stop(); resp.Body.Close(); dp.hosts.done(host); cancel() }
 	}
 	return failure()
 }
@@ -391,3 +410,59 @@ func headerValueOr(h *headerMap, k, def string) string {
 	}
 	return def
 }
+
+// idleTimer cancels an upstream attempt that goes idle_timeout without a byte; zero duration never fires.
+type idleTimer struct {
+	d     time.Duration
+	t     *time.Timer
+	fired atomic.Bool
+}
+
+func newIdleTimer(d time.Duration, cancel context.CancelFunc) *idleTimer {
+	it := &idleTimer{d: d}
+	if d > 0 {
+		it.t = time.AfterFunc(d, func() { it.fired.Store(true); cancel() })
+	}
+	return it
+}
+
+// kick restarts the countdown: a byte arrived.
+func (it *idleTimer) kick() {
+	if it.t != nil {
+		it.t.Reset(it.d)
+	}
+}
+
+// stop ends the countdown and reports whether it had fired.
+func (it *idleTimer) stop() bool {
+	if it.t != nil {
+		it.t.Stop()
+	}
+	return it.fired.Load()
+}
+
+// reader kicks the timer on every read that returns data.
+func (it *idleTimer) reader(r io.Reader) io.Reader {
+	if it.t == nil {
+		return r
+	}
+	return idleReader{r, it}
+}
+
+type idleReader struct {
+	r  io.Reader
+	it *idleTimer
+}
+
+func (ir idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	if n > 0 {
+		ir.it.kick()
+	}
+	if err != nil && ir.it.fired.Load() {
+		err = errIdleTimeout // not the client's cancellation: Envoy resets the downstream stream
+	}
+	return n, err
+}
+
+var errIdleTimeout = errors.New("upstream idle timeout")
