@@ -35,6 +35,10 @@ bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go m
 bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench
 
+.PHONY: chaos
+chaos: test-deps ## reliability suite: faults injected one at a time under load, table for RELIABILITY.md (≤ 10 min)
+	$(GO) run ./test/chaos
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
 	@set -e; for pkg in $$($(GO) list ./...); do \

@@ -36,22 +36,24 @@ func (u Usage) Clamp(limit int64) (Usage, bool) {
 
 // parseUsageObject reads a "usage" object; ok is false when it holds no token counts.
 func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {
-	count := func(v *fastjson.Value) int64 {
+	count := func(v *fastjson.Value) (int64, bool) {
 		if v == nil || v.Type() != fastjson.TypeNumber {
-			return 0
+			return 0, false
 		}
 		n, err := v.Int64()
 		if err != nil || n < 0 {
-			return 0
+			return 0, false
 		}
-		ok = true
-		return n
+		return n, true
 	}
-	u.PromptTokens = count(obj.Get("prompt_tokens"))
-	u.CompletionTokens = count(obj.Get("completion_tokens"))
-	cached := obj.Get("prompt_tokens_details", "cached_tokens")
-	u.CachedTokens, u.CachedReported = count(cached), cached != nil && cached.Type() == fastjson.TypeNumber
-	return u, ok
+	var okPrompt, okCompletion bool
+	u.PromptTokens, okPrompt = count(obj.Get("prompt_tokens"))
+	u.CompletionTokens, okCompletion = count(obj.Get("completion_tokens"))
+	u.CachedTokens, u.CachedReported = count(obj.Get("prompt_tokens_details", "cached_tokens"))
+	if !okPrompt && !okCompletion && !u.CachedReported {
+		return Usage{}, false
+	}
+	return u, true
 }
 
 // UsageFromJSON reads the usage of a non-streaming response body.

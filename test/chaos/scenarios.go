@@ -1,0 +1,161 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/infergate/infergate/test/fleetsim"
+)
+
+// scenario injects one fault into the running stack under load and heals it.
+type scenario struct {
+	name string
+	// inject starts the fault; heal ends it (nil: nothing to heal). Both return an error only when the suite
+	// itself cannot go on.
+	inject, heal func(s *stack, l *load) error
+	// cutsStreams marks faults that by design cut streams already in flight — a replica or the gateway dying
+	// mid-response: those streams cannot be retried (the client already has part of the answer). Losses are
+	// accepted up to the concurrency in flight at the moment of the fault.
+	cutsStreams bool
+	// hold is how long the fault lasts (default faultFor).
+	hold time.Duration
+	// check runs at the end for scenario-specific assertions; it returns problems.
+	check func(s *stack, l *load, from time.Time) []string
+}
+
+func fault(s *stack, replica string, f fleetsim.Faults) error {
+	return s.replicas[replica].SetFaults(f)
+}
+
+func faults(names []string, f fleetsim.Faults) func(*stack, *load) error {
+	return func(s *stack, _ *load) error {
+		for _, n := range names {
+			if err := fault(s, n, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// hostileRequests are what a hostile tenant with a valid key sends; each must get a clear 4xx.
+func hostileRequests(s *stack) []*http.Request {
+	mk := func(body string, hdr ...string) *http.Request {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+s.steadyKey)
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		return req
+	}
+	out := []*http.Request{
+		mk(`{"model":"qwen","messages":` + strings.Repeat("[", 2_000_000)),
+		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807}`),
+		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"model":"llama"}`),
+		mk("{\"model\":\"qwen\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\\n\"}]}"),
+		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}]}`, "x-gateway-destination-endpoint", "169.254.169.254:80", "x-infergate-pool", "fallback/managed"),
+	}
+	// A burst of guessed keys, below the per-source limit: every client here shares 127.0.0.1, and a source
+	// past it is refused whatever its key (extproc's own tests cover that).
+	for i := range 15 {
+		req := mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}]}`)
+		req.Header.Set("Authorization", fmt.Sprintf("Bearer sk-guess-%d", i))
+		out = append(out, req)
+	}
+	return out
+}
+
+func scenarios() []scenario {
+	llama := []string{"llama-0", "llama-1"}
+	qwen := []string{"qwen-0", "qwen-1"}
+	redisRestart := func(s *stack, _ *load) error { return s.startRedis() }
+	return []scenario{
+		{name: "baseline (no fault)"},
+		{name: "replica 5xx", inject: faults(llama[:1], fleetsim.Faults{ErrorRate: 1}), heal: faults(llama[:1], fleetsim.Faults{})},
+		{name: "replica refuses connections", cutsStreams: true,
+			inject: faults(llama[:1], fleetsim.Faults{Refuse: true}), heal: faults(llama[:1], fleetsim.Faults{})},
+		{name: "replica hangs", inject: faults(qwen[:1], fleetsim.Faults{Hang: true}), heal: faults(qwen[:1], fleetsim.Faults{})},
+		{name: "pool down, with fallback", cutsStreams: true,
+			inject: faults(llama, fleetsim.Faults{Refuse: true}), heal: faults(llama, fleetsim.Faults{})},
+		{name: "pool down, no fallback", cutsStreams: true,
+			inject: faults(qwen, fleetsim.Faults{Refuse: true}), heal: faults(qwen, fleetsim.Faults{})},
+		{name: "Redis SIGKILL, fail-open", inject: func(s *stack, _ *load) error { s.redis.signal(syscall.SIGKILL); <-s.redis.done; return nil },
+			heal: redisRestart},
+		{name: "Redis SIGSTOP, fail-open", inject: func(s *stack, _ *load) error { s.redis.signal(syscall.SIGSTOP); return nil },
+			heal: func(s *stack, _ *load) error { s.redis.signal(syscall.SIGCONT); return nil }},
+		{name: "Redis SIGKILL, fail-closed",
+			inject: func(s *stack, _ *load) error {
+				if err := s.setFailMode("closed"); err != nil {
+					return err
+				}
+				s.redis.signal(syscall.SIGKILL)
+				<-s.redis.done
+				return nil
+			},
+			heal: func(s *stack, l *load) error {
+				if err := redisRestart(s, l); err != nil {
+					return err
+				}
+				return waitFor(10*time.Second, "quota store up", func() bool { return s.metric("infergate_quota_backend_up", "") == 1 })
+			}},
+		{name: "Redis SIGSTOP, fail-closed",
+			inject: func(s *stack, _ *load) error { s.redis.signal(syscall.SIGSTOP); return nil },
+			heal: func(s *stack, _ *load) error {
+				s.redis.signal(syscall.SIGCONT)
+				if err := waitFor(10*time.Second, "quota store up", func() bool { return s.metric("infergate_quota_backend_up", "") == 1 }); err != nil {
+					return err
+				}
+				return s.setFailMode("open")
+			}},
+		{name: "infergate SIGTERM + restart", inject: func(s *stack, _ *load) error { s.stopGateway(syscall.SIGTERM); return nil },
+			heal: func(s *stack, _ *load) error { return s.startGateway() }, hold: 2 * time.Second},
+		{name: "infergate SIGKILL + restart", cutsStreams: true,
+			inject: func(s *stack, _ *load) error { s.stopGateway(syscall.SIGKILL); return nil },
+			heal:   func(s *stack, _ *load) error { return s.startGateway() }, hold: 2 * time.Second},
+		{name: "invalid policy mid-load",
+			inject: func(s *stack, _ *load) error {
+				return s.setPolicy("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec: {models: [}\n", false)
+			},
+			heal: func(s *stack, _ *load) error { return s.setPolicy(s.policy(), true) }},
+		{name: "3x overload",
+			inject: func(s *stack, l *load) error { l.extra = l.addSteady(2 * steadyWorkers); return nil },
+			heal:   func(s *stack, l *load) error { l.extra(); return nil },
+			check: func(s *stack, _ *load, _ time.Time) []string {
+				if !httpOK("http://"+s.metricsAddr+"/healthz") || s.metric("infergate_requests_total", `outcome="routed"`) < 0 {
+					return []string{"health or metrics stopped answering under overload"}
+				}
+				return nil
+			}},
+		{name: "hostile inputs",
+			inject: func(s *stack, l *load) error {
+				for _, req := range hostileRequests(s) {
+					resp, err := l.client.Do(req)
+					if err != nil {
+						l.hostileProblems = append(l.hostileProblems, "no answer: "+err.Error())
+						continue
+					}
+					resp.Body.Close()
+					if resp.StatusCode < 400 || resp.StatusCode >= 500 {
+						l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("%s %d", req.Header.Get("Authorization")[:12], resp.StatusCode))
+					}
+				}
+				return nil
+			},
+			check: func(s *stack, l *load, _ time.Time) []string {
+				if !s.gatewayAlive() {
+					return []string{"infergate died on hostile input"}
+				}
+				return l.hostileProblems
+			}},
+	}
+}
+
+// setFailMode rewrites the policy with another quota fail mode and waits for infergate to load it.
+func (s *stack) setFailMode(mode string) error {
+	s.failMode = mode
+	return s.setPolicy(s.policy(), true)
+}
