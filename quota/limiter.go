@@ -49,6 +49,7 @@ type Limiter struct {
 	metrics  *Metrics
 	now      func() time.Time
 	ctx      context.Context
+	instance string
 }
 
 // Options configure a Limiter.
@@ -61,6 +62,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now replaces the clock (tests of window rollover).
 	Now func() time.Time
+	// InstanceID names this gateway across restarts (a Kubernetes pod's name): its concurrency slots carry
+	// it, and Reclaim frees those of a previous run at start. Empty: slots of a crashed run free after
+	// ConcurrencyTTL. Two running gateways must never share one.
+	InstanceID string
 	// RenewInterval is how often the concurrency slots of requests in flight are renewed (default
 	// ConcurrencyTTL/3); negative turns renewal off, as in a gateway that has died (tests).
 	RenewInterval time.Duration
@@ -93,7 +98,7 @@ func New(ctx context.Context, o Options) *Limiter {
 		ContextTimeoutEnabled: true,
 	})
 	l := &Limiter{redis: newRedisBackend(client), leases: newLeases(), live: newLiveSlots(), local: newLocalBackend(),
-		log: o.Logger, now: o.Now, ctx: ctx}
+		log: o.Logger, now: o.Now, ctx: ctx, instance: o.InstanceID}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -146,7 +151,7 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 	if r.Now.IsZero() {
 		r.Now = l.now()
 	}
-	t := &Ticket{ID: rand.Text(), Tenant: r.Tenant.Name, entries: entriesFor(r), at: r.Now, est: r.EstimatedTokens, estCost: r.EstimatedCostMicros}
+	t := &Ticket{ID: l.ticketID(), Tenant: r.Tenant.Name, entries: entriesFor(r), at: r.Now, est: r.EstimatedTokens, estCost: r.EstimatedCostMicros}
 	if len(t.entries) == 0 {
 		return t, nil, nil
 	}
@@ -241,7 +246,7 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 // refill tops up leases that ran low, off the request path. A failure is left for the next admission that
 // needs Redis to discover: the leases simply stay low.
 func (l *Limiter) refill(now time.Time, tenant string, entries []entry, timeout time.Duration) {
-	t := &Ticket{ID: rand.Text(), Tenant: tenant, entries: entries}
+	t := &Ticket{ID: l.ticketID(), Tenant: tenant, entries: entries}
 	ctx, cancel := context.WithTimeout(l.ctx, timeout)
 	granted, _, err := l.redis.admit(ctx, now, t)
 	cancel()
@@ -276,6 +281,7 @@ func (l *Limiter) markDown(err error) {
 	if !l.up.CompareAndSwap(true, false) {
 		return
 	}
+	l.redis.holding.Store(true)
 	l.metrics.BackendUp.Set(0)
 	l.metrics.Transitions.WithLabelValues("down").Inc()
 	l.log.Error("quota store unreachable; applying the policy's fail mode", "err", redactAddr(err))
@@ -304,6 +310,9 @@ func (l *Limiter) probe() {
 			if rerr := l.redis.replay(rctx, l.local.takeUnsynced(l.now())); rerr != nil {
 				l.log.Warn("could not replay local admissions to Redis; those windows are undercounted there", "err", redactAddr(rerr))
 			}
+			// Then the settlements held through the outage: slots freed, refunds and charges.
+			l.redis.holding.Store(false)
+			l.redis.flushPending(rctx, time.Second)
 			rcancel()
 			// Metrics first, then probing cleared before up: a failure right after must be able to start a
 			// new probe.

@@ -172,3 +172,68 @@ func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
 		t.Error("700 more admitted on top of 400 of a 1000 limit")
 	}
 }
+
+// A request that ends while Redis is down frees its concurrency slot (and settles its tokens) once Redis is
+// back: the settlement waits through the outage instead of being dropped, and the slot does not stay taken
+// until its TTL.
+func TestSettlementsHeldThroughOutage(t *testing.T) {
+	srv := redistest.StartPersistent(t)
+	snap, tn, m := policy(t, "maxConcurrent: 1, tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 500))
+	if err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	srv.Kill()
+	for range downAfterFailures {
+		_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 0))
+	}
+	if l.Up() {
+		t.Fatal("still up")
+	}
+	l.Settle(tk, 100, 100) // the request ends during the outage: 400 tokens to refund, the slot to free
+	l.redis.flushPending(context.Background(), 100*time.Millisecond)
+	srv.Restart() // the append-only file brings the slot and the 500 reserved tokens back
+	wait.For(t, "recovery", l.Up)
+	if n, _ := srv.Do("ZCARD", concKey(tn)); n != "0" {
+		t.Errorf("%s concurrency slots held after recovery, want the settled one freed", n)
+	}
+	if v, _ := srv.Do("GET", tk.entries[0].key); v != "100" {
+		t.Errorf("tokens counter %q, want the 100 really used", v)
+	}
+}
+
+// A gateway that restarts under the same instance id frees its previous run's slots at once, and only
+// those.
+func TestReclaimFreesThePreviousRunsSlots(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "maxConcurrent: 3", "redisTimeout: 2s, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	limiter := func(instance string) (*Limiter, context.CancelFunc) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		return New(ctx, Options{Addrs: []string{srv.Addr}, Now: c.Now, RenewInterval: -1, InstanceID: instance}), cancel
+	}
+	a, crashA := limiter("gw-a")
+	b, _ := limiter("gw-b")
+	for _, l := range []*Limiter{a, a, b} {
+		if _, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
+			t.Fatal(rej, err)
+		}
+	}
+	crashA()
+	restarted, _ := limiter("gw-a")
+	n, err := restarted.Reclaim(context.Background(), snap)
+	if err != nil || n != 2 {
+		t.Fatalf("reclaimed %d (%v), want gw-a's 2", n, err)
+	}
+	for i := range 2 {
+		if _, rej, err := restarted.Admit(context.Background(), req(snap, tn, m, 1)); err != nil || rej != nil {
+			t.Fatalf("admission %d after reclaim: %+v %v", i, rej, err)
+		}
+	}
+	if _, rej, _ := restarted.Admit(context.Background(), req(snap, tn, m, 1)); rej == nil {
+		t.Error("gw-b's slot was reclaimed too")
+	}
+}

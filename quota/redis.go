@@ -125,7 +125,14 @@ type redisBackend struct {
 	mu      sync.Mutex
 	pending []settlement
 	flush   chan struct{}
+	// holding is set while Redis is down: settlements wait for it to come back instead of being tried and
+	// dropped, so slots freed, refunds and charges made during an outage still reach it.
+	holding atomic.Bool
 }
+
+// maxHeldSettlements bounds the settlements kept through an outage; past it the oldest go (their
+// reservations then expire on their own).
+const maxHeldSettlements = 200_000
 
 // settlement is one idempotent correction: its id names the marker that makes a retry a no-op.
 type settlement struct {
@@ -273,6 +280,9 @@ func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
 	}
 	b.mu.Lock()
 	b.pending = append(b.pending, settlement{tenant: tenant, id: id, items: items})
+	if len(b.pending) > maxHeldSettlements {
+		b.pending = b.pending[len(b.pending)-maxHeldSettlements:]
+	}
 	n := len(b.pending)
 	b.mu.Unlock()
 	if n == 1 || n >= maxBatch {
@@ -310,7 +320,7 @@ func (b *redisBackend) runFlusher(ctx context.Context, timeout time.Duration, be
 }
 
 func (b *redisBackend) flushPending(ctx context.Context, timeout time.Duration) {
-	for {
+	for !b.holding.Load() {
 		batch := b.take(maxBatch)
 		if len(batch) == 0 {
 			return
@@ -339,9 +349,14 @@ func (b *redisBackend) requeue(batch []settlement) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, s := range batch {
-		if s.attempts++; s.attempts < maxSettleAttempts {
+		if b.holding.Load() {
+			b.pending = append(b.pending, s) // Redis is down: this failure says nothing about the settlement
+		} else if s.attempts++; s.attempts < maxSettleAttempts {
 			b.pending = append(b.pending, s)
 		}
+	}
+	if len(b.pending) > maxHeldSettlements {
+		b.pending = b.pending[len(b.pending)-maxHeldSettlements:]
 	}
 }
 

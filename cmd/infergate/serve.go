@@ -51,6 +51,7 @@ type serveConfig struct {
 	tlsKey         string
 	tlsClientCA    string
 	secretNodes    string
+	instanceID     string
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
@@ -67,6 +68,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.secretNodes, "xds-secret-nodes", "envoy-quickstart", "comma-separated Envoy node ids that may receive managed-API keys over SDS; each must present a client certificate naming it (or connect over loopback without TLS)")
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
+	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
@@ -86,6 +88,10 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	log, err := newLogger(stderr, cfg.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "infergate serve:", err)
+		return 2
+	}
+	if !validInstanceID(cfg.instanceID) {
+		fmt.Fprintln(stderr, "infergate serve: --instance-id may hold only letters, digits, '.', '_' and '-'")
 		return 2
 	}
 	if err := serve(ctx, cfg, log); err != nil {
@@ -121,7 +127,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	var limiter *quota.Limiter
 	if cfg.redisAddr != "" {
 		addrs := strings.Split(cfg.redisAddr, ",")
-		limiter = quota.New(quotaCtx, quota.Options{Addrs: addrs, Cluster: cfg.redisCluster || len(addrs) > 1, Logger: log, Registerer: reg})
+		limiter = quota.New(quotaCtx, quota.Options{Addrs: addrs, Cluster: cfg.redisCluster || len(addrs) > 1, Logger: log,
+			Registerer: reg, InstanceID: cfg.instanceID})
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		if n, err := limiter.Reclaim(rctx, store.Current()); err != nil {
+			log.Warn("could not reclaim the previous run's concurrency slots; they free on their own within seconds", "err", err)
+		} else if n > 0 {
+			log.Info("reclaimed concurrency slots of this instance's previous run", "slots", n)
+		}
+		rcancel()
 		log.Info("tenant quotas enforced in Redis", "redis_addrs", len(addrs), "fail_mode", store.Current().QuotaSettings().FailMode)
 	} else {
 		log.Warn("no --redis-addr: tenant quotas are not enforced")
@@ -335,6 +349,15 @@ func loopbackAddr(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+func validInstanceID(id string) bool {
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return len(id) <= 128
 }
 
 func splitList(s string) []string {

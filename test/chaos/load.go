@@ -189,7 +189,7 @@ func (l *load) stream(key, body string, metered bool) result {
 		case metered && resp.StatusCode == http.StatusTooManyRequests:
 			r.outcome = rejected
 		default:
-			r.outcome, r.detail = clearErr, fmt.Sprintf("%d %.120s", resp.StatusCode, b)
+			r.outcome, r.detail = clearErr, fmt.Sprintf("%d %.400s", resp.StatusCode, b)
 		}
 		r.end = time.Now()
 		return r

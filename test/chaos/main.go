@@ -43,6 +43,7 @@ type row struct {
 	recovered                    bool
 	overshoot                    float64
 	problems                     []string
+	errorKinds                   map[string]int // clear errors by status and code
 }
 
 func main() {
@@ -152,8 +153,8 @@ func runScenario(s *stack, l *load, sc scenario) (row, error) {
 	if err := waitFor(60*time.Second, "requests to finish", func() bool { return !l.runningSince(to) }); err != nil {
 		return row{}, err
 	}
-	r := row{name: sc.name, crashes: s.crashCount() - crashesBefore, from: from, to: to}
-	var firstOKAfterHeal time.Time
+	r := row{name: sc.name, crashes: s.crashCount() - crashesBefore, from: from, to: to, errorKinds: map[string]int{}}
+	var lastFailure time.Time
 	for _, res := range l.between(from, to) {
 		if res.metered {
 			continue
@@ -162,19 +163,24 @@ func runScenario(s *stack, l *load, sc scenario) (row, error) {
 		switch res.outcome {
 		case clearErr:
 			r.clear++
+			r.errorKinds[errorKind(res)]++
+			if os.Getenv("CHAOS_DEBUG") != "" && r.errorKinds[errorKind(res)] == 1 {
+				fmt.Fprintf(os.Stderr, "chaos: %s: first %s at +%s: %s\n", sc.name, errorKind(res), res.start.Sub(from).Round(time.Millisecond), res.detail)
+			}
 		case lostReq:
 			r.lost++
 			if len(r.problems) < 3 {
 				r.problems = append(r.problems, "lost: "+res.detail)
 			}
 		}
-		if !res.start.Before(healed) && res.outcome == ok && (firstOKAfterHeal.IsZero() || res.end.Before(firstOKAfterHeal)) {
-			firstOKAfterHeal = res.end
+		if res.outcome != ok && res.end.After(lastFailure) {
+			lastFailure = res.end
 		}
 	}
-	if !firstOKAfterHeal.IsZero() {
-		r.recovered, r.recovery = true, firstOKAfterHeal.Sub(healed)
-	}
+	// Recovered: the last failure ended before the final second of observation; recovery is how long after
+	// the fault ended it did (0 when nothing failed after it).
+	r.recovered = lastFailure.Before(to.Add(-time.Second))
+	r.recovery = max(0, lastFailure.Sub(healed))
 	// Streams cut by a dying replica or gateway are the accepted losses: at most what was in flight.
 	if sc.cutsStreams && r.lost <= int(inflight) {
 		r.cutOK, r.lost = r.lost, 0
@@ -185,6 +191,26 @@ func runScenario(s *stack, l *load, sc scenario) (row, error) {
 	}
 	return r, nil
 }
+
+// errorKind names a clear error by its status and OpenAI code (or Envoy's reply).
+func errorKind(r result) string {
+	if m := limitRe.FindStringSubmatch(r.detail); m != nil {
+		return fmt.Sprintf("%d %s", r.status, m[1]) // which quota
+	}
+	if m := codeRe.FindStringSubmatch(r.detail); m != nil {
+		return fmt.Sprintf("%d %s", r.status, m[1])
+	}
+	d := r.detail
+	if i := strings.IndexByte(d, ' '); i >= 0 && len(d) > i+1 {
+		d = d[i+1:]
+	}
+	return fmt.Sprintf("%d %.40s", r.status, d)
+}
+
+var (
+	codeRe  = regexp.MustCompile(`"code":\s*"([a-z_]+)"`)
+	limitRe = regexp.MustCompile(`Rate limit reached for ([a-z ]+) `)
+)
 
 // attributeOvershoot sums the metered tenant's tokens per fixed minute window (by request start, as
 // admission counts them) and gives each scenario the worst overshoot of the windows it overlaps.
@@ -241,8 +267,20 @@ func printTable(out io.Writer, rows []row) (failed bool) {
 			problems = append(problems, r.name+": "+p)
 		}
 		if !r.recovered {
-			problems = append(problems, r.name+": no request succeeded after the fault ended")
+			problems = append(problems, r.name+": requests still failed at the end of the observation")
 		}
+	}
+	fmt.Fprintln(out, "\nclear errors by kind:")
+	for _, r := range rows {
+		if len(r.errorKinds) == 0 {
+			continue
+		}
+		kinds := make([]string, 0, len(r.errorKinds))
+		for k, n := range r.errorKinds {
+			kinds = append(kinds, fmt.Sprintf("%s ×%d", k, n))
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(out, "  %s: %s\n", r.name, strings.Join(kinds, ", "))
 	}
 	sort.Strings(problems)
 	if len(problems) > 0 {

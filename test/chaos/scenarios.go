@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"syscall"
@@ -41,8 +42,15 @@ func faults(names []string, f fleetsim.Faults) func(*stack, *load) error {
 	}
 }
 
-// hostileRequests are what a hostile tenant with a valid key sends; each must get a clear 4xx.
-func hostileRequests(s *stack) []*http.Request {
+// hostile is one request a hostile tenant sends and the status it must get.
+type hostile struct {
+	req    *http.Request
+	status int // 0: any 4xx
+}
+
+// hostileRequests are what a hostile tenant with a valid key sends: clear 4xx errors, except a valid request
+// with forged routing headers, which is routed as if it had none.
+func hostileRequests(s *stack) []hostile {
 	mk := func(body string, hdr ...string) *http.Request {
 		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+s.steadyKey)
@@ -52,19 +60,20 @@ func hostileRequests(s *stack) []*http.Request {
 		}
 		return req
 	}
-	out := []*http.Request{
-		mk(`{"model":"qwen","messages":` + strings.Repeat("[", 2_000_000)),
-		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807}`),
-		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"model":"llama"}`),
-		mk("{\"model\":\"qwen\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\\n\"}]}"),
-		mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}]}`, "x-gateway-destination-endpoint", "169.254.169.254:80", "x-infergate-pool", "fallback/managed"),
+	out := []hostile{
+		{req: mk(`{"model":"qwen","messages":` + strings.Repeat("[", 2_000_000))},
+		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807}`)},
+		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"model":"llama"}`)},
+		{req: mk("{\"model\":\"qwen\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\\n\"}]}")},
+		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, "x-gateway-destination-endpoint", "169.254.169.254:80",
+			"x-infergate-pool", "fallback/managed"), status: http.StatusOK},
 	}
 	// A burst of guessed keys, below the per-source limit: every client here shares 127.0.0.1, and a source
 	// past it is refused whatever its key (extproc's own tests cover that).
 	for i := range 15 {
 		req := mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}]}`)
 		req.Header.Set("Authorization", fmt.Sprintf("Bearer sk-guess-%d", i))
-		out = append(out, req)
+		out = append(out, hostile{req: req, status: http.StatusUnauthorized})
 	}
 	return out
 }
@@ -132,15 +141,17 @@ func scenarios() []scenario {
 			}},
 		{name: "hostile inputs",
 			inject: func(s *stack, l *load) error {
-				for _, req := range hostileRequests(s) {
-					resp, err := l.client.Do(req)
+				for i, h := range hostileRequests(s) {
+					resp, err := l.client.Do(h.req)
 					if err != nil {
-						l.hostileProblems = append(l.hostileProblems, "no answer: "+err.Error())
+						l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("hostile request %d: no answer: %v", i, err))
 						continue
 					}
+					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
-					if resp.StatusCode < 400 || resp.StatusCode >= 500 {
-						l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("%s %d", req.Header.Get("Authorization")[:12], resp.StatusCode))
+					good := resp.StatusCode == h.status || (h.status == 0 && resp.StatusCode >= 400 && resp.StatusCode < 500 && len(body) > 0)
+					if !good {
+						l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("hostile request %d: %d %.80s", i, resp.StatusCode, body))
 					}
 				}
 				return nil

@@ -22,11 +22,19 @@ type Server struct {
 	Addr    string
 	dir     string
 	cluster bool
+	persist bool
 	cmd     *exec.Cmd
 }
 
 // Start runs a standalone server with persistence off.
 func Start(t testing.TB) *Server { return start(t, false) }
+
+// StartPersistent runs a standalone server that writes every command to its append-only file, so a Kill and
+// Restart keep the data, as the persistence the README asks for does.
+func StartPersistent(t testing.TB) *Server {
+	t.Helper()
+	return startWith(t, &Server{t: t, persist: true})
+}
 
 // StartCluster runs a one-node Redis Cluster that owns every slot: real cluster semantics (MOVED, CROSSSLOT,
 // hash tags) on one process.
@@ -34,6 +42,12 @@ func StartCluster(t testing.TB) *Server { return start(t, true) }
 
 func start(t testing.TB, cluster bool) *Server {
 	t.Helper()
+	return startWith(t, &Server{t: t, cluster: cluster})
+}
+
+func startWith(t testing.TB, s *Server) *Server {
+	t.Helper()
+	cluster := s.cluster
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed; `make test` installs it (scripts/ensure-test-deps.sh)")
 	}
@@ -43,7 +57,7 @@ func start(t testing.TB, cluster bool) *Server {
 	}
 	addr := lis.Addr().String()
 	lis.Close()
-	s := &Server{t: t, Addr: addr, dir: t.TempDir(), cluster: cluster}
+	s.Addr, s.dir = addr, t.TempDir()
 	s.Restart()
 	t.Cleanup(s.Kill)
 	if cluster {
@@ -69,8 +83,12 @@ func start(t testing.TB, cluster bool) *Server {
 func (s *Server) Restart() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
-	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--protected-mode", "no", "--loglevel", "warning"}
+	aof := "no"
+	if s.persist {
+		aof = "yes"
+	}
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", aof, "--appendfsync", "always",
+		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning"}
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"))
 	}
