@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"strconv"
@@ -8,7 +9,10 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/policies"
 )
 
 // Requests a hostile tenant sends with a valid key: each ends in a clear 4xx, and the server goes on serving.
@@ -143,4 +147,23 @@ func TestSettlementUsesTheServedEndpoint(t *testing.T) {
 	if st := h.settlement(); st.Endpoint != "10.9.9.9:8000" {
 		t.Errorf("settled against %q (chosen %q), want the endpoint Envoy served it on", st.Endpoint, chosen)
 	}
+}
+
+// A declared content-length reserves nothing: memory follows the bytes that really arrive, so thousands of
+// slow senders that declared large bodies hold nothing they have not sent.
+func TestDeclaredLengthReservesNothing(t *testing.T) {
+	snap, err := policies.LoadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(Options{Policies: policies.NewStaticStore(snap)})
+	rs := &requestState{srv: srv, ctx: context.Background()}
+	m := postHeaders("/v1/chat/completions", keyAcme, "content-length", "1000000")
+	m.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: modeFullDuplex}
+	rs.handle(m)
+	rs.handle(reqBody([]byte(`{"model":`), false))
+	if c := cap(rs.body); c > 4096 {
+		t.Errorf("%d bytes held for 9 received", c)
+	}
+	rs.close()
 }
