@@ -258,16 +258,7 @@ func (l *Limiter) refill(now time.Time, tenant string, entries []entry, timeout 
 
 // sweepLeases hands back idle leases once a second until ctx ends.
 func (l *Limiter) sweepLeases(ctx context.Context) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			l.handBack(false)
-		}
-	}
+	everyTick(ctx, time.Second, func() { l.handBack(false) })
 }
 
 func (l *Limiter) handBack(all bool) {

@@ -86,16 +86,23 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 			return &Rejection{Kind: e.kind, Scope: e.scope, Limit: limit, Used: used, Requested: e.amount, Reset: reset}
 		}
 	}
+	l.add(now, t, true)
+	return nil
+}
+
+// add counts a ticket's entries; unsynced marks amounts Redis never saw. l.mu is held.
+func (l *localBackend) add(now time.Time, t *Ticket, unsynced bool) {
 	for _, e := range t.entries {
 		c := l.counter(e.key, now, e.window)
-		if e.kind == KindConcurrency {
+		switch {
+		case e.kind == KindConcurrency:
 			c.holders[t.ID] = true
-		} else {
+		case unsynced:
+			c.value, c.unsynced = AddTokens(c.value, e.amount), AddTokens(c.unsynced, e.amount)
+		default:
 			c.value = AddTokens(c.value, e.amount)
-			c.unsynced = AddTokens(c.unsynced, e.amount)
 		}
 	}
-	return nil
 }
 
 // record counts a ticket admitted through Redis or a lease without checking it: the local limiter mirrors what
@@ -104,14 +111,7 @@ func (l *localBackend) record(now time.Time, t *Ticket) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.forgetExpired(now)
-	for _, e := range t.entries {
-		c := l.counter(e.key, now, e.window)
-		if e.kind == KindConcurrency {
-			c.holders[t.ID] = true
-		} else {
-			c.value = AddTokens(c.value, e.amount)
-		}
-	}
+	l.add(now, t, false)
 }
 
 func (l *localBackend) settle(t *Ticket, deltas []int64) {

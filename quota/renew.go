@@ -116,6 +116,20 @@ func (l *Limiter) renewSlots(ctx context.Context) error {
 // runRenewer renews live slots every interval until ctx ends. A failed renewal is tried again on the next
 // tick; slots outlive two failures.
 func (l *Limiter) runRenewer(ctx context.Context, every, timeout time.Duration) {
+	everyTick(ctx, every, func() {
+		if !l.up.Load() {
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		if err := l.renewSlots(cctx); err != nil {
+			l.log.Warn("renewing concurrency slots failed; retrying on the next tick", "err", redactAddr(err))
+		}
+		cancel()
+	})
+}
+
+// everyTick calls fn every interval until ctx ends.
+func everyTick(ctx context.Context, every time.Duration, fn func()) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -123,14 +137,7 @@ func (l *Limiter) runRenewer(ctx context.Context, every, timeout time.Duration) 
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			fn()
 		}
-		if !l.up.Load() {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		if err := l.renewSlots(cctx); err != nil {
-			l.log.Warn("renewing concurrency slots failed; retrying on the next tick", "err", redactAddr(err))
-		}
-		cancel()
 	}
 }

@@ -43,7 +43,6 @@ type stack struct {
 	crashes                           int // infergate exits nobody asked for
 	mu                                sync.Mutex
 	expectExit                        bool
-	policyLoads                       float64
 	replicas                          map[string]*fleetsim.Replica
 	llamaPool, qwenPool               []string
 	steadyKey, meteredKey             string
