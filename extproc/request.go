@@ -84,8 +84,9 @@ type requestState struct {
 	sse            *openai.SSEScanner
 	respBody       []byte
 	respTooBig     bool
-	respEnded      bool   // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
-	served         string // the endpoint Envoy reports it sent the request to, when it does
+	respEnded      bool    // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
+	served         string  // the endpoint Envoy reports it sent the request to, when it does
+	pooledBody     *[]byte // the shared-pool buffer rs.body lives in, returned at close
 	settled        bool
 }
 
@@ -271,7 +272,7 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		rs.body = b.GetBody() // the whole body in one message: use it in place
 	} else {
-		rs.body = append(rs.body, b.GetBody()...)
+		rs.appendBody(b.GetBody())
 	}
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
@@ -682,6 +683,27 @@ func (rs *requestState) settle(aborted bool) {
 // response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
 func (rs *requestState) close() {
 	rs.settle(true)
+	if rs.pooledBody != nil {
+		rs.body = nil
+		sharedBufferPool.Put(rs.pooledBody)
+		rs.pooledBody = nil
+	}
+}
+
+// appendBody collects a body that arrives in frames in buffers from the shared pool: memory follows the
+// bytes that really arrived (at most twice them, one power-of-two tier), never a declared length, and a
+// finished request's buffer serves the next one.
+func (rs *requestState) appendBody(chunk []byte) {
+	if need := len(rs.body) + len(chunk); need > cap(rs.body) {
+		nb := sharedBufferPool.Get(max(need, 2*len(rs.body)))
+		grown := (*nb)[:len(rs.body)]
+		copy(grown, rs.body)
+		if rs.pooledBody != nil {
+			sharedBufferPool.Put(rs.pooledBody)
+		}
+		rs.pooledBody, rs.body = nb, grown
+	}
+	rs.body = append(rs.body, chunk...)
 }
 
 // ScoresHeader carries the picker's per-candidate scores back to the client when the policy sets

@@ -1,6 +1,9 @@
 package openai
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
 // MaxJSONDepth bounds how deeply objects and arrays may nest in a body the gateway parses. Real requests
 // (messages with tool calls and JSON-schema response formats) stay well under 64; the bound is what keeps a
@@ -73,13 +76,32 @@ var stringSpecial = func() (t [256]bool) {
 	return t
 }()
 
-// indexStringSpecial finds the first '"', '\\' or byte below 0x20: one table look-up a byte, so a scan is
-// linear however many escapes a string holds.
+// indexStringSpecial finds the first '"', '\\' or byte below 0x20. Prompt text is nearly all of a body and
+// nearly none of it is special, so eight bytes are tested at once (SWAR) and only a word that holds a special
+// byte is looked at byte by byte: linear however many escapes a string holds, and several times faster than a
+// table look-up per byte.
 func indexStringSpecial(b []byte) int {
-	for k, c := range b {
-		if stringSpecial[c] {
+	k := 0
+	for ; k+8 <= len(b); k += 8 {
+		if special8(binary.LittleEndian.Uint64(b[k:])) {
+			break
+		}
+	}
+	for ; k < len(b); k++ {
+		if stringSpecial[b[k]] {
 			return k
 		}
 	}
 	return -1
+}
+
+// special8 reports whether any of the eight bytes in v is '"', '\\' or below 0x20, with the exact
+// "has a zero byte" and "has a byte less than n" word tricks (bytes of 0x80 and above never match).
+func special8(v uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	quote, backslash := v^(ones*'"'), v^(ones*'\\')
+	zeroQuote := (quote - ones) &^ quote
+	zeroBackslash := (backslash - ones) &^ backslash
+	control := (v - ones*0x20) &^ v
+	return (zeroQuote|zeroBackslash|control)&highs != 0
 }

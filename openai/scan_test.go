@@ -105,11 +105,30 @@ func TestUsageArithmeticSaturates(t *testing.T) {
 }
 
 func BenchmarkPreScan(b *testing.B) {
-	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat(`You are helpful. \"Quote\"\n`, 400) + `"}]}`)
+	// Prompt text as chat clients send it: lines of prose, an escaped newline after each, now and then a quote.
+	line := `You are a careful assistant. Answer the question below using only the \"context\" given.\n`
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat(line, 400) + `"}]}`)
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
 		if err := preScan(body, MaxJSONDepth); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// The eight-bytes-at-once test agrees with the byte table on every byte value in every position.
+func TestSpecial8MatchesTheTable(t *testing.T) {
+	for c := range 256 {
+		for pos := range 8 {
+			word := []byte("abcdefgh")
+			word[pos] = byte(c)
+			v := uint64(0)
+			for i := 7; i >= 0; i-- {
+				v = v<<8 | uint64(word[i])
+			}
+			if got, want := special8(v), stringSpecial[byte(c)]; got != want {
+				t.Fatalf("byte 0x%02X at %d: special8 %v, table %v", c, pos, got, want)
+			}
 		}
 	}
 }
