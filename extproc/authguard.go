@@ -6,6 +6,8 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/infergate/infergate/contract"
 )
 
 // Without a limit, ext_proc answers every guess at an API key with a plain 401 at full speed: a key-validity
@@ -21,9 +23,6 @@ const (
 	// maxAuthSources bounds the sources remembered; past it, full buckets (sources that stopped failing) go.
 	maxAuthSources = 100_000
 )
-
-// attributesKey is where Envoy puts the request attributes in ProcessingRequest.attributes.
-const attributesKey = "envoy.filters.http.ext_proc"
 
 type authGuard struct {
 	mu      sync.Mutex
@@ -110,7 +109,7 @@ func (g *authGuard) forgetFull(now time.Time) {
 // sourceOf reads the client's IP from the request attributes Envoy sends (request_attributes:
 // [source.address]); "" when Envoy was not configured to send it.
 func sourceOf(msg *extprocv3.ProcessingRequest) string {
-	addr := msg.GetAttributes()[attributesKey].GetFields()["source.address"].GetStringValue()
+	addr := msg.GetAttributes()[contract.AttributesKey].GetFields()[contract.SourceAddressAttribute].GetStringValue()
 	if addr == "" || len(addr) > 64 {
 		return ""
 	}

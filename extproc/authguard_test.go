@@ -8,6 +8,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -21,7 +22,7 @@ func (c *fakeClock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d)
 
 // fromSource adds the source.address attribute Envoy sends with request_attributes: [source.address].
 func fromSource(m *extprocv3.ProcessingRequest, addr string) *extprocv3.ProcessingRequest {
-	m.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
+	m.Attributes = map[string]*structpb.Struct{contract.AttributesKey: {Fields: map[string]*structpb.Value{
 		"source.address": structpb.NewStringValue(addr)}}}
 	return m
 }

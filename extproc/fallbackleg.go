@@ -8,14 +8,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/openai"
-)
-
-// The gRPC metadata an upstream ext_proc filter on a managed-API cluster sends (its grpc_service
-// initial_metadata, set by the xDS control plane): which model and which of its fallbacks the attempt goes to.
-const (
-	LegModelMetadata    = "x-infergate-leg-model"
-	LegFallbackMetadata = "x-infergate-leg-fallback"
 )
 
 // fallbackLeg reports the model and fallback an upstream ext_proc stream is for ("" when the stream is the
@@ -31,7 +25,7 @@ func fallbackLeg(ctx context.Context) (model, fallback string) {
 		}
 		return ""
 	}
-	return get(LegModelMetadata), get(LegFallbackMetadata)
+	return get(contract.LegModelMetadata), get(contract.LegFallbackMetadata)
 }
 
 // processFallbackLeg serves the upstream ext_proc stream of one attempt to a managed-API cluster. When Envoy

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/metadata"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
@@ -52,7 +53,7 @@ spec:
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			ctx = metadata.AppendToOutgoingContext(ctx, LegModelMetadata, tc.model, LegFallbackMetadata, tc.fallback)
+			ctx = metadata.AppendToOutgoingContext(ctx, contract.LegModelMetadata, tc.model, contract.LegFallbackMetadata, tc.fallback)
 			c, err := h.client.Process(ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
@@ -246,7 +247,7 @@ func immediateError(t *testing.T, r *extprocv3.ProcessingResponse) (int, string)
 
 // lbDestination reads x-gateway-destination-endpoint from envoy.lb dynamic metadata.
 func lbDestination(r *extprocv3.ProcessingResponse) string {
-	return r.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()[HeaderDestination].GetStringValue()
+	return r.GetDynamicMetadata().GetFields()[contract.MetadataNamespace].GetStructValue().GetFields()[contract.HeaderDestination].GetStringValue()
 }
 
 func codeOf(err error) codes.Code { return status.Code(err) }

@@ -12,6 +12,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -96,7 +97,7 @@ func TestRequestIDWithControlCharactersIsReplaced(t *testing.T) {
 		s.recv()
 		s.send(reqBody([]byte(chatBody), true))
 		r := s.recv()
-		got := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[HeaderRequestID]
+		got := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[contract.HeaderRequestID]
 		if got == "" || got == id || strings.ContainsAny(got, "\r\n ") {
 			t.Errorf("x-request-id %q forwarded as %q; want a fresh id", id, got)
 		}
@@ -106,7 +107,7 @@ func TestRequestIDWithControlCharactersIsReplaced(t *testing.T) {
 	s.send(postHeaders("/v1/chat/completions", keyAcme, "x-request-id", "req-123_abc"))
 	s.recv()
 	s.send(reqBody([]byte(chatBody), true))
-	if got, ok := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())[HeaderRequestID]; ok {
+	if got, ok := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())[contract.HeaderRequestID]; ok {
 		t.Errorf("a valid client id was replaced by %q", got)
 	}
 }
@@ -140,7 +141,7 @@ func TestSettlementUsesTheServedEndpoint(t *testing.T) {
 	}
 	m := respHeaders("200", false)
 	m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-		MetadataNamespace: {Fields: map[string]*structpb.Value{HeaderServedEndpoint: structpb.NewStringValue("10.9.9.9:8000")}},
+		contract.MetadataNamespace: {Fields: map[string]*structpb.Value{contract.ServedEndpointKey: structpb.NewStringValue("10.9.9.9:8000")}},
 	}}
 	s.send(m)
 	s.recv()

@@ -10,6 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -79,7 +80,7 @@ func streamedBody(body []byte, endOfStream, request bool) []*extprocv3.Processin
 func immediate(code int, body []byte, requestID, details string, extra map[string]string) *extprocv3.ProcessingResponse {
 	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if requestID != "" {
-		set = append(set, setHeader(HeaderRequestID, requestID))
+		set = append(set, setHeader(contract.HeaderRequestID, requestID))
 	}
 	if _, ok := extra["retry-after"]; !ok && (code == 429 || code == 503) {
 		set = append(set, setHeader("retry-after", "1"))
@@ -105,8 +106,8 @@ func immediate(code int, body []byte, requestID, details string, extra map[strin
 // lbMetadata is the envoy.lb dynamic metadata that override_host reads the destination list from.
 func lbMetadata(endpoints string) *structpb.Struct {
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(endpoints),
+		contract.MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			contract.HeaderDestination: structpb.NewStringValue(endpoints),
 		}}),
 	}}
 }

@@ -15,24 +15,11 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
-)
-
-// Header names of the routing contract (see the architecture document).
-const (
-	HeaderDestination = "x-gateway-destination-endpoint"
-	HeaderModel       = "x-infergate-model"
-	HeaderPool        = "x-infergate-pool"
-	HeaderTenant      = "x-infergate-tenant"
-	HeaderRequestID   = "x-request-id"
-	// HeaderServedEndpoint is the envoy.lb metadata key under which Envoy's override_host policy reports the
-	// endpoint it really sent the request to (a retry may have moved it down the list).
-	HeaderServedEndpoint = "x-gateway-destination-endpoint-served"
-	// MetadataNamespace is where Envoy's override_host policy reads the destination from dynamic metadata.
-	MetadataNamespace = "envoy.lb"
 )
 
 // streamChunkBytes is the size of streamed_response chunks sent back in FULL_DUPLEX_STREAMED mode; Envoy
@@ -130,8 +117,8 @@ func (rs *requestState) noteServed(msg *extprocv3.ProcessingRequest) {
 	default:
 		return
 	}
-	lb := msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace]
-	if v := lb.GetFields()[HeaderServedEndpoint].GetStringValue(); v != "" && len(v) <= 256 {
+	lb := msg.GetMetadataContext().GetFilterMetadata()[contract.MetadataNamespace]
+	if v := lb.GetFields()[contract.ServedEndpointKey].GetStringValue(); v != "" && len(v) <= 256 {
 		rs.served = v
 	}
 }
@@ -188,13 +175,13 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 			auth = headerValue(hv)
 		case key == "content-length":
 			contentLength = headerValue(hv)
-		case key == HeaderRequestID:
+		case key == contract.HeaderRequestID:
 			// A client's id is kept only when it is a plain token: it is echoed in responses and logs, where
 			// CR/LF or other control bytes would split headers and lines.
 			if id := headerValue(hv); validRequestID(id) {
 				rs.requestID, rs.hadReqID = id, true
 			}
-		case strings.HasPrefix(key, "x-gateway-") || strings.HasPrefix(key, "x-infergate-"):
+		case contract.Reserved(key):
 			rs.strip = append(rs.strip, key)
 		}
 	}
@@ -463,7 +450,7 @@ func (rs *requestState) decideStreamed(endOfStream bool) []*extprocv3.Processing
 // cannot contain '/', so the two never collide).
 func (rs *requestState) poolName() string {
 	if f := rs.decision.Fallback; f != nil {
-		return "fallback/" + f.Name
+		return contract.FallbackPool(f.Name)
 	}
 	return rs.decision.Pool.Name
 }
@@ -471,17 +458,17 @@ func (rs *requestState) poolName() string {
 // routingMutation sets the contract headers for the decision.
 func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-		setHeader(HeaderModel, rs.model.Name),
-		setHeader(HeaderPool, rs.poolName()),
+		setHeader(contract.HeaderModel, rs.model.Name),
+		setHeader(contract.HeaderPool, rs.poolName()),
 	}}
 	if len(rs.decision.Endpoints) > 0 {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderDestination, strings.Join(rs.decision.Endpoints, ",")))
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderDestination, strings.Join(rs.decision.Endpoints, ",")))
 	}
 	if rs.snap.Gateway().TenantHeader {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderTenant, rs.tenant.Name))
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderTenant, rs.tenant.Name))
 	}
 	if !rs.hadReqID {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderRequestID, rs.requestID))
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
 	}
 	return hm
 }
@@ -534,7 +521,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 		if hm == nil {
 			hm = &extprocv3.HeaderMutation{}
 		}
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(ScoresHeader, formatScores(rs.decision.Scores)))
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderScores, formatScores(rs.decision.Scores)))
 	}
 	resp := responseHeadersResponse(hm)
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
@@ -705,10 +692,6 @@ func (rs *requestState) appendBody(chunk []byte) {
 	}
 	rs.body = append(rs.body, chunk...)
 }
-
-// ScoresHeader carries the picker's per-candidate scores back to the client when the policy sets
-// routing.debugScores: "endpoint;total=…;prefix=…;load=…;prefill=…;lora=…", best first, comma-separated.
-const ScoresHeader = "x-infergate-scores"
 
 func formatScores(scores []picker.Score) string {
 	var b strings.Builder

@@ -10,6 +10,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -84,12 +85,12 @@ func TestTierLimitsHardware(t *testing.T) {
 func TestDebugScoresHeader(t *testing.T) {
 	h := featuresHarness(t)
 	s, r := post(t, h, keyAcme, chatBody, modeBuffered)
-	dest := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[HeaderDestination]
+	dest := setHeaders(r.GetRequestBody().GetResponse().GetHeaderMutation())[contract.HeaderDestination]
 	s.send(respHeaders("200", false, "content-type", "application/json"))
-	hdr := setHeaders(s.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())[ScoresHeader]
+	hdr := setHeaders(s.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())[contract.HeaderScores]
 	first, _, _ := strings.Cut(dest, ",")
 	if !strings.HasPrefix(hdr, first+";total=") || strings.Count(hdr, ";prefill=") != 3 {
-		t.Errorf("%s = %q, want the three llama endpoints' scores, %s first", ScoresHeader, hdr, first)
+		t.Errorf("%s = %q, want the three llama endpoints' scores, %s first", contract.HeaderScores, hdr, first)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
@@ -55,7 +56,7 @@ func FuzzMessageSequence(f *testing.F) {
 			case 7:
 				m = respHeaders("200", false)
 				m.MetadataContext = nil
-				m.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
+				m.Attributes = map[string]*structpb.Struct{contract.AttributesKey: {Fields: map[string]*structpb.Value{
 					"source.address": structpb.NewStringValue(auth)}}}
 			}
 			if i == 0 {

@@ -17,6 +17,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/wait"
@@ -29,10 +30,10 @@ var llamaEndpoints = []string{"10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:800
 // checkRouting asserts the contract headers of a routing decision and returns the destination list.
 func checkRouting(t *testing.T, set map[string]string, r *extprocv3.ProcessingResponse, model, pool string) []string {
 	t.Helper()
-	if set[HeaderModel] != model || set[HeaderPool] != pool {
-		t.Errorf("model/pool headers = %q/%q, want %q/%q", set[HeaderModel], set[HeaderPool], model, pool)
+	if set[contract.HeaderModel] != model || set[contract.HeaderPool] != pool {
+		t.Errorf("model/pool headers = %q/%q, want %q/%q", set[contract.HeaderModel], set[contract.HeaderPool], model, pool)
 	}
-	dest := set[HeaderDestination]
+	dest := set[contract.HeaderDestination]
 	if dest == "" || dest != lbDestination(r) {
 		t.Errorf("destination header %q and envoy.lb metadata %q must be equal and set", dest, lbDestination(r))
 	}
@@ -74,10 +75,10 @@ func TestBufferedChatRouting(t *testing.T) {
 	if len(dest) != 2 || !slices.Contains(llamaEndpoints, dest[0]) || dest[0] == dest[1] {
 		t.Errorf("destination list %v: want 2 distinct pool endpoints", dest)
 	}
-	if set[HeaderTenant] != "acme" {
-		t.Errorf("tenant header = %q", set[HeaderTenant])
+	if set[contract.HeaderTenant] != "acme" {
+		t.Errorf("tenant header = %q", set[contract.HeaderTenant])
 	}
-	if set[HeaderRequestID] == "" {
+	if set[contract.HeaderRequestID] == "" {
 		t.Error("x-request-id not generated")
 	}
 	body := br.GetBodyMutation().GetBody()
@@ -165,7 +166,7 @@ func TestFullDuplexChatSplitBodies(t *testing.T) {
 			}
 			set := setHeaders(hr.GetHeaderMutation())
 			checkRouting(t, set, r, "llama-3.3-70b", "llama70b-h200")
-			if _, ok := set[HeaderRequestID]; ok {
+			if _, ok := set[contract.HeaderRequestID]; ok {
 				t.Error("an existing x-request-id must be kept, not replaced")
 			}
 			if !slices.Contains(hr.GetHeaderMutation().GetRemoveHeaders(), "authorization") {
@@ -498,7 +499,7 @@ func TestRoutingSpreadsLoadUnderBoundedLoad(t *testing.T) {
 		s.recv()
 		s.send(reqBody([]byte(chatBody), true))
 		set := setHeaders(s.recv().GetRequestBody().GetResponse().GetHeaderMutation())
-		seen[strings.Split(set[HeaderDestination], ",")[0]]++
+		seen[strings.Split(set[contract.HeaderDestination], ",")[0]]++
 		open = append(open, s)
 	}
 	most := 0
@@ -552,7 +553,7 @@ func TestOverflowToManagedFallback(t *testing.T) {
 	r := s.recv()
 	br := r.GetRequestBody().GetResponse()
 	set := setHeaders(br.GetHeaderMutation())
-	if set[HeaderPool] != "fallback/together" || set[HeaderDestination] != "" || r.GetDynamicMetadata() != nil {
+	if set[contract.HeaderPool] != "fallback/together" || set[contract.HeaderDestination] != "" || r.GetDynamicMetadata() != nil {
 		t.Errorf("headers %v, metadata %v", set, r.GetDynamicMetadata())
 	}
 	if body := string(br.GetBodyMutation().GetBody()); !strings.Contains(body, `"meta-llama/Llama-3.3-70B-Instruct-Turbo"`) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
@@ -63,7 +64,7 @@ type Input struct {
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.
 func (d Decision) Target(model string) string {
 	if d.Fallback != nil {
-		return "fallback/" + model + "/" + d.Fallback.Name
+		return contract.FallbackClusterName(model, d.Fallback.Name)
 	}
 	return d.Endpoints[0]
 }

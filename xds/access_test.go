@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/tlstest"
 )
@@ -35,7 +36,7 @@ func askSecret(t *testing.T, conn *grpc.ClientConn, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	name := SecretName("llama-3.3-70b", "together")
+	name := contract.SecretName("llama-3.3-70b", "together")
 	// Clusters first: every Envoy gets them, and the answer shows the stream was served.
 	if err := ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: id, UserAgentName: "envoy"}, TypeUrl: resource.ClusterType}); err != nil {
 		return "", err

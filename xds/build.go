@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
@@ -83,18 +84,18 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		failover := failoverFallback(m)
 		for j := range m.Pools {
 			p := &m.Pools[j]
-			name := ClusterName(m.Name, p.Name)
+			name := contract.ClusterName(m.Name, p.Name)
 			pc := poolCluster(m, p)
 			target := name
 			if failover != nil {
 				// A pool that fails as a whole (every replica ejected or unhealthy) hands over to the managed API:
 				// its route goes to an aggregate of the pool and the fallback, and the whole pool may be ejected.
 				pc.OutlierDetection.MaxEjectionPercent = wrapperspb.UInt32(100)
-				target = FailoverClusterName(m.Name, p.Name)
+				target = contract.FailoverClusterName(m.Name, p.Name)
 			}
 			out.Clusters = append(out.Clusters, pc)
 			if failover != nil {
-				out.Clusters = append(out.Clusters, failoverCluster(target, name, FallbackClusterName(m.Name, failover.Name)))
+				out.Clusters = append(out.Clusters, failoverCluster(target, name, contract.FallbackClusterName(m.Name, failover.Name)))
 			}
 			cla, healthy, util := poolEndpoints(m, p, fleet)
 			out.Endpoints = append(out.Endpoints, cla)
@@ -102,14 +103,14 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			// Live capacity: healthy replicas × class throughput × headroom.
 			capacities[name] = float64(healthy) * hc.PrefillTokensPerSecond * (1 - util)
 			vh.Routes = append(vh.Routes, &routev3.Route{
-				Name:   "pool/" + m.Name + "/" + p.Name,
-				Match:  headerMatch("x-infergate-pool", p.Name),
+				Name:   contract.ClusterName(m.Name, p.Name),
+				Match:  headerMatch(contract.HeaderPool, p.Name),
 				Action: &routev3.Route_Route{Route: poolRouteAction(target, failover != nil, snap.UpstreamIdleTimeout())},
 			})
 		}
 		weights := capacityWeights(capacities, previous)
 		for j := range m.Pools {
-			name := ClusterName(m.Name, m.Pools[j].Name)
+			name := contract.ClusterName(m.Name, m.Pools[j].Name)
 			out.Weights[name] = weights[name]
 			if weights[name] > 0 {
 				weighted = append(weighted, &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(weights[name])})
@@ -124,7 +125,7 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			if key, err := fallbackKey(&f); err != nil {
 				out.Warnings = append(out.Warnings, err.Error()+"; requests to it go without a credential")
 			} else {
-				secret = SecretName(m.Name, f.Name)
+				secret = contract.SecretName(m.Name, f.Name)
 				out.Secrets = append(out.Secrets, credentialSecret(secret, key))
 			}
 			upstreamFilters(c, m.Name, f.Name, secret)
@@ -132,10 +133,10 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			// infergate names a managed API as the pool "fallback/<name>" when it sends overflow there. The
 			// provider expects its own Host.
 			vh.Routes = append(vh.Routes, &routev3.Route{
-				Name:  FallbackClusterName(m.Name, f.Name),
-				Match: headerMatch("x-infergate-pool", "fallback/"+f.Name),
+				Name:  contract.FallbackClusterName(m.Name, f.Name),
+				Match: headerMatch(contract.HeaderPool, contract.FallbackPool(f.Name)),
 				Action: &routev3.Route_Route{Route: routeAction(&routev3.RouteAction{
-					ClusterSpecifier:     &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, f.Name)},
+					ClusterSpecifier:     &routev3.RouteAction_Cluster{Cluster: contract.FallbackClusterName(m.Name, f.Name)},
 					HostRewriteSpecifier: &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)},
 				}, snap.UpstreamIdleTimeout())},
 			})
@@ -143,14 +144,14 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		action := &routev3.RouteAction{}
 		if len(weighted) == 0 && len(m.Fallbacks) > 0 {
 			// Every self-hosted pool is down: the model's first fallback takes the traffic.
-			action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: FallbackClusterName(m.Name, m.Fallbacks[0].Name)}
+			action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: contract.FallbackClusterName(m.Name, m.Fallbacks[0].Name)}
 		} else if len(weighted) > 0 {
 			action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: weighted}}
 		} else {
 			continue
 		}
 		modelRoutes = append(modelRoutes, &routev3.Route{
-			Name: "model/" + m.Name, Match: headerMatch("x-infergate-model", m.Name),
+			Name: contract.ModelRouteName(m.Name), Match: headerMatch(contract.HeaderModel, m.Name),
 			Action: &routev3.Route_Route{Route: routeAction(action, snap.UpstreamIdleTimeout())},
 		})
 	}
@@ -272,12 +273,12 @@ func mustAny(m proto.Message) *anypb.Any {
 func overrideHostPolicy() *clusterv3.LoadBalancingPolicy {
 	oh := &overridehostv3.OverrideHost{
 		OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{
-			{Header: "x-gateway-destination-endpoint"},
-			{Metadata: &metadatav3.MetadataKey{Key: "envoy.lb", Path: []*metadatav3.MetadataKey_PathSegment{
-				{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: "x-gateway-destination-endpoint"}}}}},
+			{Header: contract.HeaderDestination},
+			{Metadata: &metadatav3.MetadataKey{Key: contract.MetadataNamespace, Path: []*metadatav3.MetadataKey_PathSegment{
+				{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: contract.HeaderDestination}}}}},
 		},
-		SelectedHostKey: &metadatav3.MetadataKey{Key: "envoy.lb", Path: []*metadatav3.MetadataKey_PathSegment{
-			{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: "x-gateway-destination-endpoint-served"}}}},
+		SelectedHostKey: &metadatav3.MetadataKey{Key: contract.MetadataNamespace, Path: []*metadatav3.MetadataKey_PathSegment{
+			{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: contract.ServedEndpointKey}}}},
 		FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.least_request",
 				TypedConfig: mustAny(&leastrequestv3.LeastRequest{})}}}},
@@ -297,7 +298,7 @@ func infergateMetadata(fields map[string]string) *corev3.Metadata {
 func poolCluster(m *policies.Model, p *policies.Pool) *clusterv3.Cluster {
 	n := uint32(len(p.Endpoints))
 	return &clusterv3.Cluster{
-		Name:                 ClusterName(m.Name, p.Name),
+		Name:                 contract.ClusterName(m.Name, p.Name),
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
 			ResourceApiVersion:    corev3.ApiVersion_V3,
@@ -363,7 +364,7 @@ func poolEndpoints(m *policies.Model, p *policies.Pool, fleet FleetState) (*endp
 	if healthy > 0 {
 		util = utilSum / float64(healthy)
 	}
-	return &endpointv3.ClusterLoadAssignment{ClusterName: ClusterName(m.Name, p.Name), Endpoints: []*endpointv3.LocalityLbEndpoints{lle}}, healthy, util
+	return &endpointv3.ClusterLoadAssignment{ClusterName: contract.ClusterName(m.Name, p.Name), Endpoints: []*endpointv3.LocalityLbEndpoints{lle}}, healthy, util
 }
 
 // fallbackCluster reaches a managed API over TLS with SNI, resolving its host by DNS.
@@ -377,7 +378,7 @@ func fallbackCluster(m *policies.Model, f *policies.Fallback) (*clusterv3.Cluste
 		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
 	}
 	p, _ := strconv.Atoi(port)
-	name := FallbackClusterName(m.Name, f.Name)
+	name := contract.FallbackClusterName(m.Name, f.Name)
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS},

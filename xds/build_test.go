@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -108,7 +109,7 @@ func weightsOf(ra *routev3.RouteAction) map[string]uint32 {
 
 func TestWeightsFollowCapacity(t *testing.T) {
 	snap := quickstart(t)
-	h200, l40s := ClusterName("llama-3.3-70b", "llama70b-h200"), ClusterName("llama-3.3-70b", "llama70b-l40s")
+	h200, l40s := contract.ClusterName("llama-3.3-70b", "llama70b-h200"), contract.ClusterName("llama-3.3-70b", "llama70b-l40s")
 
 	res, err := Build(snap, nil, nil)
 	if err != nil {
@@ -156,7 +157,7 @@ func TestWeightsFollowCapacity(t *testing.T) {
 		}
 	}
 	res4, _ := Build(snap, down, nil)
-	if c := modelRoute(t, res4, "llama-3.3-70b").GetCluster(); c != FallbackClusterName("llama-3.3-70b", "together") {
+	if c := modelRoute(t, res4, "llama-3.3-70b").GetCluster(); c != contract.FallbackClusterName("llama-3.3-70b", "together") {
 		t.Errorf("all pools down: route goes to %q", c)
 	}
 	for _, r := range res4.Clusters {

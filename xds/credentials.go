@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -25,9 +26,6 @@ import (
 // runs the credential_injector filter as an upstream HTTP filter, so the key is added to requests leaving for
 // that cluster only — self-hosted replicas never see it — and the filter reads the key from a generic SDS
 // secret that this control plane serves over ADS, so it appears in no cluster, route or log.
-
-// SecretName is the SDS secret holding a fallback's Authorization header value.
-func SecretName(model, fallback string) string { return "fallback-key/" + model + "/" + fallback }
 
 // fallbackKey reads a fallback's API key from where the policy says it lives ("env:NAME" or "file:/path").
 // Errors name the source, never the key.
@@ -71,7 +69,7 @@ func upstreamFilters(c *clusterv3.Cluster, model, fallback, secret string) {
 	rename := &extprocfilterv3.ExternalProcessor{
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
-			InitialMetadata: []*corev3.HeaderValue{{Key: LegModelMetadata, Value: model}, {Key: LegFallbackMetadata, Value: fallback}},
+			InitialMetadata: []*corev3.HeaderValue{{Key: contract.LegModelMetadata, Value: model}, {Key: contract.LegFallbackMetadata, Value: fallback}},
 		},
 		FailureModeAllow: true,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{

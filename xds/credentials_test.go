@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -47,12 +48,12 @@ func TestFallbackCredentialInjection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			secret := SecretName("llama-3.3-70b", "together")
+			secret := contract.SecretName("llama-3.3-70b", "together")
 			for _, r := range res.Clusters {
 				c := r.(*clusterv3.Cluster)
 				refs := secretRefs(c)
 				switch {
-				case c.GetName() == FallbackClusterName("llama-3.3-70b", "together") && tc.injected:
+				case c.GetName() == contract.FallbackClusterName("llama-3.3-70b", "together") && tc.injected:
 					if len(refs) != 1 || refs[0] != secret {
 						t.Errorf("fallback cluster injects %v, want %s", refs, secret)
 					}
@@ -112,7 +113,7 @@ func TestServerServesSecretsAndWarnsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := SecretName("llama-3.3-70b", "together")
+	name := contract.SecretName("llama-3.3-70b", "together")
 	if err := ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1", UserAgentName: "envoy"},
 		TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)

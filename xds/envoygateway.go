@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -110,9 +111,9 @@ func poolClusterFor(snap *policies.Snapshot, m *routev3.RouteMatch) string {
 	for _, h := range m.GetHeaders() {
 		exact := h.GetStringMatch().GetExact()
 		switch strings.ToLower(h.GetName()) {
-		case "x-infergate-pool":
+		case contract.HeaderPool:
 			pool = exact
-		case "x-infergate-model":
+		case contract.HeaderModel:
 			model = exact
 		}
 	}
@@ -129,10 +130,10 @@ func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 		if model != "" && mdl.Name != model {
 			continue
 		}
-		if name, ok := strings.CutPrefix(pool, "fallback/"); ok {
+		if name, fallback := contract.ParsePool(pool); fallback {
 			for _, f := range mdl.Fallbacks {
 				if f.Name == name {
-					return FallbackClusterName(mdl.Name, f.Name)
+					return contract.FallbackClusterName(mdl.Name, f.Name)
 				}
 			}
 			continue
@@ -140,9 +141,9 @@ func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 		for _, p := range mdl.Pools {
 			if p.Name == pool {
 				if failoverFallback(&mdl) != nil {
-					return FailoverClusterName(mdl.Name, p.Name)
+					return contract.FailoverClusterName(mdl.Name, p.Name)
 				}
-				return ClusterName(mdl.Name, p.Name)
+				return contract.ClusterName(mdl.Name, p.Name)
 			}
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -70,11 +71,11 @@ func TestEnvoyGatewayHook(t *testing.T) {
 		}
 		clusters[c.GetName()] = c
 	}
-	pool := clusters[ClusterName("llama-3.3-70b", "llama70b-h200")]
+	pool := clusters[contract.ClusterName("llama-3.3-70b", "llama70b-h200")]
 	if pool == nil || pool.GetType() != clusterv3.Cluster_STATIC || len(pool.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()) != 2 {
 		t.Fatalf("pool cluster %v: want STATIC with its two endpoints inline", pool)
 	}
-	fb := clusters[FallbackClusterName("llama-3.3-70b", "together")]
+	fb := clusters[contract.FallbackClusterName("llama-3.3-70b", "together")]
 	if fb == nil || len(secretRefs(fb)) != 1 {
 		t.Fatalf("fallback cluster %v: want its credential injector", fb)
 	}
@@ -101,15 +102,15 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	for _, s := range resp.GetSecrets() {
 		secrets[s.GetName()] = true
 	}
-	if !secrets["eg-cert"] || !secrets[SecretName("llama-3.3-70b", "together")] {
+	if !secrets["eg-cert"] || !secrets[contract.SecretName("llama-3.3-70b", "together")] {
 		t.Errorf("secrets %v", secrets)
 	}
 	got := map[string]string{}
 	for _, r := range resp.GetRoutes()[0].GetVirtualHosts()[0].GetRoutes() {
 		got[r.GetName()] = r.GetRoute().GetCluster()
 	}
-	want := map[string]string{"h200": FailoverClusterName("llama-3.3-70b", "llama70b-h200"),
-		"overflow": FallbackClusterName("llama-3.3-70b", "together"), "other": placeholder}
+	want := map[string]string{"h200": contract.FailoverClusterName("llama-3.3-70b", "llama70b-h200"),
+		"overflow": contract.FallbackClusterName("llama-3.3-70b", "together"), "other": placeholder}
 	for name, c := range want {
 		if got[name] != c {
 			t.Errorf("route %s → %s, want %s", name, got[name], c)

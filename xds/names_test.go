@@ -3,7 +3,7 @@ package xds
 import (
 	"testing"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 )
@@ -28,9 +28,9 @@ func TestShippedEnvoyConfigMatchesPolicy(t *testing.T) {
 		}
 		for _, m := range snap.Policy.Spec.Models {
 			for _, p := range m.Pools {
-				c, ok := cfg.Clusters[ClusterName(m.Name, p.Name)]
+				c, ok := cfg.Clusters[contract.ClusterName(m.Name, p.Name)]
 				if !ok {
-					t.Errorf("%s: cluster %s missing", file, ClusterName(m.Name, p.Name))
+					t.Errorf("%s: cluster %s missing", file, contract.ClusterName(m.Name, p.Name))
 					continue
 				}
 				if len(c.Endpoints) != len(p.Endpoints) {
@@ -43,13 +43,5 @@ func TestShippedEnvoyConfigMatchesPolicy(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// The fallback clusters' upstream ext_proc filter and the ext_proc server must agree on the metadata names.
-func TestLegMetadataNamesAgree(t *testing.T) {
-	if LegModelMetadata != extproc.LegModelMetadata || LegFallbackMetadata != extproc.LegFallbackMetadata {
-		t.Errorf("xds sends %s/%s, extproc reads %s/%s", LegModelMetadata, LegFallbackMetadata,
-			extproc.LegModelMetadata, extproc.LegFallbackMetadata)
 	}
 }

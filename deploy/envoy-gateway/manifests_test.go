@@ -11,6 +11,7 @@ import (
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/manifest"
 	"github.com/infergate/infergate/xds"
@@ -164,7 +165,7 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 			}
 		}
 		for _, f := range m.Fallbacks {
-			if !covered[xds.FallbackClusterName(m.Name, f.Name)] {
+			if !covered[contract.FallbackClusterName(m.Name, f.Name)] {
 				t.Errorf("no HTTPRoute rule for fallback %s", f.Name)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/test/fleetsim"
 )
 
@@ -65,8 +66,8 @@ func hostileRequests(s *stack) []hostile {
 		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807}`)},
 		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"model":"llama"}`)},
 		{req: mk("{\"model\":\"qwen\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\\n\"}]}")},
-		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, "x-gateway-destination-endpoint", "169.254.169.254:80",
-			"x-infergate-pool", "fallback/managed"), status: http.StatusOK},
+		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, contract.HeaderDestination, "169.254.169.254:80",
+			contract.HeaderPool, contract.FallbackPool("managed")), status: http.StatusOK},
 	}
 	// A burst of guessed keys, below the per-source limit: every client here shares 127.0.0.1, and a source
 	// past it is refused whatever its key (extproc's own tests cover that).

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/loadgen"
@@ -331,7 +332,7 @@ type echoProcessor struct {
 func (echoProcessor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	mode := filterv3.ProcessingMode_BUFFERED
 	var body []byte
-	dest := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("127.0.0.1:1")}}}}
+	dest := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: contract.HeaderDestination, RawValue: []byte("127.0.0.1:1")}}}}
 	for {
 		m, err := st.Recv()
 		if err != nil {
