@@ -143,6 +143,30 @@ func (s *stream) recv() *extprocv3.ProcessingResponse {
 	return r
 }
 
+// recvStreamed reads streamed_response chunks of the request (or response) body until end_of_stream, and fails
+// after max messages without it rather than waiting for the stream's deadline.
+func (s *stream) recvStreamed(request bool, max int) []byte {
+	s.t.Helper()
+	var out []byte
+	for range max {
+		r := s.recv()
+		br := r.GetResponseBody()
+		if request {
+			br = r.GetRequestBody()
+		}
+		sr := br.GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			s.t.Fatalf("expected a streamed_response chunk, got %v", r)
+		}
+		out = append(out, sr.GetBody()...)
+		if sr.GetEndOfStream() {
+			return out
+		}
+	}
+	s.t.Fatalf("no end_of_stream in %d chunks", max)
+	return nil
+}
+
 // expectClosed checks the server ended the stream with OK status.
 func (s *stream) expectClosed() {
 	s.t.Helper()

@@ -14,6 +14,7 @@ import (
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // quotaHarness serves testdata/policy.yaml with acme's quota replaced, and quotas in a real redis-server.
@@ -49,10 +50,9 @@ func sendChat(t *testing.T, h *harness) (*stream, *extprocv3.ProcessingResponse)
 }
 
 func TestQuotaRejectionIsOpenAI429(t *testing.T) {
-	h, _ := quotaHarness(t, "requestsPerSecond: 2", "redisTimeout: 2s")
-	// Windows are whole seconds on the real clock: start just after a boundary so that the three
-	// requests (tens of milliseconds) share one window.
-	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+	// A fixed clock keeps the three requests in one one-second window.
+	now := time.Date(2026, 12, 1, 10, 0, 0, 100e6, time.UTC)
+	h, _ := quotaHarnessAt(t, "requestsPerSecond: 2", "redisTimeout: 2s", func() time.Time { return now })
 	for i := range 2 {
 		if _, r := sendChat(t, h); r.GetRequestBody() == nil {
 			t.Fatalf("request %d not routed: %v", i, r)
@@ -88,17 +88,10 @@ func TestQuotaSettledOnAbort(t *testing.T) {
 	}
 	s.cancel() // client gone
 	h.settlement()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, "the aborted request's slot to be freed", func() bool {
 		_, r := sendChat(t, h)
-		if r.GetRequestBody() != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the aborted request's slot was never freed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return r.GetRequestBody() != nil
+	})
 }
 
 // An upstream error refunds the reservation: the tokens counter goes back to zero. (Leases off: with them the
@@ -111,17 +104,10 @@ func TestQuotaRefundOnUpstreamError(t *testing.T) {
 	s.send(respBody([]byte(`{"error":{"message":"overloaded"}}`), true))
 	s.recv()
 	h.settlement()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, "the reservation refunded after an upstream error", func() bool {
 		v, err := srv.Do("EVAL", "local s = 0 for _, k in ipairs(redis.call('KEYS', '*tpm*')) do s = s + tonumber(redis.call('GET', k)) end return s", "0")
-		if err == nil && v == "0" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tokens counter %q (%v) after an upstream error, want the reservation refunded", v, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && v == "0"
+	})
 }
 
 func TestQuotaFailClosedIs503(t *testing.T) {

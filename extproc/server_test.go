@@ -172,17 +172,7 @@ func TestFullDuplexChatSplitBodies(t *testing.T) {
 			if !slices.Contains(hr.GetHeaderMutation().GetRemoveHeaders(), "authorization") {
 				t.Error("authorization not removed")
 			}
-			var got []byte
-			for {
-				sr := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
-				if sr == nil {
-					t.Fatal("expected streamed_response body chunks")
-				}
-				got = append(got, sr.GetBody()...)
-				if sr.GetEndOfStream() {
-					break
-				}
-			}
+			got := s.recvStreamed(true, 4)
 			if set["content-length"] != strconv.Itoa(len(got)) {
 				t.Errorf("content-length %s for a %d-byte body", set["content-length"], len(got))
 			}
@@ -212,17 +202,18 @@ func TestFullDuplexLargeBodyIsChunked(t *testing.T) {
 	r := s.recv()
 	checkRouting(t, setHeaders(r.GetRequestHeaders().GetResponse().GetHeaderMutation()), r, "qwen2.5-7b", "qwen7b-l40s")
 	var got []byte
-	chunks := 0
-	for {
+	chunks, ended := 0, false
+	for !ended && chunks <= len(body)/streamChunkBytes+1 { // bounded: a missing end fails here, not at the deadline
 		sr := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if len(sr.GetBody()) > streamChunkBytes {
 			t.Fatalf("chunk of %d bytes exceeds %d", len(sr.GetBody()), streamChunkBytes)
 		}
 		got = append(got, sr.GetBody()...)
 		chunks++
-		if sr.GetEndOfStream() {
-			break
-		}
+		ended = sr.GetEndOfStream()
+	}
+	if !ended {
+		t.Fatalf("no end_of_stream after %d chunks", chunks)
 	}
 	if !bytes.Equal(got, body) {
 		t.Error("body changed although the pool serves the requested name")
@@ -424,16 +415,7 @@ func TestStreamingUsageAcrossChunkBoundaries(t *testing.T) {
 				}
 				if mode == "full-duplex" {
 					// FULL_DUPLEX_STREAMED: answers are decoupled from chunks; read until end_of_stream.
-					for {
-						sr := s.recv().GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
-						if sr == nil {
-							t.Fatal("expected streamed_response")
-						}
-						forwarded = append(forwarded, sr.GetBody()...)
-						if sr.GetEndOfStream() {
-							break
-						}
-					}
+					forwarded = append(forwarded, s.recvStreamed(false, 64)...)
 				}
 				if mode == "full-duplex" && len(forwarded) == 0 {
 					t.Fatal("nothing forwarded")

@@ -166,6 +166,8 @@ type Target struct {
 type Scraper struct {
 	Interval   time.Duration
 	StaleAfter time.Duration
+	// Now replaces the clock that stamps readings and judges their age (tests).
+	Now func() time.Time
 	Client     *http.Client
 
 	mu      sync.RWMutex
@@ -191,7 +193,14 @@ func (s *Scraper) Metrics(addr string) (EngineMetrics, bool) {
 	if !ok {
 		return EngineMetrics{}, false
 	}
-	return m, time.Since(m.At) <= s.staleAfter()
+	return m, s.now().Sub(m.At) <= s.staleAfter()
+}
+
+func (s *Scraper) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
 }
 
 func (s *Scraper) staleAfter() time.Duration {
@@ -225,7 +234,7 @@ func (s *Scraper) Run(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if m, err := scrape(ctx, client, tg); err == nil {
+				if m, err := s.scrape(ctx, client, tg); err == nil {
 					s.mu.Lock()
 					s.latest[tg.Addr] = m
 					s.mu.Unlock()
@@ -241,7 +250,7 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
-func scrape(ctx context.Context, client *http.Client, tg Target) (EngineMetrics, error) {
+func (s *Scraper) scrape(ctx context.Context, client *http.Client, tg Target) (EngineMetrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+tg.Addr+"/metrics", nil)
 	if err != nil {
 		return EngineMetrics{}, err
@@ -258,6 +267,6 @@ func scrape(ctx context.Context, client *http.Client, tg Target) (EngineMetrics,
 	if err != nil {
 		return EngineMetrics{}, err
 	}
-	m.At = time.Now()
+	m.At = s.now()
 	return m, nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/test/wait"
 )
 
 func TestDialects(t *testing.T) {
@@ -61,24 +63,22 @@ func TestScraperAgainstSimulatedReplicas(t *testing.T) {
 	}
 	v, _ := fl.Replica("v")
 	sg, _ := fl.Replica("s")
-	sc := &Scraper{Interval: 20 * time.Millisecond, StaleAfter: 200 * time.Millisecond}
+	var clock atomic.Int64 // nanoseconds past a fixed start
+	start := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	sc := &Scraper{Interval: 20 * time.Millisecond, StaleAfter: 200 * time.Millisecond,
+		Now: func() time.Time { return start.Add(time.Duration(clock.Load())) }}
 	sc.SetTargets([]Target{{v.Addr(), DialectFor("vllm")}, {sg.Addr(), DialectFor("sglang")}})
 	sctx, stop := context.WithCancel(ctx)
-	go sc.Run(sctx)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	runDone := make(chan struct{})
+	go func() { sc.Run(sctx); close(runDone) }()
+	wait.For(t, "both replicas scraped", func() bool {
 		mv, okv := sc.Metrics(v.Addr())
 		ms, oks := sc.Metrics(sg.Addr())
-		if okv && oks && mv.NumBlocks == 777 && ms.NumBlocks == 555 && ms.BlockSize == 32 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("scraped %+v %+v", mv, ms)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop() // no more scrapes: readings go stale
-	time.Sleep(300 * time.Millisecond)
+		return okv && oks && mv.NumBlocks == 777 && ms.NumBlocks == 555 && ms.BlockSize == 32
+	})
+	stop() // no more scrapes: once the clock passes StaleAfter, readings are stale
+	<-runDone
+	clock.Add(int64(201 * time.Millisecond))
 	if _, fresh := sc.Metrics(v.Addr()); fresh {
 		t.Error("a reading older than StaleAfter still counts as fresh")
 	}

@@ -25,6 +25,9 @@ type Store struct {
 	reloadsFail  atomic.Uint64
 	lastReloadOK atomic.Bool
 	subscribers  []func(*Snapshot)
+
+	watchingOnce sync.Once
+	watching     chan struct{} // closed once Watch has registered with the file system
 }
 
 // NewStore loads the policy at path; the first load must succeed, since there is no good policy to keep yet.
@@ -33,7 +36,7 @@ func NewStore(path string, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, log: log}
+	s := &Store{path: path, log: log, watching: make(chan struct{})}
 	s.cur.Store(snap)
 	s.lastReloadOK.Store(true)
 	return s, nil
@@ -41,11 +44,14 @@ func NewStore(path string, log *slog.Logger) (*Store, error) {
 
 // NewStaticStore serves a fixed snapshot; tests and tools use it where there is no file to watch.
 func NewStaticStore(snap *Snapshot) *Store {
-	s := &Store{log: slog.New(slog.DiscardHandler)}
+	s := &Store{log: slog.New(slog.DiscardHandler), watching: make(chan struct{})}
 	s.cur.Store(snap)
 	s.lastReloadOK.Store(true)
 	return s
 }
+
+// Watching is closed once Watch has registered with the file system: a change written after it is seen.
+func (s *Store) Watching() <-chan struct{} { return s.watching }
 
 // Current returns the live snapshot. It never returns nil.
 func (s *Store) Current() *Snapshot { return s.cur.Load() }
@@ -104,6 +110,7 @@ func (s *Store) Watch(ctx context.Context, debounce time.Duration) error {
 	if err := w.Add(dir); err != nil {
 		return fmt.Errorf("watch policy directory %s: %w", dir, err)
 	}
+	s.watchingOnce.Do(func() { close(s.watching) })
 	base := filepath.Base(s.path)
 	var timer *time.Timer
 	var fire <-chan time.Time

@@ -41,7 +41,11 @@ func TestStoreHotReloadKeepsLastGoodPolicy(t *testing.T) {
 	defer cancel()
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- store.Watch(ctx, 20*time.Millisecond) }()
-	time.Sleep(50 * time.Millisecond) // let the watcher register before the first write
+	select {
+	case <-store.Watching():
+	case err := <-watchDone:
+		t.Fatalf("watch ended before it started: %v", err)
+	}
 
 	// A broken policy is refused and counted; the old snapshot stays live.
 	writeAtomically(t, path, strings.Replace(basePolicy, "engine: vllm", "engine: ollama", 1))

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/infergate/infergate/test/wait"
 )
 
 const quickstart = "../../examples/quickstart/policy.yaml"
@@ -103,20 +105,19 @@ func newLogWatcher() *logWatcher {
 
 func (lw *logWatcher) waitFor(t *testing.T, msg string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var found map[string]any
+	wait.For(t, "log line "+msg, func() bool {
 		lw.mu.Lock()
+		defer lw.mu.Unlock()
 		for _, l := range lw.lines {
 			if l["msg"] == msg {
-				lw.mu.Unlock()
-				return l
+				found = l
+				return true
 			}
 		}
-		lw.mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("log line %q never appeared", msg)
-	return nil
+		return false
+	})
+	return found
 }
 
 func TestServeAnswersExtProcAndDrains(t *testing.T) {

@@ -109,18 +109,17 @@ func TestBufferedBodyMutationAndContentLength(t *testing.T) {
 			s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, response_header_mode: SKIP}", "status_on_error: {code: 502}"), 1<<20,
 				func(t *testing.T, p *procStream) {
 					p.next()
-					// Hold the headers answer: nothing else may arrive meanwhile.
-					got := make(chan struct{})
-					go func() {
-						select {
-						case <-got:
-						case <-time.After(100 * time.Millisecond):
-						}
-					}()
-					time.Sleep(50 * time.Millisecond)
+					// Hold the headers answer: the body must not arrive meanwhile (§3.3). Listen for 50 ms.
+					next := make(chan *extprocv3.ProcessingRequest, 1)
+					go func() { next <- p.next() }()
+					select {
+					case m := <-next:
+						t.Errorf("%T arrived while the headers answer was held", m.GetRequest())
+						next <- m
+					case <-time.After(50 * time.Millisecond):
+					}
 					p.reply(reqHeadersResp(nil))
-					close(got)
-					m := p.next()
+					m := <-next
 					if m.GetRequestBody() == nil || !m.GetRequestBody().GetEndOfStream() || string(m.GetRequestBody().GetBody()) != `{"model":"a","x":1}` {
 						t.Errorf("want the whole body in one end_of_stream message, got %v", m)
 					}
