@@ -167,8 +167,8 @@ type Scraper struct {
 	Interval   time.Duration
 	StaleAfter time.Duration
 	// Now replaces the clock that stamps readings and judges their age (tests).
-	Now func() time.Time
-	Client     *http.Client
+	Now    func() time.Time
+	Client *http.Client
 
 	mu      sync.RWMutex
 	targets []Target
