@@ -63,7 +63,8 @@ type Server struct {
 }
 
 // NewServer creates a control plane with an empty snapshot cache. ads=false in the cache keeps grpc-go xDS
-// clients, which ask for resources one name at a time, from stalling (see the Envoy reference, §20.4).
+// clients, which ask for resources one name at a time, from stalling: an ADS-ordered cache waits for every
+// requested name of a type before it answers.
 func NewServer(log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -1,6 +1,6 @@
 // Package envoysim is a test data plane that behaves as Envoy does as an ext_proc client, for machines where
 // no Envoy binary can run. It reads the Envoy bootstrap we ship (deploy/envoy/*.yaml) with go-control-plane's
-// types, serves HTTP/1.1, drives one ext_proc stream per request following ../shared/reference/envoy-ext-proc.md
+// types, serves HTTP/1.1, drives one ext_proc stream per request following docs/architecture.md (E1-E10)
 // (processing modes, mutation rules, route cache, dynamic metadata, timeouts, failure modes), routes on headers
 // to clusters whose override_host policy reads x-gateway-destination-endpoint, and proxies to the replica.
 // It is a development and test tool, never a production path.

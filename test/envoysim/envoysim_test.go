@@ -55,7 +55,7 @@ func TestShippedEnvoyConfigsLoad(t *testing.T) {
 	}
 }
 
-// §2.1: no stream is opened when every phase is SKIP/NONE.
+// E1: no stream is opened when every phase is SKIP/NONE.
 func TestNoStreamWhenNothingIsSent(t *testing.T) {
 	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SKIP}"), 1<<20, nil)
 	if r := s.do("GET", "/x", ""); r.status != 200 {
@@ -66,7 +66,7 @@ func TestNoStreamWhenNothingIsSent(t *testing.T) {
 	}
 }
 
-// §2.7, §2.10, §4: headers arrive lower-case in raw_value, protocol_config only on the first message,
+// E1, E3: headers arrive lower-case in raw_value, protocol_config only on the first message,
 // end_of_stream on a headers-only request; one answer per message.
 func TestHeadersMessageShape(t *testing.T) {
 	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, response_header_mode: SEND}"), 1<<20,
@@ -101,15 +101,15 @@ func TestHeadersMessageShape(t *testing.T) {
 	}
 }
 
-// §2.4, §3.3 BUFFERED: the body is held while the headers answer is pending, then sent whole in one message;
-// §5.8 header mutations in the body answer apply; §6 content-length must match the mutated body.
+// E2 BUFFERED: the body is held while the headers answer is pending, then sent whole in one message;
+// E4 header mutations in the body answer apply; E5 content-length must match the mutated body.
 func TestBufferedBodyMutationAndContentLength(t *testing.T) {
 	for _, fixLength := range []bool{true, false} {
 		t.Run(fmt.Sprint("fix content-length ", fixLength), func(t *testing.T) {
 			s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, response_header_mode: SKIP}", "status_on_error: {code: 502}"), 1<<20,
 				func(t *testing.T, p *procStream) {
 					p.next()
-					// Hold the headers answer: the body must not arrive meanwhile (§3.3). Listen for 50 ms.
+					// Hold the headers answer: the body must not arrive meanwhile (E2). Listen for 50 ms.
 					next := make(chan *extprocv3.ProcessingRequest, 1)
 					go func() { next <- p.next() }()
 					select {
@@ -157,7 +157,7 @@ func (u *upstream) lastOrOther(t *testing.T, other *upstream) seenRequest {
 	return other.last(t)
 }
 
-// §3.2/§3.3: BUFFERED over the buffer limit is a 413 from Envoy; BUFFERED_PARTIAL sends what fits with
+// E2: BUFFERED over the buffer limit is a 413 from Envoy; BUFFERED_PARTIAL sends what fits with
 // end_of_stream=false and passes the rest through, never 413.
 func TestBufferLimit(t *testing.T) {
 	big := strings.Repeat("x", 3000)
@@ -212,8 +212,8 @@ func (s *setup) doChunked(path string, chunks []string, hdr ...string) result {
 	return s.send(req, hdr...)
 }
 
-// §2.5, §3.3 STREAMED: chunks are pipelined (the next is sent before the previous is answered), answers apply
-// to the oldest chunk in order, and header mutations in body answers are ignored (§5.8).
+// E2 STREAMED: chunks are pipelined (the next is sent before the previous is answered), answers apply
+// to the oldest chunk in order, and header mutations in body answers are ignored (E4).
 func TestStreamedPipelining(t *testing.T) {
 	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: STREAMED, response_header_mode: SKIP}"), 1<<20,
 		func(t *testing.T, p *procStream) {
@@ -245,7 +245,7 @@ func TestStreamedPipelining(t *testing.T) {
 	}
 }
 
-// §3.3 FULL_DUPLEX_STREAMED: the headers answer may come after the body; the server returns any number of
+// E2 FULL_DUPLEX_STREAMED: the headers answer may come after the body; the server returns any number of
 // streamed_response chunks; routing decided then (clear_route_cache with the header mutation) holds.
 func TestFullDuplexDeferredHeaders(t *testing.T) {
 	s := newSetup(t, filterCfg(
@@ -280,7 +280,7 @@ func TestFullDuplexDeferredHeaders(t *testing.T) {
 	}
 }
 
-// §3.3: a non-streamed body mutation in FULL_DUPLEX_STREAMED is spurious; failure_mode_allow is forced off
+// E2: a non-streamed body mutation in FULL_DUPLEX_STREAMED is spurious; failure_mode_allow is forced off
 // once body was sent, so the request fails with status_on_error.
 func TestFullDuplexSpuriousIsFailClosed(t *testing.T) {
 	s := newSetup(t, filterCfg(
@@ -299,7 +299,7 @@ func TestFullDuplexSpuriousIsFailClosed(t *testing.T) {
 	}
 }
 
-// §2.6, §4: trailers are sent when the mode is SEND and the request has them; the last body message then
+// E3: trailers are sent when the mode is SEND and the request has them; the last body message then
 // has end_of_stream=false.
 func TestRequestTrailers(t *testing.T) {
 	s := newSetup(t, filterCfg(
@@ -338,7 +338,7 @@ func TestRequestTrailers(t *testing.T) {
 	}
 }
 
-// §5: the mutation checker.
+// E4: the mutation checker.
 func TestHeaderMutationRules(t *testing.T) {
 	mutate := func(hm *extprocv3.HeaderMutation) script {
 		return func(t *testing.T, p *procStream) {
@@ -348,7 +348,7 @@ func TestHeaderMutationRules(t *testing.T) {
 		}
 	}
 	valueOnly := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-value-only", Value: "lost"}}
-	//lint:ignore SA1019 the deprecated BoolValue append is the one Envoy's ext_proc reads (§5.3)
+	//lint:ignore SA1019 the deprecated BoolValue append is the one Envoy's ext_proc reads (E4)
 	appendOpt := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-multi", RawValue: []byte("second")}, Append: wrapperspb.Bool(true)}
 	hm := &extprocv3.HeaderMutation{
 		SetHeaders: []*corev3.HeaderValueOption{valueOnly, appendOpt, set("x-over", "new"), set("x-envoy-internal", "1"),
@@ -399,7 +399,7 @@ func TestHeaderMutationRules(t *testing.T) {
 	}
 }
 
-// §7: clear_route_cache is honoured only with a header mutation in the same response.
+// E6: clear_route_cache is honoured only with a header mutation in the same response.
 func TestClearRouteCache(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -449,7 +449,7 @@ func TestClearRouteCache(t *testing.T) {
 	}
 }
 
-// §8, §15.2: dynamic metadata is kept only for receiving_namespaces; override_host reads the destination from
+// E7: dynamic metadata is kept only for receiving_namespaces; override_host reads the destination from
 // it (or the header), skips addresses not in the cluster, retries the next listed one on connect failure, and
 // falls back to its LB policy.
 func TestOverrideHostAndMetadata(t *testing.T) {
@@ -500,7 +500,7 @@ func TestOverrideHostAndMetadata(t *testing.T) {
 	})
 }
 
-// §9: immediate_response: the status (< 200 becomes 200), headers and body reach the client; nothing goes upstream.
+// E8: immediate_response: the status (< 200 becomes 200), headers and body reach the client; nothing goes upstream.
 func TestImmediateResponse(t *testing.T) {
 	for _, tc := range []struct{ code, want int }{{429, 429}, {100, 200}, {0, 200}} {
 		s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, response_header_mode: SKIP}"), 1<<20,
@@ -522,7 +522,7 @@ func TestImmediateResponse(t *testing.T) {
 	}
 }
 
-// §10, §11: message timeout → 504 (bypass with failure_mode_allow); gRPC error → status_on_error (bypass
+// E9: message timeout → 504 (bypass with failure_mode_allow); gRPC error → status_on_error (bypass
 // with failure_mode_allow); a server OK-close means continue unprocessed.
 func TestFailureModes(t *testing.T) {
 	slow := func(t *testing.T, p *procStream) { p.next(); time.Sleep(300 * time.Millisecond) }
@@ -621,7 +621,7 @@ func TestDirectResponse(t *testing.T) {
 	}
 }
 
-// §16.1 weighted_clusters: the split follows the weights.
+// E10 weighted_clusters: the split follows the weights.
 func TestWeightedClusters(t *testing.T) {
 	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SKIP, response_header_mode: SKIP}"), 1<<20, nil)
 	for range 400 {
@@ -672,7 +672,7 @@ func TestResponseBodyModes(t *testing.T) {
 	}
 }
 
-// §6: CONTINUE_AND_REPLACE in a headers answer replaces the body; no body message follows.
+// E5: CONTINUE_AND_REPLACE in a headers answer replaces the body; no body message follows.
 func TestContinueAndReplace(t *testing.T) {
 	s := newSetup(t, filterCfg("processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, response_header_mode: SKIP}"), 1<<20,
 		func(t *testing.T, p *procStream) {

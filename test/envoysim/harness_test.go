@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The tests below are written from ../shared/reference/envoy-ext-proc.md: a scripted processor plays the server
+// The tests below check the behaviour docs/architecture.md lists (E1-E10): a scripted processor plays the server
 // side, an echo upstream records what reached it, and each test checks one rule of the spec.
 
 // script is what a fake processor does with one stream.

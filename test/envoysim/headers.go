@@ -118,7 +118,7 @@ func newChecker(rules *mutationrulesv3.HeaderMutationRules) (*checker, error) {
 	return c, nil
 }
 
-// allowed applies the checker order of §5.4.
+// allowed applies the checker order (docs/architecture.md, E4).
 func (c *checker) allowed(op mutationOp, key string) bool {
 	r := c.rules
 	switch {
@@ -218,7 +218,7 @@ func (c *checker) applyMutation(h *headerMap, hm *extprocv3.HeaderMutation, drop
 			continue
 		}
 		// Only the deprecated BoolValue append is read; default false means overwrite.
-		//lint:ignore SA1019 Envoy's ext_proc reads exactly this deprecated field (§5.3), so the emulator must too.
+		//lint:ignore SA1019 Envoy's ext_proc reads exactly this deprecated field (docs/architecture.md, E4), so the emulator must too.
 		appendVal := opt.GetAppend().GetValue()
 		_, exists := h.get(key)
 		op := opSet

@@ -14,7 +14,7 @@ type Hardware struct {
 	StepOverhead           time.Duration // fixed scheduler/CPU cost per engine step
 }
 
-// Profiles are ballparks for a 70B-class model at FP8 (see llm-serving-facts §2); the simulator's point is
+// Profiles are ballparks for a 70B-class model at FP8; the simulator's point is
 // that their ratios are right, not their absolute values.
 var Profiles = map[string]Hardware{
 	"h200":   {PrefillTokensPerSecond: 24000, DecodeStep: 20 * time.Millisecond, DecodeStepPerSeq: 150 * time.Microsecond, StepOverhead: time.Millisecond},
