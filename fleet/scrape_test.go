@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/wait"
 )
 

@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/fleetsim"
 )
 
 func main() {

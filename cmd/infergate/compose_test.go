@@ -12,9 +12,9 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
-	"github.com/infergate/infergate/test/fleetsim"
 )
 
 type composeFile struct {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/contract"
-	"github.com/infergate/infergate/test/fleetsim"
+	"github.com/infergate/infergate/fleetsim"
 )
 
 // scenario injects one fault into the running stack under load and heals it.

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/envoysim"
-	"github.com/infergate/infergate/test/fleetsim"
 )
 
 // stack is everything the chaos suite runs: a simulated fleet and a plain-HTTP managed API in process,

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
-	"github.com/infergate/infergate/test/fleetsim"
 	"github.com/infergate/infergate/xds"
 )
 

@@ -24,10 +24,10 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
-	"github.com/infergate/infergate/test/fleetsim"
 	"github.com/infergate/infergate/test/loadgen"
 )
 
