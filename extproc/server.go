@@ -70,8 +70,7 @@ func New(opts Options) *Server {
 		opts.InFlight = &fleet.InFlight{}
 	}
 	if opts.Picker == nil {
-		a := &picker.Affinity{InFlight: opts.InFlight, Engines: opts.Engines, Index: picker.NewIndex(),
-			Hasher: picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 256}}
+		a := picker.NewAffinity(opts.InFlight, opts.Engines)
 		opts.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index
 		opts.Picker = a
 	}

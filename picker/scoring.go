@@ -48,6 +48,18 @@ type Affinity struct {
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
 }
 
+// DefaultMaxBlocks is how many leading blocks of a prompt are hashed: 512 blocks of 16 tokens, about 8K tokens,
+// covers the shared system prompts and conversation heads that decide affinity, and keeps a 100K-token prompt
+// cheap.
+const DefaultMaxBlocks = 512
+
+// NewAffinity is the picker infergate serve runs (and the routing benchmark measures): the engine's block size
+// for hashing when it reports one, DefaultBlockTokens until then, and DefaultMaxBlocks.
+func NewAffinity(inflight *fleet.InFlight, engines EngineView) *Affinity {
+	return &Affinity{InFlight: inflight, Engines: engines, Index: NewIndex(),
+		Hasher: Hasher{BlockBytes: DefaultBlockTokens * CharsPerToken, MaxBlocks: DefaultMaxBlocks}}
+}
+
 // Observe implements Observer. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
 // that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
 // tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the

@@ -249,9 +249,9 @@ spec:
 	go scraper.Run(ctx)
 	time.Sleep(200 * time.Millisecond)
 
-	hasher := picker.Hasher{BlockBytes: picker.DefaultBlockTokens * picker.CharsPerToken, MaxBlocks: 512}
 	newAffinity := func(inflight *fleet.InFlight, prefixOnly bool) picker.Picker {
-		a := &picker.Affinity{InFlight: inflight, Index: picker.NewIndex(), Hasher: hasher, Engines: scraper, IndexBlocks: *blocks}
+		a := picker.NewAffinity(inflight, scraper) // the configuration infergate serve ships
+		a.IndexBlocks = *blocks
 		if prefixOnly {
 			a.Engines, a.LoadWeight, a.PrefixWeight, a.Epsilon = nil, 0, 1, 1e9
 		}
