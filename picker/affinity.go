@@ -1,246 +1,187 @@
 package picker
 
 import (
+	"math"
 	"sync"
+	"sync/atomic"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
 )
 
-// DefaultIndexBlocks is an endpoint's index capacity when the engine's num_gpu_blocks is unknown.
-const DefaultIndexBlocks = 8192
+// Affinity sends a prompt where its prefix is already cached, on the right hardware, without overloading
+// anyone, and agrees with other gateway replicas without sharing state. Normalised scorers, weighted by the
+// policy's routing section, add up to each candidate's score:
+//
+//   - prefix: the share of the prompt's leading blocks this gateway has sent to the endpoint;
+//   - load: the endpoint's requests in flight (this gateway's) plus its engine queue, against the busiest;
+//   - prefill: how fast the endpoint's hardware class computes the prompt's uncached tokens (τ/(t+τ), t in
+//     seconds), so long uncached prompts prefer the class with faster prefill;
+//   - lora: 1 where the requested adapter is loaded.
+//
+// Bounded load: endpoints above (1+ε) × the mean load (+1) are not candidates. The best score wins; scores
+// within tieTolerance of it are ties, which go to the cheapest hardware (cost per token). A prefix no endpoint
+// holds is placed by placeNew: while prompts share prefixes, at the rendezvous-hash winner of its first blocks
+// among endpoints under a bound on conversation groups, so that gateway replicas that never talk to each
+// other start a group on the same endpoint; while they do not, on the least loaded endpoint.
+type Affinity struct {
+	InFlight *fleet.InFlight
+	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
+	// thresholds) or one without fresh metrics is not a candidate, the engine's queue adds to its load, its
+	// KV block size sets the hashing block and its num_gpu_blocks sizes its index.
+	Engines EngineView
+	Index   *Index
+	Hasher  Hasher
+	// Epsilon is the bounded-load slack (default: the policy's).
+	Epsilon float64
+	// PrefixWeight and LoadWeight override the policy's weights when either is set.
+	PrefixWeight, LoadWeight float64
+	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
+	IndexBlocks int
 
-// Index remembers, per endpoint, which prompt blocks this gateway has sent there: an approximation of each
-// replica's prefix KV cache, credited when a request is routed and aged out least recently used, sized like
-// the engine's cache.
-type Index struct {
-	mu        sync.Mutex
-	endpoints map[string]*lru
+	pool    sync.Pool     // []uint64 hash buffers
+	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
+	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
 }
 
-// NewIndex creates an empty index.
-func NewIndex() *Index { return &Index{endpoints: map[string]*lru{}} }
+// DefaultMaxBlocks is how many leading blocks of a prompt are hashed: 512 blocks of 16 tokens, about 8K tokens,
+// covers the shared system prompts and conversation heads that decide affinity, and keeps a 100K-token prompt
+// cheap.
+const DefaultMaxBlocks = 512
 
-func (x *Index) lru(endpoint string, capacity int) *lru {
-	if capacity <= 0 {
-		capacity = DefaultIndexBlocks
-	}
-	l, ok := x.endpoints[endpoint]
-	switch {
-	case !ok:
-		l = newLRU(capacity)
-		x.endpoints[endpoint] = l
-	case capacity != len(l.slots):
-		// The engine reported its real KV capacity (or a restart changed it): keep the most recent blocks.
-		l = l.resized(capacity)
-		x.endpoints[endpoint] = l
-	}
-	return l
+// NewAffinity is the picker infergate serve runs (and the routing benchmark measures): the engine's block size
+// for hashing when it reports one, DefaultBlockTokens until then, and DefaultMaxBlocks.
+func NewAffinity(inflight *fleet.InFlight, engines EngineView) *Affinity {
+	return &Affinity{InFlight: inflight, Engines: engines, Index: NewIndex(),
+		Hasher: Hasher{BlockBytes: DefaultBlockTokens * CharsPerToken, MaxBlocks: DefaultMaxBlocks}}
 }
 
-// Retain forgets every endpoint keep rejects — replicas gone from the policy — so that their memory is freed
-// and a replica that comes back under the same address starts cold, as its engine does.
-func (x *Index) Retain(keep func(endpoint string) bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for ep := range x.endpoints {
-		if !keep(ep) {
-			delete(x.endpoints, ep)
-		}
+// Observe implements Observer. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
+// that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
+// tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the
+// prefix (or another gateway's traffic did): the index forgets it there, and the prefix is placed again as a
+// new one, where the other gateway replicas place it.
+func (p *Affinity) Observe(d Decision, u openai.Usage) {
+	if len(d.Endpoints) > 0 && d.ServedBy != "" && d.ServedBy != d.Endpoints[0] {
+		// Envoy retried the request elsewhere: the chosen endpoint never saw the prompt, so what the index
+		// recorded there is not true. The served endpoint's cache is learnt from its own later answers.
+		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
+		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
+	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
+		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
+		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
 	}
-}
-
-// Forget removes one block from what an endpoint is believed to hold; forgetting a prompt's first block
-// unmatches every prompt that starts with it.
-func (x *Index) Forget(endpoint string, hash uint64) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if l, ok := x.endpoints[endpoint]; ok {
-		l.remove(hash)
-	}
-}
-
-// Capacity reports an endpoint's index size in blocks (0 when the endpoint is not indexed).
-func (x *Index) Capacity(endpoint string) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if l, ok := x.endpoints[endpoint]; ok {
-		return len(l.slots)
-	}
-	return 0
-}
-
-// Match returns how many leading blocks of hashes the endpoint is believed to hold.
-func (x *Index) Match(endpoint string, hashes []uint64) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	l, ok := x.endpoints[endpoint]
-	if !ok {
-		return 0
-	}
-	for i, h := range hashes {
-		if _, ok := l.index[h]; !ok {
-			return i
-		}
-	}
-	return len(hashes)
-}
-
-// Credit records that the endpoint now holds the prompt's blocks; capacity sizes a new endpoint's LRU. The
-// prompt's group block (see GroupKey) counts towards the endpoint's Groups while the index keeps it.
-func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	l := x.lru(endpoint, capacity)
-	for _, h := range hashes {
-		l.add(h)
-	}
-	if len(hashes) > 0 {
-		l.markGroup(GroupKey(hashes))
-	}
-}
-
-// Groups reports how many conversation groups the endpoint is believed to hold: what new groups are balanced
-// on, so that every gateway replica, having seen the same groups, places the next one alike.
-func (x *Index) Groups(endpoint string) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if l, ok := x.endpoints[endpoint]; ok {
-		return l.groups
-	}
-	return 0
-}
-
-// GroupKey is the chained hash that names a prompt's conversation group: that of its first rendezvousBlocks
-// blocks (or of all of them when the prompt is shorter).
-func GroupKey(hashes []uint64) uint64 { return hashes[min(len(hashes), rendezvousBlocks)-1] }
-
-// lru is a fixed-capacity set of block hashes with least-recently-used eviction, on an intrusive list of
-// array slots so that steady-state use allocates nothing.
-type lru struct {
-	slots      []slot
-	index      map[uint64]int32
-	head, tail int32 // most and least recently used; -1 when empty
-	free       int32 // next unused slot
-	groups     int   // slots marked group
-}
-
-type slot struct {
-	hash       uint64
-	prev, next int32
-	group      bool // the block that names a conversation group (its rendezvous key)
-}
-
-func newLRU(capacity int) *lru {
-	return &lru{slots: make([]slot, capacity), index: make(map[uint64]int32, capacity), head: -1, tail: -1}
-}
-
-func (l *lru) unlink(i int32) {
-	s := &l.slots[i]
-	if s.prev >= 0 {
-		l.slots[s.prev].next = s.next
-	} else {
-		l.head = s.next
-	}
-	if s.next >= 0 {
-		l.slots[s.next].prev = s.prev
-	} else {
-		l.tail = s.prev
-	}
-}
-
-func (l *lru) pushFront(i int32) {
-	s := &l.slots[i]
-	s.prev, s.next = -1, l.head
-	if l.head >= 0 {
-		l.slots[l.head].prev = i
-	}
-	l.head = i
-	if l.tail < 0 {
-		l.tail = i
-	}
-}
-
-// touch marks a hash as used, reporting whether it was present.
-func (l *lru) touch(h uint64) bool {
-	i, ok := l.index[h]
-	if !ok {
-		return false
-	}
-	l.unlink(i)
-	l.pushFront(i)
-	return true
-}
-
-// remove drops a hash; its slot goes to the tail, to be reused first.
-func (l *lru) remove(h uint64) {
-	i, ok := l.index[h]
-	if !ok {
+	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
+	if estimated <= 0 || real <= 0 {
 		return
 	}
-	delete(l.index, h)
-	l.unlink(i)
-	l.ungroup(i)
-	// Keep the slot in the list as the least recently used, holding a hash no prompt can match again soon.
-	l.slots[i].hash = 0
-	s := &l.slots[i]
-	s.next, s.prev = -1, l.tail
-	if l.tail >= 0 {
-		l.slots[l.tail].next = i
-	} else {
-		l.head = i
-	}
-	l.tail = i
-}
-
-// resized copies the most recently used entries into an LRU of another capacity.
-func (l *lru) resized(capacity int) *lru {
-	n := newLRU(capacity)
-	var recent []int32
-	for i := l.head; i >= 0 && len(recent) < capacity; i = l.slots[i].next {
-		if j, ok := l.index[l.slots[i].hash]; ok && j == i { // skip removed slots
-			recent = append(recent, i)
+	sample := min(8, max(0.125, float64(estimated)/float64(real)))
+	for {
+		old := p.scale.Load()
+		next := sample
+		if old != 0 {
+			next = 0.95*math.Float64frombits(old) + 0.05*sample
+		}
+		if p.scale.CompareAndSwap(old, math.Float64bits(next)) {
+			return
 		}
 	}
-	for k := len(recent) - 1; k >= 0; k-- { // oldest first, so the newest ends up most recent
-		s := l.slots[recent[k]]
-		n.add(s.hash)
-		if s.group {
-			n.markGroup(s.hash)
+}
+
+// noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
+// prompts that did (before this one).
+func (p *Affinity) noteSharing(matched bool) float64 {
+	sample := 0.0
+	if matched {
+		sample = 1
+	}
+	for {
+		old := p.sharing.Load()
+		prev := initialSharing
+		if old != 0 {
+			prev = math.Float64frombits(old)
+		}
+		next := max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
+		if p.sharing.CompareAndSwap(old, math.Float64bits(next)) {
+			return prev
 		}
 	}
-	return n
 }
 
-// markGroup marks a held block as the one naming a conversation group.
-func (l *lru) markGroup(h uint64) {
-	if i, ok := l.index[h]; ok && !l.slots[i].group {
-		l.slots[i].group = true
-		l.groups++
+// tokenScale is estimated ÷ real tokens (1 until Observe has data).
+func (p *Affinity) tokenScale() float64 {
+	if b := p.scale.Load(); b != 0 {
+		return math.Float64frombits(b)
 	}
+	return 1
 }
 
-func (l *lru) ungroup(i int32) {
-	if l.slots[i].group {
-		l.slots[i].group = false
-		l.groups--
-	}
+// EngineView is the fleet's engine metrics, as the scraper keeps them.
+type EngineView interface {
+	Metrics(addr string) (fleet.EngineMetrics, bool)
 }
 
-func (l *lru) add(h uint64) {
-	if l.touch(h) {
-		return
-	}
-	var i int32
-	if int(l.free) < len(l.slots) {
-		i = l.free
-		l.free++
-	} else {
-		i = l.tail
-		l.unlink(i)
-		if j, ok := l.index[l.slots[i].hash]; ok && j == i {
-			delete(l.index, l.slots[i].hash)
+// rendezvousBlocks is how many leading blocks identify a conversation group for rendezvous hashing.
+const rendezvousBlocks = 4
+
+// New prefixes are placed consistently across gateway replicas while at least consistentPlacement of recent
+// prompts (an exponential average over about sharingWindow of them, starting at initialSharing) matched a
+// prefix already held somewhere; below that, prompts rarely come back and new ones are placed for balance.
+const (
+	consistentPlacement = 0.25
+	sharingWindow       = 32
+	initialSharing      = 0.5
+)
+
+// tieTolerance is how close two candidates' scores must be to count as a tie.
+const tieTolerance = 0.02
+
+// prefillTau is the prefill scorer's scale: a prompt whose uncached part takes τ to prefill scores 0.5.
+const prefillTau = 0.25 // seconds
+
+type scored struct {
+	pool       *policies.Pool
+	endpoint   string
+	load       int64 // this gateway's requests in flight to the endpoint
+	queue      int64 // the engine's waiting requests, from its metrics
+	capacity   int   // the engine's KV blocks, 0 when unknown
+	prefillTPS float64
+	cost       float64 // USD per token of the hardware class
+	matched    int
+	lora       float64
+	kvFull     bool // the engine's KV cache is over the policy's threshold while requests wait
+	s          Score
+	rank       uint64 // rendezvous rank
+	// lastStarted is when this gateway last sent the endpoint a request (placement of unshared prompts).
+	lastStarted uint64
+}
+
+// PolicyChanged forgets endpoints the new policy no longer lists.
+func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
+	live := map[string]bool{}
+	for i := range snap.Policy.Spec.Models {
+		for _, pool := range snap.Policy.Spec.Models[i].Pools {
+			for _, ep := range pool.Endpoints {
+				live[ep] = true
+			}
 		}
-		l.ungroup(i)
 	}
-	l.slots[i].hash = h
-	l.index[h] = i
-	l.pushFront(i)
+	p.Index.Retain(func(ep string) bool { return live[ep] })
+}
+
+// Pick implements Picker: candidates, scores, order, decision.
+func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
+	cands, saturated, unavailable, engineBlock := p.candidates(snap, in)
+	if len(cands) == 0 {
+		return overflow(in.Model, in.Adapter, saturated, unavailable)
+	}
+	pr := p.hashPrompt(in, engineBlock)
+	defer p.releasePrompt(&pr)
+	w := p.weightsFor(snap.Routing())
+	eligible, anyMatch, kvFull := p.eligible(cands, pr, w)
+	if len(eligible) == 0 {
+		return overflow(in.Model, in.Adapter, saturated+kvFull, unavailable)
+	}
+	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
 }

@@ -1,0 +1,69 @@
+package picker
+
+import (
+	"slices"
+
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+// candidates lists the endpoints that may take the request: the pools of the model the tenant's tier allows,
+// less the endpoints whose engine is saturated (queue at the policy's threshold) or unheard of (no fresh
+// metrics), each with its load, queue, KV state, hardware speed and cost. It counts what it left out, for
+// overflow, and returns the engine's KV block size when one reports it (0 otherwise).
+func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored, saturated, unavailable, blockTokens int) {
+	routing := snap.Routing()
+	for i := range in.Model.Pools {
+		pool := &in.Model.Pools[i]
+		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
+			continue
+		}
+		tps, cost := snap.PrefillTokensPerSecond(pool.HardwareClass), snap.CostPerToken(pool.HardwareClass)
+		for _, ep := range pool.Endpoints {
+			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: tps, cost: cost}
+			if p.Engines != nil {
+				m, fresh := p.Engines.Metrics(ep)
+				switch {
+				case !fresh:
+					unavailable++ // stale metrics count as saturated: no routing on old numbers
+					continue
+				case m.Waiting >= float64(routing.MaxWaiting):
+					saturated++
+					continue
+				}
+				// A full KV cache that already makes requests wait rules out prompts it does not hold (decided
+				// when scoring): a cache hit needs few new blocks, a miss needs them all.
+				c.kvFull = m.KVUtil >= routing.MaxKVUtilisation && m.Waiting > 0
+				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
+				if blockTokens == 0 {
+					blockTokens = m.BlockSize
+				}
+				if in.Adapter != "" && slices.Contains(m.LoRAs, in.Adapter) {
+					c.lora = 1
+				}
+			}
+			cands = append(cands, c)
+		}
+	}
+	return cands, saturated, unavailable, blockTokens
+}
+
+// overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
+// allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise 429
+// (saturated: retry soon) or 503 (unavailable).
+func overflow(model *policies.Model, adapter string, saturated, unavailable int) (Decision, error) {
+	cond := policies.WhenUnavailable
+	if saturated > 0 {
+		cond = policies.WhenSaturated
+	}
+	for i := range model.Fallbacks {
+		f := &model.Fallbacks[i]
+		if adapter == "" && slices.Contains(f.When, cond) {
+			return Decision{Fallback: f}, nil
+		}
+	}
+	if saturated > 0 {
+		return Decision{}, openai.Overloaded(model.Name)
+	}
+	return Decision{}, openai.NoCapacity(model.Name)
+}

@@ -1,0 +1,246 @@
+package picker
+
+import (
+	"sync"
+)
+
+// DefaultIndexBlocks is an endpoint's index capacity when the engine's num_gpu_blocks is unknown.
+const DefaultIndexBlocks = 8192
+
+// Index remembers, per endpoint, which prompt blocks this gateway has sent there: an approximation of each
+// replica's prefix KV cache, credited when a request is routed and aged out least recently used, sized like
+// the engine's cache.
+type Index struct {
+	mu        sync.Mutex
+	endpoints map[string]*lru
+}
+
+// NewIndex creates an empty index.
+func NewIndex() *Index { return &Index{endpoints: map[string]*lru{}} }
+
+func (x *Index) lru(endpoint string, capacity int) *lru {
+	if capacity <= 0 {
+		capacity = DefaultIndexBlocks
+	}
+	l, ok := x.endpoints[endpoint]
+	switch {
+	case !ok:
+		l = newLRU(capacity)
+		x.endpoints[endpoint] = l
+	case capacity != len(l.slots):
+		// The engine reported its real KV capacity (or a restart changed it): keep the most recent blocks.
+		l = l.resized(capacity)
+		x.endpoints[endpoint] = l
+	}
+	return l
+}
+
+// Retain forgets every endpoint keep rejects — replicas gone from the policy — so that their memory is freed
+// and a replica that comes back under the same address starts cold, as its engine does.
+func (x *Index) Retain(keep func(endpoint string) bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for ep := range x.endpoints {
+		if !keep(ep) {
+			delete(x.endpoints, ep)
+		}
+	}
+}
+
+// Forget removes one block from what an endpoint is believed to hold; forgetting a prompt's first block
+// unmatches every prompt that starts with it.
+func (x *Index) Forget(endpoint string, hash uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		l.remove(hash)
+	}
+}
+
+// Capacity reports an endpoint's index size in blocks (0 when the endpoint is not indexed).
+func (x *Index) Capacity(endpoint string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		return len(l.slots)
+	}
+	return 0
+}
+
+// Match returns how many leading blocks of hashes the endpoint is believed to hold.
+func (x *Index) Match(endpoint string, hashes []uint64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l, ok := x.endpoints[endpoint]
+	if !ok {
+		return 0
+	}
+	for i, h := range hashes {
+		if _, ok := l.index[h]; !ok {
+			return i
+		}
+	}
+	return len(hashes)
+}
+
+// Credit records that the endpoint now holds the prompt's blocks; capacity sizes a new endpoint's LRU. The
+// prompt's group block (see GroupKey) counts towards the endpoint's Groups while the index keeps it.
+func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.lru(endpoint, capacity)
+	for _, h := range hashes {
+		l.add(h)
+	}
+	if len(hashes) > 0 {
+		l.markGroup(GroupKey(hashes))
+	}
+}
+
+// Groups reports how many conversation groups the endpoint is believed to hold: what new groups are balanced
+// on, so that every gateway replica, having seen the same groups, places the next one alike.
+func (x *Index) Groups(endpoint string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l, ok := x.endpoints[endpoint]; ok {
+		return l.groups
+	}
+	return 0
+}
+
+// GroupKey is the chained hash that names a prompt's conversation group: that of its first rendezvousBlocks
+// blocks (or of all of them when the prompt is shorter).
+func GroupKey(hashes []uint64) uint64 { return hashes[min(len(hashes), rendezvousBlocks)-1] }
+
+// lru is a fixed-capacity set of block hashes with least-recently-used eviction, on an intrusive list of
+// array slots so that steady-state use allocates nothing.
+type lru struct {
+	slots      []slot
+	index      map[uint64]int32
+	head, tail int32 // most and least recently used; -1 when empty
+	free       int32 // next unused slot
+	groups     int   // slots marked group
+}
+
+type slot struct {
+	hash       uint64
+	prev, next int32
+	group      bool // the block that names a conversation group (its rendezvous key)
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{slots: make([]slot, capacity), index: make(map[uint64]int32, capacity), head: -1, tail: -1}
+}
+
+func (l *lru) unlink(i int32) {
+	s := &l.slots[i]
+	if s.prev >= 0 {
+		l.slots[s.prev].next = s.next
+	} else {
+		l.head = s.next
+	}
+	if s.next >= 0 {
+		l.slots[s.next].prev = s.prev
+	} else {
+		l.tail = s.prev
+	}
+}
+
+func (l *lru) pushFront(i int32) {
+	s := &l.slots[i]
+	s.prev, s.next = -1, l.head
+	if l.head >= 0 {
+		l.slots[l.head].prev = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+// touch marks a hash as used, reporting whether it was present.
+func (l *lru) touch(h uint64) bool {
+	i, ok := l.index[h]
+	if !ok {
+		return false
+	}
+	l.unlink(i)
+	l.pushFront(i)
+	return true
+}
+
+// remove drops a hash; its slot goes to the tail, to be reused first.
+func (l *lru) remove(h uint64) {
+	i, ok := l.index[h]
+	if !ok {
+		return
+	}
+	delete(l.index, h)
+	l.unlink(i)
+	l.ungroup(i)
+	// Keep the slot in the list as the least recently used, holding a hash no prompt can match again soon.
+	l.slots[i].hash = 0
+	s := &l.slots[i]
+	s.next, s.prev = -1, l.tail
+	if l.tail >= 0 {
+		l.slots[l.tail].next = i
+	} else {
+		l.head = i
+	}
+	l.tail = i
+}
+
+// resized copies the most recently used entries into an LRU of another capacity.
+func (l *lru) resized(capacity int) *lru {
+	n := newLRU(capacity)
+	var recent []int32
+	for i := l.head; i >= 0 && len(recent) < capacity; i = l.slots[i].next {
+		if j, ok := l.index[l.slots[i].hash]; ok && j == i { // skip removed slots
+			recent = append(recent, i)
+		}
+	}
+	for k := len(recent) - 1; k >= 0; k-- { // oldest first, so the newest ends up most recent
+		s := l.slots[recent[k]]
+		n.add(s.hash)
+		if s.group {
+			n.markGroup(s.hash)
+		}
+	}
+	return n
+}
+
+// markGroup marks a held block as the one naming a conversation group.
+func (l *lru) markGroup(h uint64) {
+	if i, ok := l.index[h]; ok && !l.slots[i].group {
+		l.slots[i].group = true
+		l.groups++
+	}
+}
+
+func (l *lru) ungroup(i int32) {
+	if l.slots[i].group {
+		l.slots[i].group = false
+		l.groups--
+	}
+}
+
+func (l *lru) add(h uint64) {
+	if l.touch(h) {
+		return
+	}
+	var i int32
+	if int(l.free) < len(l.slots) {
+		i = l.free
+		l.free++
+	} else {
+		i = l.tail
+		l.unlink(i)
+		if j, ok := l.index[l.slots[i].hash]; ok && j == i {
+			delete(l.index, l.slots[i].hash)
+		}
+		l.ungroup(i)
+	}
+	l.slots[i].hash = h
+	l.index[h] = i
+	l.pushFront(i)
+}

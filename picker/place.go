@@ -1,0 +1,126 @@
+package picker
+
+import (
+	"math"
+	"slices"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// order puts the eligible candidates in the order the decision takes them: by score, or, for a prefix no
+// endpoint holds, by placeNew; scores within tieTolerance of the best are ties, which the cheapest hardware
+// takes.
+func (p *Affinity) order(eligible, all []scored, pr prompt, anyMatch bool, w weights) []scored {
+	slices.SortFunc(eligible, byScore)
+	if len(pr.hashes) > 0 {
+		sharing := p.noteSharing(anyMatch)
+		if !anyMatch {
+			fit := func(c *scored) float64 { return math.Floor((w.prefill*c.s.Prefill + w.lora*c.s.LoRA) / tieTolerance) }
+			return p.placeNew(eligible, all, sharing >= consistentPlacement, w.eps, fit)
+		}
+	}
+	n := 1
+	for n < len(eligible) && eligible[n].s.Total >= eligible[0].s.Total-tieTolerance {
+		n++
+	}
+	slices.SortStableFunc(eligible[:n], func(a, b scored) int { return cmpFloat(a.cost, b.cost) })
+	return eligible
+}
+
+// decide turns the ordered candidates into the decision: the first, then the best others of its pool as
+// Envoy's retry endpoints, up to the policy's limit; the prompt is credited to the first in the index.
+func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, pr prompt) Decision {
+	best := ordered[0]
+	if len(pr.hashes) > 0 {
+		// The index holds as much prompt text as the engine's cache: its blocks are the engine's in estimated
+		// tokens, so the engine's block count scales by estimated ÷ real tokens.
+		capacity := int(float64(best.capacity) * pr.scale)
+		if capacity == 0 {
+			capacity = p.IndexBlocks
+		}
+		p.Index.Credit(best.endpoint, pr.hashes, capacity)
+	}
+	limit := snap.Gateway().MaxEndpointsPerDecision
+	chosen := []string{best.endpoint}
+	for _, c := range ordered[1:] {
+		if len(chosen) >= limit {
+			break
+		}
+		if c.pool == best.pool {
+			chosen = append(chosen, c.endpoint)
+		}
+	}
+	d := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: pr.estimated,
+		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale)}
+	if len(pr.hashes) > 0 {
+		d.FirstBlock, d.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
+	}
+	if snap.Routing().DebugScores {
+		d.Scores = make([]Score, len(ordered))
+		for i, c := range ordered {
+			d.Scores[i] = c.s
+		}
+	}
+	return d
+}
+
+// placeNew orders the candidates for a prefix no endpoint holds (or one the index has forgotten): the first
+// is where it starts, the others follow in score order as retry endpoints. all is every candidate of the
+// model, for the group bound.
+//
+// When prompts share prefixes (consistent), a new group goes to the rendezvous winner of its first blocks
+// among the endpoints holding fewer than (1+ε) × the mean number of groups (counting this one). Every gateway
+// replica receiving a share of the same traffic has seen about the same groups, so they agree on where the
+// next one starts — and the groups stay spread evenly, which a bare rendezvous hash does not do for a few
+// dozen groups. When prompts do not come back, agreement is worth nothing and balance is all: the least
+// loaded endpoint (this gateway's requests in flight plus the engine's queue), and among equals the one sent a
+// request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
+// tieTolerance) and then the cheapest come first.
+func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64) []scored {
+	var band, rest []scored
+	if consistent {
+		held := make(map[string]int, len(all)) // each endpoint's groups, read once
+		groups := 0
+		for i := range all {
+			held[all[i].endpoint] = p.Index.Groups(all[i].endpoint)
+			groups += held[all[i].endpoint]
+		}
+		limit := int(math.Ceil((1 + eps) * float64(groups+1) / float64(len(all))))
+		for _, c := range eligible {
+			if held[c.endpoint] < limit {
+				band = append(band, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		if len(band) == 0 { // every endpoint under the group bound is out for load or KV: the others take it
+			band, rest = rest, nil
+		}
+	} else {
+		least := int64(math.MaxInt64)
+		for _, c := range eligible {
+			least = min(least, c.load+c.queue)
+		}
+		for _, c := range eligible {
+			if c.load+c.queue == least {
+				c.lastStarted = p.InFlight.LastStarted(c.endpoint)
+				band = append(band, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+	}
+	slices.SortFunc(band, func(a, b scored) int {
+		if fa, fb := fit(&a), fit(&b); fa != fb {
+			return cmpFloat(fb, fa)
+		}
+		if a.cost != b.cost {
+			return cmpFloat(a.cost, b.cost)
+		}
+		if a.lastStarted != b.lastStarted {
+			return cmpAsc(a.lastStarted, b.lastStarted)
+		}
+		return cmpDesc(a.rank, b.rank)
+	})
+	return append(band, rest...)
+}
