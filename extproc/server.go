@@ -11,6 +11,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/experimental"
@@ -18,27 +19,21 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
-	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 )
 
-// Settlement is the final account of one routed request, handed to the quota and billing stages exactly once.
-type Settlement struct {
-	RequestID string
-	Tenant    string
-	Model     string
-	Pool      string
-	Endpoint  string
-	Status    int    // upstream HTTP status; 0 when the response never started
-	Result    string // completed, upstream_error or aborted
-	Usage     openai.Usage
-	Reported  bool // Usage came from the engine rather than an estimate
-	CostUSD   float64
-	Started   time.Time
-}
+// Settlement is the final account of one routed request (see director.Settlement).
+type Settlement = director.Settlement
+
+// Metrics are the request path's Prometheus series (see director.Metrics).
+type Metrics = director.Metrics
+
+// NewMetrics creates the request path's series and registers them on reg (nil: unregistered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics { return director.NewMetrics(reg) }
 
 // Options wires a Server to the other stages.
 type Options struct {
@@ -60,27 +55,28 @@ type Options struct {
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	opts Options
-	auth *authGuard
+	opts     Options
+	auth     *authGuard
+	director *director.Director
 }
 
-// New builds a Server; Policies is required, everything else has a default.
+// New builds a Server and the director behind it; Policies is required, everything else has a default.
 func New(opts Options) *Server {
-	if opts.InFlight == nil {
-		opts.InFlight = &fleet.InFlight{}
-	}
-	if opts.Picker == nil {
-		a := picker.NewAffinity(opts.InFlight, opts.Engines)
-		opts.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index
-		opts.Picker = a
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+	do := director.Options{Policies: opts.Policies, Picker: opts.Picker, InFlight: opts.InFlight, Engines: opts.Engines,
+		Metrics: opts.Metrics, Logger: opts.Logger}
+	if opts.Quotas != nil { // a nil *quota.Limiter must not become a non-nil Admission
+		do.Admission = opts.Quotas
 	}
-	return &Server{opts: opts, auth: newAuthGuard(opts.Now)}
+	if opts.OnSettle != nil {
+		do.Observers = append(do.Observers, director.ObserverFunc(opts.OnSettle))
+	}
+	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: director.New(do)}
 }
 
 // HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.

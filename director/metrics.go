@@ -1,4 +1,4 @@
-package extproc
+package director
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

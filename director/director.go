@@ -1,0 +1,210 @@
+// Package director makes the decisions around one request, between the ext_proc protocol (extproc) and the
+// stages that decide: Route when the body is in — model, permission, output bound, admission, placement,
+// in-flight count — and Settle when the response has ended — usage, cost, quota settlement, the picker's
+// learning, the settle observers. Its extension points are small interfaces (Admission, picker.Picker,
+// SettleObserver), where an admission queue, telemetry and rollouts plug in.
+package director
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
+)
+
+// Admission reserves a request's estimate against the tenant's limits and settles the real usage later.
+// *quota.Limiter is the Redis-backed one.
+type Admission interface {
+	Admit(ctx context.Context, r quota.Request) (*quota.Ticket, *quota.Rejection, error)
+	Settle(t *quota.Ticket, tokens, costMicros int64)
+}
+
+// SettleObserver hears of every settled request exactly once (audit, telemetry, tests); it must not block.
+type SettleObserver interface {
+	Settled(Settlement)
+}
+
+// ObserverFunc adapts a function to SettleObserver.
+type ObserverFunc func(Settlement)
+
+// Settled implements SettleObserver.
+func (f ObserverFunc) Settled(s Settlement) { f(s) }
+
+// Options wire a Director to the stages.
+type Options struct {
+	Policies *policies.Store
+	// Picker places requests (default: picker.NewAffinity over InFlight and Engines, following policy changes).
+	Picker   picker.Picker
+	InFlight *fleet.InFlight
+	Engines  picker.EngineView
+	// Admission, when set, enforces the tenants' quotas.
+	Admission Admission
+	Metrics   *Metrics
+	Logger    *slog.Logger
+	Observers []SettleObserver
+}
+
+// Director is safe for concurrent use.
+type Director struct {
+	opts Options
+}
+
+// New builds a Director; Policies is required, everything else has a default.
+func New(o Options) *Director {
+	if o.InFlight == nil {
+		o.InFlight = &fleet.InFlight{}
+	}
+	if o.Picker == nil {
+		a := picker.NewAffinity(o.InFlight, o.Engines)
+		o.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index
+		o.Picker = a
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Director{opts: o}
+}
+
+// Metrics returns the series the director records, which the protocol stage shares.
+func (d *Director) Metrics() *Metrics { return d.opts.Metrics }
+
+// Request is what Route decides on: a parsed body from an authenticated tenant.
+type Request struct {
+	Snapshot     *policies.Snapshot
+	Tenant       *policies.Tenant
+	Endpoint     openai.Endpoint
+	Body         *openai.Request
+	Conversation string // the policy's conversation header, for conversationTokens caps
+	RequestID    string
+	Started      time.Time
+}
+
+// Route is a routed request: where it goes, what to change in its body, and what Settle needs.
+type Route struct {
+	Model    *policies.Model
+	Decision picker.Decision
+	// Edits are the body changes: the served model's name, include_usage for a stream that did not ask for
+	// it, max_tokens when the request set none.
+	Edits openai.Edits
+
+	req     Request
+	prompt  int64 // estimated prompt tokens
+	stream  bool
+	ticket  *quota.Ticket
+	target  string // the in-flight key
+	settled bool
+}
+
+// Pool is the x-infergate-pool value of the route.
+func (r *Route) Pool() string {
+	if f := r.Decision.Fallback; f != nil {
+		return contract.FallbackPool(f.Name)
+	}
+	return r.Decision.Pool.Name
+}
+
+// Route decides where a request goes. From a nil error on, the request counts as routed: it is in flight
+// until Settle. The error is an *openai.Error to answer the client with.
+func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
+	body := req.Body
+	model, ok := req.Snapshot.Model(body.Model)
+	if !ok {
+		return nil, openai.ModelNotFound(body.Model)
+	}
+	if !req.Snapshot.Allows(req.Tenant, model) {
+		return nil, openai.ModelForbidden(body.Model)
+	}
+	rt := &Route{Model: model, req: req, prompt: int64(body.EstimatePromptTokens()), stream: body.Stream}
+	maxOut, inject, err := outputBound(req.Snapshot, model, req.Endpoint, body)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.admit(ctx, rt, maxOut); err != nil {
+		return nil, err
+	}
+	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body}
+	if req.Snapshot.Adapter(body.Model) {
+		in.Adapter = body.Model
+	}
+	dec, err := d.opts.Picker.Pick(req.Snapshot, in)
+	if err != nil {
+		d.release(rt)
+		var e *openai.Error
+		if errors.As(err, &e) {
+			return nil, e
+		}
+		return nil, openai.Internal("The gateway failed to route the request.")
+	}
+	rt.Decision = dec
+	if served := dec.Served(); served != body.Model {
+		rt.Edits.Model = served
+	}
+	rt.Edits.IncludeUsage = body.Stream && !body.IncludeUsage && req.Endpoint != openai.EndpointEmbeddings
+	rt.Edits.MaxTokens = inject
+	rt.target = dec.Target(model.Name)
+	d.opts.InFlight.Start(rt.target)
+	d.opts.Metrics.InFlight.Inc()
+	return rt, nil
+}
+
+// outputBound fixes the most output tokens the request can produce, which admission reserves: what the
+// client asked (refused when the model's context cannot hold it), or the policy's default, returned as inject
+// to be written into the body, so that the engine's own default cannot exceed what was charged.
+func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request) (maxOut, inject int64, err error) {
+	if ep == openai.EndpointEmbeddings {
+		return 0, 0, nil
+	}
+	maxOut, ctxTokens := body.MaxTokens, model.ContextTokens
+	if maxOut > ctxTokens {
+		return 0, 0, openai.BadRequest("max_tokens", "max_tokens is too large: %d. This model's context is %d tokens; ask for at most that many.",
+			maxOut, ctxTokens)
+	}
+	if maxOut == 0 {
+		room := ctxTokens - min(int64(body.EstimatePromptTokens()), ctxTokens)
+		maxOut = max(1, min(int64(snap.Gateway().DefaultMaxTokens), room))
+		inject = maxOut
+	}
+	return maxOut, inject, nil
+}
+
+// admit reserves the request's estimated tokens and cost against the tenant's quotas.
+func (d *Director) admit(ctx context.Context, rt *Route, maxOut int64) error {
+	q := d.opts.Admission
+	if q == nil {
+		return nil
+	}
+	req := rt.req
+	t, rej, err := q.Admit(ctx, quota.Request{Snapshot: req.Snapshot, Tenant: req.Tenant, Model: rt.Model,
+		EstimatedTokens: quota.AddTokens(rt.prompt, maxOut), EstimatedCostMicros: quota.MicroUSD(rt.Model, rt.prompt, maxOut),
+		Conversation: req.Conversation})
+	switch {
+	case errors.Is(err, quota.ErrUnavailable):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServiceUnavailable, Code: "quota_unavailable",
+			Message: "The quota service is unavailable and this gateway fails closed; please retry shortly."}
+	case err != nil:
+		return openai.Internal("The gateway could not check your quota.")
+	case rej != nil:
+		return rej.Error(req.Tenant.Name, rt.Model.Name)
+	}
+	rt.ticket = t
+	return nil
+}
+
+// release returns the reservation of a request that will not be sent.
+func (d *Director) release(rt *Route) {
+	if rt.ticket != nil {
+		d.opts.Admission.Settle(rt.ticket, 0, 0)
+		rt.ticket = nil
+	}
+}

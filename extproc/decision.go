@@ -1,0 +1,143 @@
+package extproc
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+)
+
+// decide parses the body and has the director route it. It returns the body to forward (rewritten when
+// needed) or an error to send back.
+func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
+	req, err := openai.ParseRequest(rs.endpoint, rs.body)
+	if err != nil {
+		return nil, false, asOpenAIError(err)
+	}
+	defer req.Release()
+	rt, err := rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
+		Body: &req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started})
+	if err != nil {
+		return nil, false, asOpenAIError(err)
+	}
+	rs.route, rs.stream = rt, req.Stream
+	body, changed := rs.body, rt.Edits != (openai.Edits{})
+	if changed {
+		body = req.Rewrite(make([]byte, 0, len(body)+64), rt.Edits)
+	}
+	// From here on the request is routed: the director settles it when the stream ends.
+	rs.decided = true
+	m := rs.srv.opts.Metrics
+	m.Requests.WithLabelValues("routed").Inc()
+	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(time.Since(rs.started).Seconds())
+	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", rt.Model.Name,
+		"pool", rt.Pool(), "endpoints", rt.Decision.Endpoints, "stream", req.Stream)
+	return body, changed, nil
+}
+
+func asOpenAIError(err error) *openai.Error {
+	if e, ok := err.(*openai.Error); ok {
+		return e
+	}
+	return openai.Internal("The gateway failed to route the request.")
+}
+
+// decideBuffered answers the single BUFFERED body message: routing headers, metadata and the possibly
+// rewritten body travel together in the body response, with clear_route_cache so Envoy re-matches the route.
+func (rs *requestState) decideBuffered() []*extprocv3.ProcessingResponse {
+	body, changed, e := rs.decide()
+	if e != nil {
+		return rs.reject(e)
+	}
+	hm := rs.routingMutation()
+	cr := &extprocv3.CommonResponse{HeaderMutation: hm, ClearRouteCache: true}
+	if changed {
+		// Envoy keeps content-length in BUFFERED mode and refuses a body whose length differs; the header
+		// mutation in the same response is applied first.
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+		cr.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+	}
+	return one(&extprocv3.ProcessingResponse{
+		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}},
+		DynamicMetadata: rs.metadata(),
+	})
+}
+
+// decideStreamed answers FULL_DUPLEX_STREAMED once the body is complete: the deferred headers response with
+// the routing decision, then the body as streamed_response chunks.
+func (rs *requestState) decideStreamed(endOfStream bool) []*extprocv3.ProcessingResponse {
+	body, _, e := rs.decide()
+	if e != nil {
+		return rs.reject(e)
+	}
+	hm := rs.headerMutation(rs.routingMutation().SetHeaders)
+	hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+	out := make([]*extprocv3.ProcessingResponse, 0, 2+len(body)/streamChunkBytes)
+	out = append(out, headersResponse(hm, true, rs.metadata()))
+	return append(out, streamedBody(body, endOfStream, true)...)
+}
+
+// routingMutation sets the contract headers for the decision.
+func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+		setHeader(contract.HeaderModel, rs.route.Model.Name),
+		setHeader(contract.HeaderPool, rs.route.Pool()),
+	}}
+	if len(rs.route.Decision.Endpoints) > 0 {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderDestination, strings.Join(rs.route.Decision.Endpoints, ",")))
+	}
+	if rs.snap.Gateway().TenantHeader {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderTenant, rs.tenant.Name))
+	}
+	if !rs.hadReqID {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
+	}
+	return hm
+}
+
+// headerMutation removes forged routing headers and the client's API key, and adds set.
+func (rs *requestState) headerMutation(set []*corev3.HeaderValueOption) *extprocv3.HeaderMutation {
+	remove := make([]string, 0, len(rs.strip)+1)
+	remove = append(remove, "authorization")
+	for _, name := range rs.strip {
+		if !setsHeader(set, name) {
+			remove = append(remove, name)
+		}
+	}
+	return &extprocv3.HeaderMutation{RemoveHeaders: remove, SetHeaders: set}
+}
+
+func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
+	for _, h := range set {
+		if h.GetHeader().GetKey() == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (rs *requestState) metadata() *structpbStruct {
+	if len(rs.route.Decision.Endpoints) == 0 {
+		return nil
+	}
+	return lbMetadata(strings.Join(rs.route.Decision.Endpoints, ","))
+}
+
+func formatScores(scores []picker.Score) string {
+	var b strings.Builder
+	for i, s := range scores {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s;total=%.3f;prefix=%.3f;load=%.3f;prefill=%.3f;lora=%.0f", s.Endpoint, s.Total, s.Prefix, s.Load, s.Prefill, s.LoRA)
+	}
+	return b.String()
+}

@@ -1,0 +1,127 @@
+package extproc
+
+import (
+	"strconv"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/openai"
+)
+
+// noteServed reads the endpoint Envoy reports it used, from a response-path message's metadata context.
+func (rs *requestState) noteServed(msg *extprocv3.ProcessingRequest) {
+	switch msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_ResponseHeaders, *extprocv3.ProcessingRequest_ResponseBody,
+		*extprocv3.ProcessingRequest_ResponseTrailers:
+	default:
+		return
+	}
+	lb := msg.GetMetadataContext().GetFilterMetadata()[contract.MetadataNamespace]
+	if v := lb.GetFields()[contract.ServedEndpointKey].GetStringValue(); v != "" && len(v) <= 256 {
+		rs.served = v
+	}
+}
+
+func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":status" {
+			rs.upstreamStatus, _ = strconv.Atoi(headerValue(hv))
+		}
+	}
+	var hm *extprocv3.HeaderMutation
+	if rs.decided && rs.stream {
+		injected := rs.route.Edits.IncludeUsage
+		rs.sse = &openai.SSEScanner{DropUsageChunk: injected}
+		if injected {
+			// We may shorten the stream by the usage event we asked for.
+			hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
+		}
+	}
+	if rs.decided && len(rs.route.Decision.Scores) > 0 {
+		if hm == nil {
+			hm = &extprocv3.HeaderMutation{}
+		}
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderScores, formatScores(rs.route.Decision.Scores)))
+	}
+	resp := responseHeadersResponse(hm)
+	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
+		rs.settle(false)
+	}
+	return one(resp)
+}
+
+func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+	chunk, end := b.GetBody(), b.GetEndOfStream()
+	out := chunk
+	if rs.sse != nil {
+		out = rs.sse.Process(chunk, end)
+	} else if rs.decided && !rs.respTooBig {
+		if len(rs.respBody)+len(chunk) > maxResponseBodyBytes {
+			rs.respTooBig, rs.respBody = true, nil
+		} else {
+			rs.respBody = append(rs.respBody, chunk...)
+		}
+	}
+	if end {
+		rs.settle(false)
+	}
+	switch rs.respMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if len(out) == 0 && !end {
+			return nil
+		}
+		rs.respEnded = rs.respEnded || end
+		return streamedBody(out, end, false)
+	default:
+		var mut *extprocv3.BodyMutation
+		if rs.sse != nil && rs.sse.DropUsageChunk && !sameBytes(out, chunk) {
+			if len(out) == 0 {
+				mut = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_ClearBody{ClearBody: true}}
+			} else {
+				mut = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+			}
+		}
+		return one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: mut}}}})
+	}
+}
+
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0] || string(a) == string(b))
+}
+
+func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
+	var out []*extprocv3.ProcessingResponse
+	if rs.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !rs.respEnded {
+		// The body ended with trailers: flush anything held back, then close the body, or Envoy never
+		// finishes it.
+		var rest []byte
+		if rs.sse != nil {
+			rest = rs.sse.Process(nil, true)
+		}
+		out = append(out, streamedBody(rest, true, false)...)
+		rs.respEnded = true
+	}
+	rs.settle(false)
+	return append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// settle hands the response's outcome to the director, which accounts for the request once.
+func (rs *requestState) settle(aborted bool) {
+	if !rs.decided {
+		return
+	}
+	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served}
+	switch {
+	case rs.sse != nil:
+		o.Usage, o.Reported = rs.sse.Usage()
+		o.ContentEvents = rs.sse.ContentEvents()
+	case rs.respBody != nil:
+		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
+	}
+	rs.srv.director.Settle(rs.route, o)
+}
