@@ -7,9 +7,7 @@ package director
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/infergate/infergate/contract"
@@ -115,20 +113,21 @@ func (r *Route) Pool() string {
 }
 
 // Route decides where a request goes. From a nil error on, the request counts as routed: it is in flight
-// until Settle. The error is an *openai.Error to answer the client with.
+// until Settle. An error is a *Refusal.
 func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
 	body := req.Body
 	model, ok := req.Snapshot.Model(body.Model)
 	if !ok {
-		return nil, openai.ModelNotFound(body.Model)
+		return nil, &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	if !req.Snapshot.Allows(req.Tenant, model) {
-		return nil, openai.ModelForbidden(body.Model)
+		return nil, &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	rt := &Route{Model: model, req: req, prompt: int64(body.EstimatePromptTokens()), stream: body.Stream}
-	maxOut, inject, err := outputBound(req.Snapshot, model, req.Endpoint, body)
-	if err != nil {
-		return nil, err
+	maxOut, inject, ok := outputBound(req.Snapshot, model, req.Endpoint, body)
+	if !ok {
+		return nil, &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
+			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
 	}
 	if err := d.admit(ctx, rt, maxOut); err != nil {
 		return nil, err
@@ -140,11 +139,7 @@ func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
 	dec, err := d.opts.Picker.Pick(req.Snapshot, in)
 	if err != nil {
 		d.release(rt)
-		var e *openai.Error
-		if errors.As(err, &e) {
-			return nil, e
-		}
-		return nil, openai.Internal("The gateway failed to route the request.")
+		return nil, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name, Err: err}
 	}
 	rt.Decision = dec
 	if served := dec.Served(); served != body.Model {
@@ -159,23 +154,22 @@ func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
 }
 
 // outputBound fixes the most output tokens the request can produce, which admission reserves: what the
-// client asked (refused when the model's context cannot hold it), or the policy's default, returned as inject
+// client asked (not ok when the model's context cannot hold it), or the policy's default, returned as inject
 // to be written into the body, so that the engine's own default cannot exceed what was charged.
-func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request) (maxOut, inject int64, err error) {
+func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request) (maxOut, inject int64, ok bool) {
 	if ep == openai.EndpointEmbeddings {
-		return 0, 0, nil
+		return 0, 0, true
 	}
 	maxOut, ctxTokens := body.MaxTokens, model.ContextTokens
 	if maxOut > ctxTokens {
-		return 0, 0, openai.BadRequest("max_tokens", "max_tokens is too large: %d. This model's context is %d tokens; ask for at most that many.",
-			maxOut, ctxTokens)
+		return 0, 0, false
 	}
 	if maxOut == 0 {
 		room := ctxTokens - min(int64(body.EstimatePromptTokens()), ctxTokens)
 		maxOut = max(1, min(int64(snap.Gateway().DefaultMaxTokens), room))
 		inject = maxOut
 	}
-	return maxOut, inject, nil
+	return maxOut, inject, true
 }
 
 // admit reserves the request's estimated tokens and cost against the tenant's quotas.
@@ -189,13 +183,10 @@ func (d *Director) admit(ctx context.Context, rt *Route, maxOut int64) error {
 		EstimatedTokens: quota.AddTokens(rt.prompt, maxOut), EstimatedCostMicros: quota.MicroUSD(rt.Model, rt.prompt, maxOut),
 		Conversation: req.Conversation})
 	switch {
-	case errors.Is(err, quota.ErrUnavailable):
-		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServiceUnavailable, Code: "quota_unavailable",
-			Message: "The quota service is unavailable and this gateway fails closed; please retry shortly."}
 	case err != nil:
-		return openai.Internal("The gateway could not check your quota.")
+		return &Refusal{Reason: QuotaFailed, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: err}
 	case rej != nil:
-		return rej.Error(req.Tenant.Name, rt.Model.Name)
+		return &Refusal{Reason: OverQuota, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: rej}
 	}
 	rt.ticket = t
 	return nil

@@ -2,6 +2,7 @@ package director
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/infergate/infergate/fleet"
@@ -58,9 +59,9 @@ func TestRouteRefusals(t *testing.T) {
 	snap := quickstart(t)
 	d := New(Options{Policies: policies.NewStaticStore(snap)})
 	tenant, _ := snap.TenantForKey("sk-demo-acme")
-	for body, status := range map[string]int{
-		`{"model":"nope","messages":[{"role":"user","content":"x"}]}`:                             404,
-		`{"model":"llama-70b","messages":[{"role":"user","content":"x"}],"max_tokens":999999999}`: 400,
+	for body, reason := range map[string]Reason{
+		`{"model":"nope","messages":[{"role":"user","content":"x"}]}`:                             ModelNotFound,
+		`{"model":"llama-70b","messages":[{"role":"user","content":"x"}],"max_tokens":999999999}`: OutputTooLarge,
 	} {
 		req, err := openai.ParseRequest(openai.EndpointChat, []byte(body))
 		if err != nil {
@@ -68,8 +69,9 @@ func TestRouteRefusals(t *testing.T) {
 		}
 		_, err = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &req})
 		req.Release()
-		if e, ok := err.(*openai.Error); !ok || e.Status != status {
-			t.Errorf("%s: %v, want %d", body, err, status)
+		var r *Refusal
+		if !errors.As(err, &r) || r.Reason != reason {
+			t.Errorf("%s: %v, want reason %d", body, err, reason)
 		}
 	}
 }

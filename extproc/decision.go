@@ -20,13 +20,13 @@ import (
 func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	req, err := openai.ParseRequest(rs.endpoint, rs.body)
 	if err != nil {
-		return nil, false, asOpenAIError(err)
+		return nil, false, clientError(err)
 	}
 	defer req.Release()
 	rt, err := rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
 		Body: &req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started})
 	if err != nil {
-		return nil, false, asOpenAIError(err)
+		return nil, false, clientError(err)
 	}
 	rs.route, rs.stream = rt, req.Stream
 	body, changed := rs.body, rt.Edits != (openai.Edits{})
@@ -41,13 +41,6 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", rt.Model.Name,
 		"pool", rt.Pool(), "endpoints", rt.Decision.Endpoints, "stream", req.Stream)
 	return body, changed, nil
-}
-
-func asOpenAIError(err error) *openai.Error {
-	if e, ok := err.(*openai.Error); ok {
-		return e
-	}
-	return openai.Internal("The gateway failed to route the request.")
 }
 
 // decideBuffered answers the single BUFFERED body message: routing headers, metadata and the possibly

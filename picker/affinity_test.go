@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -332,8 +333,8 @@ func TestSaturationAndOverflow(t *testing.T) {
 			p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}, Engines: tc.eng}
 			d, err := p.Pick(snap, Input{Model: tc.model, Request: request(t, "system", "user")})
 			if tc.status != 0 {
-				e, ok := err.(*openai.Error)
-				if !ok || e.Status != tc.status {
+				var nc *NoCapacity
+				if !errors.As(err, &nc) || nc.Saturated != (tc.status == 429) {
 					t.Fatalf("want %d, got %v %v", tc.status, d, err)
 				}
 				return
@@ -357,7 +358,7 @@ func TestSaturationAndOverflow(t *testing.T) {
 	snap2, _ := policies.Parse("p.yaml", []byte(strings.Replace(testPolicy, "  tenants:", "  routing: {maxWaiting: 4}\n  tenants:", 1)))
 	m2, _ := snap2.Model("m")
 	_, err = p.Pick(snap2, Input{Model: m2, Request: request(t, "s", "u")})
-	if e, ok := err.(*openai.Error); !ok || e.Status != 429 || e.Header["retry-after"] == "" {
-		t.Errorf("want 429 with retry-after, got %v", err)
+	if nc, ok := err.(*NoCapacity); !ok || !nc.Saturated {
+		t.Errorf("want saturation, got %v", err)
 	}
 }

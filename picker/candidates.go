@@ -3,7 +3,6 @@ package picker
 import (
 	"slices"
 
-	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -49,8 +48,8 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
-// allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise 429
-// (saturated: retry soon) or 503 (unavailable).
+// allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise
+// NoCapacity.
 func overflow(model *policies.Model, adapter string, saturated, unavailable int) (Decision, error) {
 	cond := policies.WhenUnavailable
 	if saturated > 0 {
@@ -62,8 +61,5 @@ func overflow(model *policies.Model, adapter string, saturated, unavailable int)
 			return Decision{Fallback: f}, nil
 		}
 	}
-	if saturated > 0 {
-		return Decision{}, openai.Overloaded(model.Name)
-	}
-	return Decision{}, openai.NoCapacity(model.Name)
+	return Decision{}, &NoCapacity{Model: model.Name, Saturated: saturated > 0}
 }

@@ -69,7 +69,8 @@ func (d Decision) Target(model string) string {
 	return d.Endpoints[0]
 }
 
-// Picker chooses a Decision for a request to a model. An error is an *openai.Error to return to the client.
+// Picker chooses a Decision for a request to a model. When no endpoint or fallback can take the request the
+// error is a *NoCapacity.
 type Picker interface {
 	Pick(snap *policies.Snapshot, in Input) (Decision, error)
 }
@@ -142,4 +143,18 @@ func (d Decision) Served() string {
 		return d.Adapter
 	}
 	return d.Pool.ServedModel
+}
+
+// NoCapacity says that no endpoint of a model can take a request and no managed fallback may: Saturated when
+// replicas are busy (retry soon), otherwise none is available.
+type NoCapacity struct {
+	Model     string
+	Saturated bool
+}
+
+func (e *NoCapacity) Error() string {
+	if e.Saturated {
+		return "every replica of " + e.Model + " is saturated"
+	}
+	return "no replica of " + e.Model + " is available"
 }

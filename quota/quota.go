@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -191,49 +190,7 @@ func settleDeltas(t *Ticket, tokens, costMicros int64) []int64 {
 	return out
 }
 
-var kindNames = map[string]string{
-	KindRequests:     "requests per second (RPS)",
-	KindTokens:       "tokens per minute (TPM)",
-	KindConcurrency:  "concurrent requests",
-	KindSpend:        "monthly spend (micro-USD)",
-	KindConversation: "tokens per conversation",
-}
-
-// Error renders a rejection as the OpenAI-style 429 clients' SDKs understand: the envelope plus
-// x-ratelimit-* and retry-after headers.
-func (r *Rejection) Error(tenant, model string) *openai.Error {
-	scope := "tenant " + tenant
-	if r.Scope != "tenant" {
-		scope += " on model " + model
-	}
-	e := &openai.Error{Status: 429, Header: map[string]string{}}
-	retry := max(r.Reset, time.Millisecond)
-	switch r.Kind {
-	case KindSpend:
-		e.Type, e.Code = openai.TypeInsufficientQuota, "insufficient_quota"
-		e.Message = fmt.Sprintf("You exceeded your current quota (monthly spend limit of $%.2f for %s); please check your plan and billing details.",
-			float64(r.Limit)/1e6, scope)
-		e.Header["x-should-retry"] = "false"
-		return e
-	case KindConversation:
-		e.Type, e.Code = "tokens", "conversation_token_limit"
-		e.Message = fmt.Sprintf("This conversation reached its token limit for %s: Limit %d, Used %d, Requested %d.", scope, r.Limit, r.Used, r.Requested)
-		e.Header["x-should-retry"] = "false"
-		return e
-	}
-	e.Code = "rate_limit_exceeded"
-	unit := "requests"
-	if r.Kind == KindTokens {
-		unit = "tokens"
-	}
-	e.Type = unit
-	e.Message = fmt.Sprintf("Rate limit reached for %s on %s: Limit %d, Used %d, Requested %d. Please try again in %s.",
-		kindNames[r.Kind], scope, r.Limit, r.Used, r.Requested, retry.Round(time.Millisecond))
-	remaining := max(0, r.Limit-r.Used)
-	e.Header["x-ratelimit-limit-"+unit] = strconv.FormatInt(r.Limit, 10)
-	e.Header["x-ratelimit-remaining-"+unit] = strconv.FormatInt(remaining, 10)
-	e.Header["x-ratelimit-reset-"+unit] = retry.Round(time.Millisecond).String()
-	e.Header["retry-after"] = strconv.FormatInt(int64(math.Ceil(retry.Seconds())), 10)
-	e.Header["retry-after-ms"] = strconv.FormatInt(retry.Milliseconds(), 10)
-	return e
+// Error says which limit refused the request: a Rejection is the quota stage's neutral error.
+func (r *Rejection) Error() string {
+	return fmt.Sprintf("%s limit of %s: limit %d, used %d, requested %d", r.Kind, r.Scope, r.Limit, r.Used, r.Requested)
 }

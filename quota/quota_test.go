@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,26 +208,8 @@ func TestMonthlySpendIsInsufficientQuota(t *testing.T) {
 		t.Fatal(rej)
 	}
 	_, rej, _ := l.Admit(context.Background(), r)
-	if rej == nil || rej.Kind != KindSpend {
+	if rej == nil || rej.Kind != KindSpend || rej.Limit != 1000 {
 		t.Fatalf("want a spend rejection, got %+v", rej)
-	}
-	e := rej.Error("acme", "m")
-	if e.Status != 429 || e.Code != "insufficient_quota" || e.Type != "insufficient_quota" || e.Header["x-should-retry"] != "false" {
-		t.Errorf("error %+v", e)
-	}
-}
-
-func TestRejectionHeaders(t *testing.T) {
-	e := (&Rejection{Kind: KindTokens, Scope: "tenant", Limit: 1000, Used: 900, Requested: 200, Reset: 6 * time.Millisecond}).Error("acme", "m")
-	want := map[string]string{"x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "100",
-		"x-ratelimit-reset-tokens": "6ms", "retry-after": "1", "retry-after-ms": "6"}
-	for k, v := range want {
-		if e.Header[k] != v {
-			t.Errorf("%s = %q, want %q", k, e.Header[k], v)
-		}
-	}
-	if e.Status != 429 || e.Code != "rate_limit_exceeded" || e.Type != "tokens" || !strings.Contains(e.Message, "Limit 1000, Used 900, Requested 200") {
-		t.Errorf("error %+v", e)
 	}
 }
 
@@ -381,7 +362,7 @@ spec:
 		t.Fatal(rej)
 	}
 	rej := admit(n, "conv-1")
-	if rej == nil || rej.Kind != KindConversation || rej.Error("acme", "n").Code != "conversation_token_limit" {
+	if rej == nil || rej.Kind != KindConversation {
 		t.Fatalf("want the conversation cap, got %+v", rej)
 	}
 	if rej := admit(n, "conv-2"); rej != nil {

@@ -1,0 +1,55 @@
+package director
+
+import "fmt"
+
+// Reason says why Route refused a request.
+type Reason int
+
+// The reasons Route refuses a request.
+const (
+	ModelNotFound  Reason = iota + 1 // the policy has no such model (or alias, or adapter)
+	ModelForbidden                   // the tenant may not use it
+	OutputTooLarge                   // max_tokens beyond the model's context
+	OverQuota                        // a quota refused it: Err is the *quota.Rejection
+	QuotaFailed                      // the quota stage could not decide: Err is quota.ErrUnavailable or the failure
+	NoCapacity                       // no endpoint and no fallback can take it: Err is the *picker.NoCapacity
+)
+
+// Refusal is Route's neutral error: what was refused and why, in the stages' terms. The protocol stage maps it
+// to the client's answer.
+type Refusal struct {
+	Reason Reason
+	Model  string // as the client named it, or the canonical model once resolved
+	Tenant string
+	// MaxTokens and ContextTokens describe an OutputTooLarge.
+	MaxTokens, ContextTokens int64
+	// Err is the stage's own error (quota, picker).
+	Err error
+}
+
+func (r *Refusal) Error() string {
+	switch r.Reason {
+	case ModelNotFound:
+		return fmt.Sprintf("model %q not found", r.Model)
+	case ModelForbidden:
+		return fmt.Sprintf("tenant %s may not use model %s", r.Tenant, r.Model)
+	case OutputTooLarge:
+		return fmt.Sprintf("max_tokens %d beyond the context of %s (%d)", r.MaxTokens, r.Model, r.ContextTokens)
+	}
+	return fmt.Sprintf("%s for %s: %v", r.reasonName(), r.Model, r.Err)
+}
+
+func (r *Refusal) reasonName() string {
+	switch r.Reason {
+	case OverQuota:
+		return "over quota"
+	case QuotaFailed:
+		return "quota unavailable"
+	case NoCapacity:
+		return "no capacity"
+	}
+	return "refused"
+}
+
+// Unwrap exposes the stage's error.
+func (r *Refusal) Unwrap() error { return r.Err }
