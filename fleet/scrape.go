@@ -173,6 +173,10 @@ type Scraper struct {
 	mu      sync.RWMutex
 	targets []Target
 	latest  map[string]EngineMetrics
+
+	firstMu   sync.Mutex
+	firstCh   chan struct{}
+	firstOnce sync.Once
 }
 
 // SetTargets replaces the endpoints to scrape (on policy reload).
@@ -242,12 +246,26 @@ func (s *Scraper) Run(ctx context.Context) {
 			}()
 		}
 		wg.Wait()
+		s.firstOnce.Do(func() { close(s.first()) })
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// FirstRound is closed once Run has scraped every target once (successfully or not): a gateway that waits for
+// it does not route its first requests on no data at all.
+func (s *Scraper) FirstRound() <-chan struct{} { return s.first() }
+
+func (s *Scraper) first() chan struct{} {
+	s.firstMu.Lock()
+	defer s.firstMu.Unlock()
+	if s.firstCh == nil {
+		s.firstCh = make(chan struct{})
+	}
+	return s.firstCh
 }
 
 func (s *Scraper) scrape(ctx context.Context, client *http.Client, tg Target) (EngineMetrics, error) {

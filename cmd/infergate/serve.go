@@ -19,17 +19,16 @@ import (
 
 	egextension "github.com/envoyproxy/gateway/proto/extension"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleet"
-	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/gateway"
 	"github.com/infergate/infergate/policies"
-	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/xds"
 )
 
@@ -108,49 +107,18 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
-	store, err := policies.NewStore(cfg.policy, log)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID,
+		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
+	if cfg.redisAddr != "" {
+		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
+	}
+	g, err := gateway.Build(ctx, gc)
 	if err != nil {
 		return err
 	}
-	log.Info("policy loaded", "path", cfg.policy, "version", store.Current().Version)
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerPolicyMetrics(reg, store)
-	metrics := extproc.NewMetrics(reg)
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// The quota store outlives the drain, so that requests finishing during it still settle.
-	quotaCtx, stopQuotas := context.WithCancel(context.Background())
-	defer stopQuotas()
-	var limiter *quota.Limiter
-	if cfg.redisAddr != "" {
-		addrs := strings.Split(cfg.redisAddr, ",")
-		limiter = quota.New(quotaCtx, quota.Options{Addrs: addrs, Cluster: cfg.redisCluster || len(addrs) > 1, Logger: log,
-			Registerer: reg, InstanceID: cfg.instanceID})
-		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-		if n, err := limiter.Reclaim(rctx, store.Current()); err != nil {
-			log.Warn("could not reclaim the previous run's concurrency slots; they free on their own within seconds", "err", err)
-		} else if n > 0 {
-			log.Info("reclaimed concurrency slots of this instance's previous run", "slots", n)
-		}
-		rcancel()
-		log.Info("tenant quotas enforced in Redis", "redis_addrs", len(addrs), "fail_mode", store.Current().QuotaSettings().FailMode)
-	} else {
-		log.Warn("no --redis-addr: tenant quotas are not enforced")
-	}
-
-	// Engine metrics: every pool endpoint in its engine's dialect, refreshed when the policy changes.
-	scraper := &fleet.Scraper{Interval: cfg.scrapeInterval}
-	scraper.SetTargets(scrapeTargets(store.Current()))
-	store.OnChange(func(snap *policies.Snapshot) { scraper.SetTargets(scrapeTargets(snap)) })
-	var engines picker.EngineView
-	if cfg.scrapeInterval > 0 {
-		go scraper.Run(ctx)
-		engines = scraper
-	}
-
+	defer g.Close() // after the drain: requests finishing during it still settle
 	creds, err := listenerCredentials(cfg, log)
 	if err != nil {
 		return err
@@ -160,17 +128,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 			log.Warn("a gRPC listener binds beyond loopback without TLS: anyone who reaches it is trusted as Envoy; set --tls-cert, --tls-key and --tls-client-ca", "addr", a)
 		}
 	}
-
 	extproc.InstallBufferPool()
 	if os.Getenv("GOGC") == "" {
 		// Every request allocates its body; with the default GOGC=100 and a small live heap the collector runs
 		// every few requests and shows up in p99 decision latency. GOGC (and GOMEMLIMIT) still override this.
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	srv := extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: limiter, Engines: engines})
 	gs := grpc.NewServer(append(extproc.ServerOptions(), creds...)...)
-	health := srv.Register(gs)
-
+	health := g.ExtProc.Register(gs)
 	lis, err := net.Listen("tcp", cfg.extprocAddr)
 	if err != nil {
 		return fmt.Errorf("listen ext_proc on %s: %w", cfg.extprocAddr, err)
@@ -178,118 +143,107 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	log.Info("ext_proc listening", "addr", lis.Addr().String())
 	errc := make(chan error, 4)
 	go func() { errc <- gs.Serve(lis) }()
-
-	var metricsSrv *http.Server
 	var draining atomic.Bool
+	metricsSrv, stops, err := serveSide(ctx, cfg, log, g, creds, &draining, errc)
+	for _, stop := range stops {
+		defer stop()
+	}
+	if err != nil {
+		gs.Stop()
+		return err
+	}
+	if err := waitForStop(ctx, g, errc); err != nil {
+		gs.Stop()
+		return err
+	}
+	drain(cfg, log, gs, health, &draining, metricsSrv)
+	return nil
+}
+
+// serveSide starts the metrics endpoint, the xDS server and the Envoy Gateway hook, as configured; it returns
+// the metrics server (nil when off) and the stop functions of the gRPC ones.
+func serveSide(ctx context.Context, cfg serveConfig, log *slog.Logger, g *gateway.Gateway, creds []grpc.ServerOption,
+	draining *atomic.Bool, errc chan<- error) (*http.Server, []func(), error) {
+	var stops []func()
+	var metricsSrv *http.Server
 	if cfg.metricsAddr != "" {
-		mlis, err := net.Listen("tcp", cfg.metricsAddr)
+		srv, err := serveMetrics(cfg.metricsAddr, log, g.Registry, draining, errc)
 		if err != nil {
-			gs.Stop()
-			return fmt.Errorf("listen metrics on %s: %w", cfg.metricsAddr, err)
+			return nil, stops, err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-		// Readiness for probes that cannot speak the gRPC health protocol over TLS (kubelet's): 503 from the
-		// moment the drain starts, like the gRPC readiness service.
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if draining.Load() {
-				http.Error(w, "draining", http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = io.WriteString(w, "ok\n")
-		})
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics listening", "addr", mlis.Addr().String())
-		go func() {
-			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("metrics server: %w", err)
-			}
-		}()
+		metricsSrv = srv
 	}
 	if cfg.xdsAddr != "" {
-		cp := xds.NewServer(log)
-		cp.AllowSecrets(splitList(cfg.secretNodes)...)
-		var state xds.FleetState
-		if engines != nil {
-			state = xds.ScrapedFleet{View: scraper}
-		}
-		if err := cp.Update(store.Current(), nil); err != nil {
-			gs.Stop()
-			return err
-		}
-		store.OnChange(func(snap *policies.Snapshot) {
-			if err := cp.Update(snap, state); err != nil {
-				log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
-			}
-		})
-		if state != nil {
-			// Weights and health follow the fleet; hysteresis inside Update keeps routes from flapping.
-			go func() {
-				t := time.NewTicker(5 * time.Second)
-				defer t.Stop()
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-t.C:
-						if err := cp.Update(store.Current(), state); err != nil {
-							log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
-						}
-					}
-				}
-			}()
-		}
-		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, creds, func(g *grpc.Server) { cp.Register(ctx, g) })
+		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, creds, func(gsrv *grpc.Server) { g.XDS.Register(ctx, gsrv) })
 		if err != nil {
-			gs.Stop()
-			return err
+			return metricsSrv, stops, err
 		}
-		defer stop()
+		stops = append(stops, stop)
 	}
-
 	if cfg.egAddr != "" {
-		hook := &xds.EnvoyGatewayHook{Policy: store.Current}
-		if engines != nil {
-			hook.Fleet = xds.ScrapedFleet{View: scraper}
-		}
-		stop, err := serveGRPC(cfg.egAddr, "envoy gateway extension hook", log, errc, creds, func(g *grpc.Server) {
-			egextension.RegisterEnvoyGatewayExtensionServer(g, hook)
+		stop, err := serveGRPC(cfg.egAddr, "envoy gateway extension hook", log, errc, creds, func(gsrv *grpc.Server) {
+			egextension.RegisterEnvoyGatewayExtensionServer(gsrv, g.Hook)
 		})
 		if err != nil {
-			gs.Stop()
-			return err
+			return metricsSrv, stops, err
 		}
-		defer stop()
+		stops = append(stops, stop)
 	}
+	return metricsSrv, stops, nil
+}
 
+// serveMetrics serves /metrics, /healthz and /readyz on addr.
+func serveMetrics(addr string, log *slog.Logger, reg *prometheus.Registry, draining *atomic.Bool, errc chan<- error) (*http.Server, error) {
+	mlis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen metrics on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	// Readiness for probes that cannot speak the gRPC health protocol over TLS (kubelet's): 503 from the
+	// moment the drain starts, like the gRPC readiness service.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("metrics listening", "addr", mlis.Addr().String())
 	go func() {
-		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
-			log.Error("policy watch stopped; reload with SIGHUP", "err", err)
+		if err := srv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("metrics server: %w", err)
 		}
 	}()
+	return srv, nil
+}
+
+// waitForStop serves until ctx ends (nil) or a server fails (its error), reloading the policy on SIGHUP.
+func waitForStop(ctx context.Context, g *gateway.Gateway, errc <-chan error) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-
 	for {
 		select {
 		case <-hup:
-			_ = store.Reload()
-			continue
+			_ = g.Policies.Reload()
 		case err := <-errc:
-			gs.Stop()
 			return err
 		case <-ctx.Done():
+			return nil
 		}
-		break
 	}
+}
 
-	// Drain: tell health checkers we are going away, let open streams (requests in flight) finish, then stop.
+// drain tells health checkers the gateway is going away, lets open streams (requests in flight) finish within
+// the drain timeout, then stops.
+func drain(cfg serveConfig, log *slog.Logger, gs *grpc.Server, hs *health.Server, draining *atomic.Bool, metricsSrv *http.Server) {
 	draining.Store(true)
 	log.Info("draining", "timeout", cfg.drainTimeout.String())
 	for _, name := range extproc.HealthServices {
-		health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
@@ -306,10 +260,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		_ = metricsSrv.Shutdown(sctx)
 	}
 	log.Info("stopped")
-	return nil
 }
 
-// scrapeTargets lists every pool endpoint with its engine's metrics dialect.
 // serveGRPC listens on addr and serves the services register adds until the returned stop; a serve error goes
 // to errc.
 func serveGRPC(addr, what string, log *slog.Logger, errc chan<- error, opts []grpc.ServerOption, register func(*grpc.Server)) (stop func(), err error) {
@@ -380,32 +332,4 @@ func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
 		}
 	}
 	return out
-}
-
-// registerPolicyMetrics exposes reload results, so an alert can fire when a bad policy is being refused and
-// the fleet is running on an older one.
-func registerPolicyMetrics(reg prometheus.Registerer, store *policies.Store) {
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "infergate_policy_reloads_total", Help: "Policy reload attempts, by result (ok, rejected).",
-			ConstLabels: prometheus.Labels{"result": "ok"},
-		}, func() float64 { ok, _, _ := store.ReloadStats(); return float64(ok) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "infergate_policy_reloads_total", Help: "Policy reload attempts, by result (ok, rejected).",
-			ConstLabels: prometheus.Labels{"result": "rejected"},
-		}, func() float64 { _, failed, _ := store.ReloadStats(); return float64(failed) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "infergate_policy_last_reload_success",
-			Help: "1 if the last policy load succeeded, 0 if the last attempt was rejected and an older policy is live.",
-		}, func() float64 {
-			if _, _, ok := store.ReloadStats(); ok {
-				return 1
-			}
-			return 0
-		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "infergate_policy_loaded_timestamp_seconds",
-			Help: "When the live policy was loaded (Unix seconds).",
-		}, func() float64 { return float64(store.Current().LoadedAt.Unix()) }),
-	)
 }

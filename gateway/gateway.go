@@ -1,0 +1,168 @@
+// Package gateway assembles infergate from its configuration: the policy store, metrics, quotas in Redis,
+// the engine scraper, the ext_proc server with its director, and the xDS control plane fed by the fleet
+// state. infergate serve runs this graph behind its listeners, and the end-to-end tests run the same one.
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/xds"
+)
+
+// Config is what the graph is built from.
+type Config struct {
+	PolicyPath string
+	// RedisAddrs enforce tenants' quotas (one address, or several for Redis Cluster); none: no quotas.
+	RedisAddrs   []string
+	RedisCluster bool
+	// InstanceID names this gateway across restarts (see quota.Options.InstanceID).
+	InstanceID string
+	// ScrapeInterval is how often engines' metrics are read; 0: routing on in-flight counts only.
+	ScrapeInterval time.Duration
+	// SecretNodes are the Envoy node ids that may receive managed-API keys over SDS.
+	SecretNodes []string
+	Logger      *slog.Logger
+	// OnSettle receives every settlement (tests).
+	OnSettle func(director.Settlement)
+}
+
+// Gateway is the built graph.
+type Gateway struct {
+	Policies *policies.Store
+	Registry *prometheus.Registry
+	Quotas   *quota.Limiter // nil without Redis
+	Scraper  *fleet.Scraper
+	ExtProc  *extproc.Server
+	XDS      *xds.Server
+	Hook     *xds.EnvoyGatewayHook
+
+	stopQuotas context.CancelFunc
+}
+
+// Build loads the policy and wires every component; background work (scraping, the fleet-state refresh of
+// xDS, the policy watch) runs until ctx ends. The quota store outlives ctx until Close, so that requests
+// finishing during a drain still settle.
+func Build(ctx context.Context, c Config) (*Gateway, error) {
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	store, err := policies.NewStore(c.PolicyPath, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("policy loaded", "path", c.PolicyPath, "version", store.Current().Version)
+	g := &Gateway{Policies: store, Registry: prometheus.NewRegistry()}
+	g.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerPolicyMetrics(g.Registry, store)
+	metrics := extproc.NewMetrics(g.Registry)
+
+	quotaCtx, stopQuotas := context.WithCancel(context.Background())
+	g.stopQuotas = stopQuotas
+	if len(c.RedisAddrs) > 0 {
+		g.Quotas = quota.New(quotaCtx, quota.Options{Addrs: c.RedisAddrs, Cluster: c.RedisCluster || len(c.RedisAddrs) > 1,
+			Logger: log, Registerer: g.Registry, InstanceID: c.InstanceID})
+		g.reclaim(ctx, log)
+		log.Info("tenant quotas enforced in Redis", "redis_addrs", len(c.RedisAddrs), "fail_mode", store.Current().QuotaSettings().FailMode)
+	} else {
+		log.Warn("no Redis: tenant quotas are not enforced")
+	}
+
+	// Engine metrics: every pool endpoint in its engine's dialect, refreshed when the policy changes.
+	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval}
+	g.Scraper.SetTargets(scrapeTargets(store.Current()))
+	store.OnChange(func(snap *policies.Snapshot) { g.Scraper.SetTargets(scrapeTargets(snap)) })
+	var engines picker.EngineView
+	var state xds.FleetState
+	if c.ScrapeInterval > 0 {
+		go g.Scraper.Run(ctx)
+		engines, state = g.Scraper, xds.ScrapedFleet{View: g.Scraper}
+		// The first requests are not routed on no data at all (they would all find the fleet stale).
+		select {
+		case <-g.Scraper.FirstRound():
+		case <-time.After(2*c.ScrapeInterval + time.Second):
+		case <-ctx.Done():
+		}
+	}
+	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
+		OnSettle: c.OnSettle})
+
+	g.XDS = xds.NewServer(log)
+	g.XDS.AllowSecrets(c.SecretNodes...)
+	if err := g.XDS.Update(store.Current(), state); err != nil {
+		g.Close()
+		return nil, fmt.Errorf("initial xDS snapshot: %w", err)
+	}
+	store.OnChange(func(snap *policies.Snapshot) { g.refreshXDS(log, snap, state) })
+	if state != nil {
+		// Weights and health follow the fleet; hysteresis inside Update keeps routes from flapping, and an
+		// unchanged snapshot is not pushed.
+		go every(ctx, 5*time.Second, func() { g.refreshXDS(log, store.Current(), state) })
+	}
+	g.Hook = &xds.EnvoyGatewayHook{Policy: store.Current, Fleet: state}
+
+	go func() {
+		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
+			log.Error("policy watch stopped; reload with SIGHUP", "err", err)
+		}
+	}()
+	return g, nil
+}
+
+// Close stops the quota store after its last settlements went out; call it once the drain is over.
+func (g *Gateway) Close() { g.stopQuotas() }
+
+func (g *Gateway) reclaim(ctx context.Context, log *slog.Logger) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if n, err := g.Quotas.Reclaim(rctx, g.Policies.Current()); err != nil {
+		log.Warn("could not reclaim the previous run's concurrency slots; they free on their own within seconds", "err", err)
+	} else if n > 0 {
+		log.Info("reclaimed concurrency slots of this instance's previous run", "slots", n)
+	}
+}
+
+func (g *Gateway) refreshXDS(log *slog.Logger, snap *policies.Snapshot, state xds.FleetState) {
+	if err := g.XDS.Update(snap, state); err != nil {
+		log.Error("xds update rejected; Envoy keeps the previous snapshot", "err", err)
+	}
+}
+
+// every calls fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
+// scrapeTargets lists every pool endpoint with its engine's metrics dialect.
+func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
+	var out []fleet.Target
+	for _, m := range snap.Policy.Spec.Models {
+		for _, p := range m.Pools {
+			for _, ep := range p.Endpoints {
+				out = append(out, fleet.Target{Addr: ep, Dialect: fleet.DialectFor(p.Engine)})
+			}
+		}
+	}
+	return out
+}
