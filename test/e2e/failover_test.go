@@ -114,7 +114,9 @@ spec:
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml"})
+	// The stand-in replicas serve no /metrics: the gateway does not scrape them (it would find them stale and
+	// send everything to the managed API itself), so the fail-over is Envoy's.
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", ScrapeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,9 +18,9 @@ import (
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleetsim"
+	"github.com/infergate/infergate/gateway"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
-	"github.com/infergate/infergate/xds"
 )
 
 // Stack is a running gateway stack.
@@ -47,6 +47,9 @@ type Options struct {
 	Logger     *slog.Logger
 	// Extproc, when set, is an already running processor to use instead of starting one in-process.
 	ExtprocAddr string
+	// ScrapeInterval is how often the in-process gateway reads the engines' metrics (default 100 ms, as
+	// infergate serve); negative: not at all (stand-in replicas without /metrics).
+	ScrapeInterval time.Duration
 }
 
 var addrRe = regexp.MustCompile(`127\.0\.0\.1:\d+`)
@@ -106,21 +109,36 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	st := &Stack{Fleet: fleet, Settled: make(chan extproc.Settlement, 4096)}
 
+	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
+	if err != nil {
+		return nil, err
+	}
 	procAddr := o.ExtprocAddr
+	var g *gateway.Gateway
 	if procAddr == "" {
-		store, err := policies.NewStore(policyPath, o.Logger)
+		// The production graph, as infergate serve builds it.
+		scrape := o.ScrapeInterval
+		switch {
+		case scrape == 0:
+			scrape = 100 * time.Millisecond
+		case scrape < 0:
+			scrape = 0
+		}
+		g, err = gateway.Build(ctx, gateway.Config{PolicyPath: policyPath, ScrapeInterval: scrape, Logger: o.Logger,
+			SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
+			OnSettle: func(s extproc.Settlement) {
+				select {
+				case st.Settled <- s:
+				default:
+				}
+			}})
 		if err != nil {
 			return nil, err
 		}
-		st.Policies = store
-		srv := extproc.New(extproc.Options{Policies: store, Logger: o.Logger, OnSettle: func(s extproc.Settlement) {
-			select {
-			case st.Settled <- s:
-			default:
-			}
-		}})
+		go func() { <-ctx.Done(); g.Close() }()
+		st.Policies = g.Policies
 		gs := grpc.NewServer(extproc.ServerOptions()...)
-		srv.Register(gs)
+		g.ExtProc.Register(gs)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
@@ -131,23 +149,14 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	st.ExtProcAddr = procAddr
 
-	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
-	if err != nil {
-		return nil, err
-	}
 	if ecfg.RDSName != "" {
 		// The bootstrap takes clusters and routes over ADS: run infergate's control plane for the same policy
 		// on a free port and let the data plane fetch them, as Envoy does at startup.
-		if st.Policies == nil {
+		if g == nil {
 			return nil, fmt.Errorf("%s needs the stack's own infergate (xDS)", o.EnvoyFile)
 		}
-		cp := xds.NewServer(o.Logger)
-		cp.AllowSecrets(ecfg.Bootstrap.GetNode().GetId()) // as serve's default --xds-secret-nodes does for the quickstart
-		if err := cp.Update(st.Policies.Current(), nil); err != nil {
-			return nil, err
-		}
 		xgs := grpc.NewServer()
-		cp.Register(ctx, xgs)
+		g.XDS.Register(ctx, xgs)
 		xlis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
