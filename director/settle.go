@@ -80,8 +80,7 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 			"completion_tokens", usage.CompletionTokens, "context_tokens", model.ContextTokens)
 		usage = clamped
 	}
-	pricing := model.Pricing
-	cost := (float64(usage.PromptTokens)*pricing.InputPerMTok + float64(usage.CompletionTokens)*pricing.OutputPerMTok) / 1e6
+	cost := quota.CostUSD(model, usage.PromptTokens, usage.CompletionTokens)
 	tenant := rt.req.Tenant.Name
 	m.Responses.WithLabelValues(result).Inc()
 	m.Tokens.WithLabelValues(tenant, model.Name, "prompt").Add(float64(usage.PromptTokens))

@@ -94,11 +94,21 @@ const ConcurrencyTTL = 10 * time.Second
 // MicroUSD prices tokens at a model's policy prices, saturating at the largest int64 rather than wrapping:
 // token counts come from clients and engines.
 func MicroUSD(m *policies.Model, prompt, completion int64) int64 {
-	v := math.Round(float64(max(prompt, 0))*m.Pricing.InputPerMTok + float64(max(completion, 0))*m.Pricing.OutputPerMTok)
+	v := math.Round(priceMicros(m, prompt, completion))
 	if v >= math.MaxInt64 || math.IsNaN(v) {
 		return math.MaxInt64
 	}
 	return int64(v)
+}
+
+// CostUSD prices tokens at a model's policy prices, in dollars (the spend metrics' unit).
+func CostUSD(m *policies.Model, prompt, completion int64) float64 {
+	return priceMicros(m, prompt, completion) / 1e6
+}
+
+// priceMicros is the one price formula: tokens × USD per million tokens = micro-USD.
+func priceMicros(m *policies.Model, prompt, completion int64) float64 {
+	return float64(max(prompt, 0))*m.Pricing.InputPerMTok + float64(max(completion, 0))*m.Pricing.OutputPerMTok
 }
 
 // AddTokens adds two non-negative token counts, saturating at the largest int64: an estimate built from a
