@@ -96,12 +96,14 @@ type Route struct {
 	// it, max_tokens when the request set none.
 	Edits openai.Edits
 
-	req     Request
-	prompt  int64 // estimated prompt tokens
-	stream  bool
-	ticket  *quota.Ticket
-	target  string // the in-flight key
-	settled bool
+	tenant    *policies.Tenant
+	requestID string
+	started   time.Time
+	prompt    int64 // estimated prompt tokens
+	stream    bool
+	ticket    *quota.Ticket
+	target    string // the in-flight key
+	settled   bool
 }
 
 // Pool is the x-infergate-pool value of the route.
@@ -112,25 +114,27 @@ func (r *Route) Pool() string {
 	return r.Decision.Pool.Name
 }
 
-// Route decides where a request goes. From a nil error on, the request counts as routed: it is in flight
-// until Settle. An error is a *Refusal.
-func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
+// Route decides where a request goes, filling rt (which the caller owns, so that routing allocates nothing
+// of its own). From a nil error on, the request counts as routed: it is in flight until Settle. An error is a
+// *Refusal.
+func (d *Director) Route(ctx context.Context, req Request, rt *Route) error {
 	body := req.Body
 	model, ok := req.Snapshot.Model(body.Model)
 	if !ok {
-		return nil, &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
+		return &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	if !req.Snapshot.Allows(req.Tenant, model) {
-		return nil, &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
+		return &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
 	}
-	rt := &Route{Model: model, req: req, prompt: int64(body.EstimatePromptTokens()), stream: body.Stream}
+	*rt = Route{Model: model, tenant: req.Tenant, requestID: req.RequestID, started: req.Started,
+		prompt: int64(body.EstimatePromptTokens()), stream: body.Stream}
 	maxOut, inject, ok := outputBound(req.Snapshot, model, req.Endpoint, body)
 	if !ok {
-		return nil, &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
+		return &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
 			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
 	}
-	if err := d.admit(ctx, rt, maxOut); err != nil {
-		return nil, err
+	if err := d.admit(ctx, &req, rt, maxOut); err != nil {
+		return err
 	}
 	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body}
 	if req.Snapshot.Adapter(body.Model) {
@@ -139,7 +143,7 @@ func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
 	dec, err := d.opts.Picker.Pick(req.Snapshot, in)
 	if err != nil {
 		d.release(rt)
-		return nil, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name, Err: err}
+		return &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name, Err: err}
 	}
 	rt.Decision = dec
 	if served := dec.Served(); served != body.Model {
@@ -150,7 +154,7 @@ func (d *Director) Route(ctx context.Context, req Request) (*Route, error) {
 	rt.target = dec.Target(model.Name)
 	d.opts.InFlight.Start(rt.target)
 	d.opts.Metrics.InFlight.Inc()
-	return rt, nil
+	return nil
 }
 
 // outputBound fixes the most output tokens the request can produce, which admission reserves: what the
@@ -173,12 +177,11 @@ func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpo
 }
 
 // admit reserves the request's estimated tokens and cost against the tenant's quotas.
-func (d *Director) admit(ctx context.Context, rt *Route, maxOut int64) error {
+func (d *Director) admit(ctx context.Context, req *Request, rt *Route, maxOut int64) error {
 	q := d.opts.Admission
 	if q == nil {
 		return nil
 	}
-	req := rt.req
 	t, rej, err := q.Admit(ctx, quota.Request{Snapshot: req.Snapshot, Tenant: req.Tenant, Model: rt.Model,
 		EstimatedTokens: quota.AddTokens(rt.prompt, maxOut), EstimatedCostMicros: quota.MicroUSD(rt.Model, rt.prompt, maxOut),
 		Conversation: req.Conversation})

@@ -33,8 +33,8 @@ func TestRouteAndSettleOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer body.Release()
-	rt, err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body, RequestID: "r1"})
-	if err != nil {
+	rt := &Route{}
+	if err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body, RequestID: "r1"}, rt); err != nil {
 		t.Fatal(err)
 	}
 	if inflight.Total() != 1 {
@@ -67,7 +67,7 @@ func TestRouteRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &req})
+		err = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &req}, &Route{})
 		req.Release()
 		var r *Refusal
 		if !errors.As(err, &r) || r.Reason != reason {

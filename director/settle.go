@@ -76,12 +76,12 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	model := rt.Model
 	if clamped, cut := usage.Clamp(model.ContextTokens); cut {
 		d.opts.Logger.Warn("upstream reported more tokens than the model's context holds; charged at the context size",
-			"request_id", rt.req.RequestID, "model", model.Name, "prompt_tokens", usage.PromptTokens,
+			"request_id", rt.requestID, "model", model.Name, "prompt_tokens", usage.PromptTokens,
 			"completion_tokens", usage.CompletionTokens, "context_tokens", model.ContextTokens)
 		usage = clamped
 	}
 	cost := quota.CostUSD(model, usage.PromptTokens, usage.CompletionTokens)
-	tenant := rt.req.Tenant.Name
+	tenant := rt.tenant.Name
 	m.Responses.WithLabelValues(result).Inc()
 	m.Tokens.WithLabelValues(tenant, model.Name, "prompt").Add(float64(usage.PromptTokens))
 	m.Tokens.WithLabelValues(tenant, model.Name, "completion").Add(float64(usage.CompletionTokens))
@@ -92,8 +92,8 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 		endpoint = o.Served
 	}
 	st := Settlement{
-		RequestID: rt.req.RequestID, Tenant: tenant, Model: model.Name, Pool: rt.Pool(), Endpoint: endpoint,
-		Status: o.Status, Result: result, Usage: usage, Reported: o.Reported, CostUSD: cost, Started: rt.req.Started,
+		RequestID: rt.requestID, Tenant: tenant, Model: model.Name, Pool: rt.Pool(), Endpoint: endpoint,
+		Status: o.Status, Result: result, Usage: usage, Reported: o.Reported, CostUSD: cost, Started: rt.started,
 	}
 	d.opts.Logger.Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model.Name,
 		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,

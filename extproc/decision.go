@@ -18,13 +18,18 @@ import (
 // decide parses the body and has the director route it. It returns the body to forward (rewritten when
 // needed) or an error to send back.
 func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
-	req, err := openai.ParseRequest(rs.endpoint, rs.body)
+	var err error
+	// The parsed body lives in the request state, which is on the heap already: a local would escape to it
+	// through the director and cost an allocation per request.
+	rs.parsed, err = openai.ParseRequest(rs.endpoint, rs.body)
 	if err != nil {
 		return nil, false, clientError(err)
 	}
+	req := &rs.parsed
 	defer req.Release()
-	rt, err := rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
-		Body: &req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started})
+	rt := &rs.routed
+	err = rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
+		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started}, rt)
 	if err != nil {
 		return nil, false, clientError(err)
 	}

@@ -53,7 +53,9 @@ type requestState struct {
 	decided   bool
 
 	// routing decision
-	route        *director.Route
+	route        *director.Route // &routed once the request is routed
+	routed       director.Route
+	parsed       openai.Request // the body's routed fields, until the decision is made
 	stream       bool
 	conversation string
 
