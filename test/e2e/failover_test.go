@@ -162,8 +162,10 @@ spec:
 	}
 	for i, u := range replicas {
 		seen := u.requests()
-		if len(seen) < 5 {
-			t.Errorf("replica %d saw %d attempts: fail-over came before its ejection", i, len(seen))
+		// Envoy takes a failing replica out by outlier ejection (5 consecutive 5xx) or by its active health
+		// check (2 failed probes, every 2 s), whichever comes first; either way it was tried first.
+		if len(seen) == 0 {
+			t.Errorf("replica %d saw no attempt: fail-over came before it was tried", i)
 		}
 		for _, r := range seen {
 			if r.model != "meta-llama/Llama-3.3-70B-Instruct" || r.authorization != "" {

@@ -31,10 +31,12 @@ func TestFullDuplexUpstreamCutResetsDownstream(t *testing.T) {
 				}
 			}
 		})
+	cut := make(chan struct{})
 	handler := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("content-type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: first\n\n")
 		w.(http.Flusher).Flush()
+		<-cut // the client has the first event
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err == nil {
 			_ = conn.Close() // the replica dies mid-stream: no terminating chunk
@@ -50,6 +52,7 @@ func TestFullDuplexUpstreamCutResetsDownstream(t *testing.T) {
 	if line, err := rd.ReadString('\n'); err != nil || line != "data: first\n" {
 		t.Fatalf("first event %q %v", line, err)
 	}
+	close(cut)
 	rest, err := io.ReadAll(rd)
 	if err == nil {
 		t.Fatalf("the body ended cleanly after the upstream was cut (rest %q); Envoy resets the stream", rest)
