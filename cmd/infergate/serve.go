@@ -26,7 +26,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/extproc"
-	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/gateway"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/xds"
@@ -317,18 +316,6 @@ func splitList(s string) []string {
 	for _, p := range strings.Split(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
-	var out []fleet.Target
-	for _, m := range snap.Policy.Spec.Models {
-		for _, p := range m.Pools {
-			for _, ep := range p.Endpoints {
-				out = append(out, fleet.Target{Addr: ep, Dialect: fleet.DialectFor(p.Engine)})
-			}
 		}
 	}
 	return out
