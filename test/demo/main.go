@@ -93,9 +93,23 @@ func main() {
 	}
 }
 
+// The fixed addresses of the demo's infergate and its fleet file.
+const (
+	extprocAddr = "127.0.0.1:9002"
+	metricsAddr = "127.0.0.1:9090"
+	fleetFile   = "examples/quickstart/fleet.yaml"
+)
+
 func run(ctx context.Context, bin, envoyFile, listen string) error {
 	root, err := e2e.FindRoot()
 	if err != nil {
+		return err
+	}
+	addrs, err := demoPorts(root, fleetFile, listen)
+	if err != nil {
+		return err
+	}
+	if err := checkPorts(addrs); err != nil {
 		return err
 	}
 	// infergate itself runs as its own process, exactly as in production.
@@ -107,7 +121,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	}
 	defer logFile.Close()
 	args := []string{"serve", "--policy", "examples/quickstart/policy.yaml",
-		"--extproc-addr", "127.0.0.1:9002", "--metrics-addr", "127.0.0.1:9090", "--xds-addr", ""}
+		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", ""}
 	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)
@@ -124,19 +138,19 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- cmd.Wait() }()
-	if err := waitHTTP(ctx, "http://127.0.0.1:9090/healthz"); err != nil {
+	if err := waitHTTP(ctx, "http://"+metricsAddr+"/healthz"); err != nil {
 		return fmt.Errorf("infergate did not come up (log: %s): %w", logFile.Name(), err)
 	}
 
 	stackCtx, stopStack := context.WithCancel(context.Background())
 	defer stopStack()
 	st, err := e2e.Start(stackCtx, e2e.Options{Root: root, EnvoyFile: envoyFile, PolicyFile: "examples/quickstart/policy.yaml",
-		FleetFile: "examples/quickstart/fleet.yaml", ListenAddr: listen, ExtprocAddr: "127.0.0.1:9002"})
+		FleetFile: fleetFile, ListenAddr: listen, ExtprocAddr: extprocAddr})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("infergate demo: gateway %s, infergate ext_proc 127.0.0.1:9002, metrics http://127.0.0.1:9090/metrics (log %s)\n",
-		st.URL, logFile.Name())
+	fmt.Printf("infergate demo: gateway %s, infergate ext_proc %s, metrics http://%s/metrics (log %s)\n",
+		st.URL, extprocAddr, metricsAddr, logFile.Name())
 	fmt.Printf("try: curl %s/v1/chat/completions -H 'Authorization: Bearer sk-demo-acme' -d '{\"model\":\"llama-70b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n", st.URL)
 
 	time.Sleep(500 * time.Millisecond) // let infergate's first engine scrapes see the fleet
@@ -332,8 +346,13 @@ func render(w io.Writer, st *e2e.Stack, samples []sample, elapsed time.Duration,
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	forbidden := false
 	for _, n := range names {
 		a := byTenant[n]
 		fmt.Fprintf(w, "%-10s %6d %12d %12d %6d %6d %8d\n", n, a.reqs, a.in, a.out, a.r429, a.r403, a.errs)
+		forbidden = forbidden || a.r403 > 0
+	}
+	if forbidden {
+		fmt.Fprintln(w, "\n403s are on purpose: initech also asks for llama-3.3-70b, which its tier may not use (model_not_allowed).")
 	}
 }
