@@ -88,6 +88,14 @@ func quotaError(r *quota.Rejection, tenant, model string) *openai.Error {
 		unit = "tokens"
 	}
 	e.Type = unit
+	if r.Requested > r.Limit {
+		// No wait makes this request fit: tell the SDKs not to retry it (they honour x-should-retry).
+		e.Message = fmt.Sprintf("This request needs %d %s, more than the %s limit of %d for %s: it can never be admitted. Lower max_tokens or shorten the prompt.",
+			r.Requested, unit, quotaKindNames[r.Kind], r.Limit, scope)
+		e.Header["x-should-retry"] = "false"
+		e.Header["x-ratelimit-limit-"+unit] = strconv.FormatInt(r.Limit, 10)
+		return e
+	}
 	e.Message = fmt.Sprintf("Rate limit reached for %s on %s: Limit %d, Used %d, Requested %d. Please try again in %s.",
 		quotaKindNames[r.Kind], scope, r.Limit, r.Used, r.Requested, retry.Round(time.Millisecond))
 	remaining := max(0, r.Limit-r.Used)

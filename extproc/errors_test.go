@@ -61,3 +61,11 @@ func TestQuotaErrorHeaders(t *testing.T) {
 		t.Errorf("spend error %+v", s)
 	}
 }
+
+// A request larger than the limit itself can never fit: no retry, and the message says so.
+func TestQuotaErrorForARequestThatNeverFits(t *testing.T) {
+	e := quotaError(&quota.Rejection{Kind: quota.KindTokens, Scope: "tenant", Limit: 20000, Used: 0, Requested: 100050, Reset: 35 * time.Second}, "acme", "m")
+	if e.Status != 429 || e.Header["x-should-retry"] != "false" || e.Header["retry-after"] != "" || !strings.Contains(e.Message, "can never be admitted") {
+		t.Errorf("error %+v", e)
+	}
+}

@@ -168,3 +168,14 @@ func TestTokensPerMinuteHoldWithoutMaxTokens(t *testing.T) {
 		t.Errorf("served only %d of 5000 tokens", used)
 	}
 }
+
+// A request whose own estimate exceeds the limit gets a 429 that clients' SDKs do not retry.
+func TestRequestOverTheLimitItselfIsNotRetryable(t *testing.T) {
+	h, _ := quotaHarness(t, "tokensPerMinute: 20000", "redisTimeout: 2s, leaseFraction: 0")
+	_, r := post(t, h, keyAcme, `{"model":"qwen2.5-7b","messages":[{"role":"user","content":"x"}],"max_tokens":100000}`, modeBuffered)
+	status, _ := immediateError(t, r)
+	hdr := setHeaders(r.GetImmediateResponse().GetHeaders())
+	if status != 429 || hdr["x-should-retry"] != "false" || hdr["retry-after"] != "" {
+		t.Errorf("status %d headers %v", status, hdr)
+	}
+}
