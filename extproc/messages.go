@@ -82,7 +82,8 @@ func immediate(code int, body []byte, requestID, details string, extra map[strin
 	if requestID != "" {
 		set = append(set, setHeader(contract.HeaderRequestID, requestID))
 	}
-	if _, ok := extra["retry-after"]; !ok && (code == 429 || code == 503) {
+	// A default retry-after for overload answers, unless the error says when — or says not to retry.
+	if _, ok := extra["retry-after"]; !ok && (code == 429 || code == 503) && extra["x-should-retry"] != "false" {
 		set = append(set, setHeader("retry-after", "1"))
 	}
 	keys := make([]string, 0, len(extra))
