@@ -168,3 +168,23 @@ func TestDeclaredLengthReservesNothing(t *testing.T) {
 	}
 	rs.close()
 }
+
+// GET /v1/models/{id} answers the model object for any name the tenant may use, and 404 otherwise.
+func TestGetOneModel(t *testing.T) {
+	h := newHarness(t)
+	get := func(path, key string) (int, string) {
+		s := h.open(t, modeBuffered, modeNone)
+		s.send(reqHeaders(true, ":method", "GET", ":path", path, "authorization", "Bearer "+key))
+		ir := s.recv().GetImmediateResponse()
+		return int(ir.GetStatus().GetCode()), string(ir.GetBody())
+	}
+	if status, body := get("/v1/models/llama-70b", keyAcme); status != 200 || !strings.Contains(body, `"id":"llama-70b"`) || !strings.Contains(body, `"object":"model"`) {
+		t.Errorf("alias: %d %s", status, body)
+	}
+	if status, _ := get("/v1/models/no-such-model", keyAcme); status != 404 {
+		t.Errorf("unknown model: %d", status)
+	}
+	if status, _ := get("/v1/models/llama-70b", keyInitech); status != 404 {
+		t.Errorf("a model the tenant may not call: %d, want 404", status)
+	}
+}

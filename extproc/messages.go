@@ -121,6 +121,12 @@ type modelEntry struct {
 }
 
 // modelList renders GET /v1/models for a tenant: the canonical models it may call.
+// modelObject renders GET /v1/models/{id}: the model under the name the client asked by.
+func modelObject(id string, loaded time.Time) []byte {
+	b, _ := json.Marshal(modelEntry{ID: id, Object: "model", Created: loaded.Unix(), OwnedBy: "infergate"})
+	return b
+}
+
 func modelList(models []*policies.Model, loaded time.Time) []byte {
 	out := struct {
 		Object string       `json:"object"`

@@ -146,13 +146,8 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	if e := rs.authenticate(hdr.auth); e != nil {
 		return rs.reject(e)
 	}
-	if rs.endpoint == openai.EndpointModels {
-		if hdr.method != http.MethodGet {
-			return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))
-		}
-		rs.finished = true
-		rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
-		return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
+	if rs.endpoint == openai.EndpointModels || rs.endpoint == openai.EndpointModel {
+		return rs.answerModels(hdr)
 	}
 	if hdr.method != http.MethodPost {
 		return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))
@@ -183,6 +178,27 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 			"The gateway is misconfigured: ext_proc request body mode %s cannot carry the body to route on; use BUFFERED or FULL_DUPLEX_STREAMED.",
 			rs.reqMode))
 	}
+}
+
+// answerModels answers GET /v1/models (the models the tenant may call) and GET /v1/models/{id} (one of them,
+// by any name it may use; 404 for any other, as OpenAI answers for a model the key cannot use).
+func (rs *requestState) answerModels(hdr requestHeaderValues) []*extprocv3.ProcessingResponse {
+	if hdr.method != http.MethodGet {
+		return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))
+	}
+	if rs.endpoint == openai.EndpointModel {
+		id := openai.ModelID(hdr.path)
+		m, ok := rs.snap.Model(id)
+		if !ok || !rs.snap.Allows(rs.tenant, m) {
+			return rs.reject(openai.ModelNotFound(id))
+		}
+		rs.finished = true
+		rs.srv.opts.Metrics.Requests.WithLabelValues("models_get").Inc()
+		return one(immediate(http.StatusOK, modelObject(id, rs.snap.LoadedAt), rs.requestID, "", nil))
+	}
+	rs.finished = true
+	rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
+	return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
 }
 
 // requestHeaderValues are the request headers the gateway reads.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -20,6 +21,8 @@ const (
 	EndpointCompletions
 	EndpointEmbeddings
 	EndpointModels
+	// EndpointModel is GET /v1/models/{id}: one model object.
+	EndpointModel
 )
 
 // Paths of the OpenAI-compatible API.
@@ -47,7 +50,27 @@ func EndpointForPath(path string) Endpoint {
 	case PathModels:
 		return EndpointModels
 	}
+	if id := ModelID(path); id != "" {
+		return EndpointModel
+	}
 	return EndpointNone
+}
+
+// ModelID is the {id} of a /v1/models/{id} path (unescaped; it may hold '/', as in "meta-llama/Llama-3.3"), or
+// "" for any other path.
+func ModelID(path string) string {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	rest, ok := strings.CutPrefix(path, PathModels+"/")
+	if !ok || rest == "" || strings.HasSuffix(rest, "/") {
+		return ""
+	}
+	id, err := url.PathUnescape(rest)
+	if err != nil || strings.ContainsAny(id, "\x00\r\n") {
+		return ""
+	}
+	return id
 }
 
 func (e Endpoint) String() string {
@@ -58,7 +81,7 @@ func (e Endpoint) String() string {
 		return "completions"
 	case EndpointEmbeddings:
 		return "embeddings"
-	case EndpointModels:
+	case EndpointModels, EndpointModel:
 		return "models"
 	}
 	return "other"

@@ -19,6 +19,10 @@ func TestEndpointForPath(t *testing.T) {
 		"/v1/chat":                       EndpointNone,
 		"/":                              EndpointNone,
 		"/v1/chat/completions/../models": EndpointNone,
+		"/v1/models/llama-70b":           EndpointModel,
+		"/v1/models/meta-llama/Llama-3":  EndpointModel,
+		"/v1/models/":                    EndpointNone,
+		"/v1/models/x/":                  EndpointNone,
 	}
 	for path, want := range tests {
 		if got := EndpointForPath(path); got != want {
@@ -239,5 +243,16 @@ func TestRewriteAfterStringsWereRead(t *testing.T) {
 	}
 	if !strings.Contains(string(out), `\u001b[31mred\u0000`) {
 		t.Errorf("prompt bytes changed: %q", out)
+	}
+}
+
+func TestModelID(t *testing.T) {
+	for path, want := range map[string]string{
+		"/v1/models/llama-70b": "llama-70b", "/v1/models/meta-llama/Llama-3.3?x=1": "meta-llama/Llama-3.3",
+		"/v1/models/a%2Fb": "a/b", "/v1/models/bad%zz": "", "/v1/models/a%0Db": "", "/v1/models": "", "/v1/chat/completions": "",
+	} {
+		if got := ModelID(path); got != want {
+			t.Errorf("ModelID(%q) = %q, want %q", path, got, want)
+		}
 	}
 }
