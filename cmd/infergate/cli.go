@@ -38,6 +38,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	if help, ok := commandHelp[args[0]]; ok && len(args) > 1 && isHelpFlag(args[1]) {
+		fmt.Fprintln(stdout, help) // never a file named --help, a key "--help" or a schema
+		return 0
+	}
 	switch args[0] {
 	case "serve":
 		return cmdServe(ctx, args[1:], stdout, stderr)
@@ -57,6 +61,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "infergate: unknown command %q\n\n%s", args[0], usage)
 	return 2
 }
+
+// commandHelp is each small command's usage, for `infergate CMD --help` (serve has its flag set's).
+var commandHelp = map[string]string{
+	"validate": "usage: infergate validate FILE...\n\nChecks policy files and prints every problem with file:line; exit 1 when any has one.",
+	"schema":   "usage: infergate schema\n\nPrints the policy JSON Schema, for editors.",
+	"hash-key": "usage: infergate hash-key [KEY]\n\nPrints the sha256: form of an API key that a policy stores; reads the key from standard input without KEY.",
+	"version":  "usage: infergate version",
+}
+
+func isHelpFlag(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }
 
 func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {

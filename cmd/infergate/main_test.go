@@ -62,6 +62,10 @@ func TestSmallCommands(t *testing.T) {
 		{[]string{"bogus"}, 2, ""},
 		{nil, 2, ""},
 		{[]string{"serve"}, 2, ""},
+		// --help is help, never a file, a key or a schema.
+		{[]string{"validate", "--help"}, 0, "usage: infergate validate"},
+		{[]string{"hash-key", "--help"}, 0, "usage: infergate hash-key"},
+		{[]string{"schema", "-h"}, 0, "usage: infergate schema"},
 	}
 	for _, tc := range tests {
 		var out, errOut bytes.Buffer
