@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -135,7 +137,7 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
 	}
 	if err := fastjson.ValidateBytes(body); err != nil {
-		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", trimErr(err))
+		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
 	}
 	p := parsers.Get()
 	doc, err := p.ParseBytes(body)
@@ -241,6 +243,22 @@ func (k *routedKeys) repeated(key, promptField string) bool {
 	had := *k&bit != 0
 	*k |= bit
 	return had
+}
+
+// describeJSONError says briefly what is wrong with a body that does not parse and where: the standard
+// library's reading, with its byte offset, rather than the fast parser's chain of contexts. It runs only on
+// bodies already refused, which the pre-scan has bounded.
+func describeJSONError(body []byte, fallback error) string {
+	var raw json.RawMessage // checks the grammar over the whole input without building values
+	err := json.Unmarshal(body, &raw)
+	var syn *json.SyntaxError
+	switch {
+	case errors.As(err, &syn) && syn.Error() == "unexpected end of JSON input":
+		return fmt.Sprintf("the body ends too early, at offset %d", len(body))
+	case errors.As(err, &syn):
+		return fmt.Sprintf("%s at offset %d", syn.Error(), max(0, syn.Offset-1)) // the offending byte, from 0
+	}
+	return trimErr(fallback)
 }
 
 // trimErr keeps a parser error short: fastjson quotes the tail of the input, which may be a whole prompt.
