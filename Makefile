@@ -4,6 +4,8 @@ GO ?= go
 BIN := bin/infergate
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 20s
+# The version `infergate version` prints: the commit (and +dirty) unless given.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZFLAGS ?=
 
 .DEFAULT_GOAL := help
@@ -14,7 +16,7 @@ help: ## list the targets
 
 .PHONY: build
 build: ## build bin/infergate
-	$(GO) build -o $(BIN) ./cmd/infergate
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/infergate
 
 .PHONY: test-deps
 test-deps: ## install what the tests run for real (Debian packages) when missing

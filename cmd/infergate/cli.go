@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/infergate/infergate/policies"
@@ -52,7 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "hash-key":
 		return cmdHashKey(args[1:], stdout, stderr)
 	case "version", "--version", "-v":
-		fmt.Fprintln(stdout, "infergate", version)
+		bi, _ := debug.ReadBuildInfo()
+		fmt.Fprintln(stdout, "infergate", versionOf(version, bi))
 		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
@@ -68,6 +70,40 @@ var commandHelp = map[string]string{
 	"schema":   "usage: infergate schema\n\nPrints the policy JSON Schema, for editors.",
 	"hash-key": "usage: infergate hash-key [KEY]\n\nPrints the sha256: form of an API key that a policy stores; reads the key from standard input without KEY.",
 	"version":  "usage: infergate version",
+}
+
+// versionOf is the version a build was stamped with (-ldflags "-X main.version=…"), else what the Go
+// toolchain recorded: the module version of `go install …@v1.2.3`, or the commit (with "+dirty" for local
+// changes) of a build in a checkout.
+func versionOf(stamped string, bi *debug.BuildInfo) string {
+	if stamped != "" && stamped != "dev" {
+		return stamped
+	}
+	if bi == nil {
+		return "dev"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev == "" {
+		return "dev"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if modified == "true" {
+		rev += "+dirty"
+	}
+	return "dev-" + rev
 }
 
 func isHelpFlag(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -161,6 +162,30 @@ func TestProductBinaryImportsNoTestPackage(t *testing.T) {
 	for _, p := range strings.Fields(string(out)) {
 		if strings.HasPrefix(p, "github.com/infergate/infergate/test/") {
 			t.Errorf("infergate imports %s", p)
+		}
+	}
+}
+
+func TestVersionOf(t *testing.T) {
+	bi := func(main string, settings ...debug.BuildSetting) *debug.BuildInfo {
+		return &debug.BuildInfo{Main: debug.Module{Version: main}, Settings: settings}
+	}
+	rev := debug.BuildSetting{Key: "vcs.revision", Value: "0123456789abcdef0123"}
+	dirty := debug.BuildSetting{Key: "vcs.modified", Value: "true"}
+	for _, tc := range []struct {
+		stamped string
+		bi      *debug.BuildInfo
+		want    string
+	}{
+		{"v1.4.0", bi("(devel)", rev), "v1.4.0"},
+		{"dev", bi("v1.3.2"), "v1.3.2"},
+		{"dev", bi("(devel)", rev), "dev-0123456789ab"},
+		{"dev", bi("(devel)", rev, dirty), "dev-0123456789ab+dirty"},
+		{"dev", bi("(devel)"), "dev"},
+		{"dev", nil, "dev"},
+	} {
+		if got := versionOf(tc.stamped, tc.bi); got != tc.want {
+			t.Errorf("versionOf(%q, %+v) = %q, want %q", tc.stamped, tc.bi, got, tc.want)
 		}
 	}
 }
