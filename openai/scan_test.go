@@ -136,11 +136,11 @@ func TestSpecial8MatchesTheTable(t *testing.T) {
 // A body that does not parse gets a short reason with where it went wrong, not the parser's chain.
 func TestMalformedJSONIsDescribedBriefly(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"model":"m",`:                          "ends too early",
-		`{"model":"m","messages":[{}]} x`:        "offset",
-		`{"model":"m" "messages":[]}`:            "invalid character '\"' after object key:value pair at offset 13",
-		`{"model":"m","messages":[{"role":}]}`:   "offset 33",
-		`{"model":"m","max_tokens":01}`:          "offset",
+		`{"model":"m",`:                        "ends too early",
+		`{"model":"m","messages":[{}]} x`:      "offset",
+		`{"model":"m" "messages":[]}`:          "invalid character '\"' after object key:value pair at offset 13",
+		`{"model":"m","messages":[{"role":}]}`: "offset 33",
+		`{"model":"m","max_tokens":01}`:        "offset",
 	} {
 		_, err := ParseRequest(EndpointChat, []byte(body))
 		e, ok := err.(*Error)
