@@ -26,9 +26,13 @@ func (rs *requestState) noteServed(msg *extprocv3.ProcessingRequest) {
 }
 
 func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	hasRequestID := false
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == ":status" {
+		switch hv.GetKey() {
+		case ":status":
 			rs.upstreamStatus, _ = strconv.Atoi(headerValue(hv))
+		case contract.HeaderRequestID:
+			hasRequestID = true
 		}
 	}
 	var hm *extprocv3.HeaderMutation
@@ -45,6 +49,14 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 			hm = &extprocv3.HeaderMutation{}
 		}
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderScores, formatScores(rs.route.Decision.Scores)))
+	}
+	if rs.decided && !hasRequestID {
+		// OpenAI answers every response with its request id, and the SDKs expose it (_request_id): the one
+		// infergate logged and settled under.
+		if hm == nil {
+			hm = &extprocv3.HeaderMutation{}
+		}
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
 	}
 	resp := responseHeadersResponse(hm)
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {

@@ -297,3 +297,26 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 		t.Errorf("queries %v must exceed hits %v (the cold requests missed)", q, hitsAfter)
 	}
 }
+
+// Every response carries the request id infergate settled it under, as OpenAI's do; the official SDK reads it
+// from the x-request-id header.
+func TestResponsesCarryTheRequestID(t *testing.T) {
+	st := startStack(t, "deploy/envoy/envoy-xds.yaml")
+	var resp *http.Response
+	c := client(st, "sk-demo-acme")
+	if _, err := c.Chat.Completions.New(context.Background(), chatParams("qwen-7b", "s", "u"), option.WithResponseInto(&resp)); err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("x-request-id")
+	if id == "" {
+		t.Fatal("no x-request-id on a successful response")
+	}
+	select {
+	case got := <-st.Settled:
+		if got.RequestID != id {
+			t.Errorf("settled as %q, answered as %q", got.RequestID, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no settlement")
+	}
+}
