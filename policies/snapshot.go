@@ -28,6 +28,8 @@ type Snapshot struct {
 	routing     Routing
 	redisTO     time.Duration
 	upIdle      time.Duration
+	slos        map[sloKey]Targets
+	sloTable    []SLOEntry
 }
 
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
@@ -153,6 +155,7 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 			s.modelQuota[t][s.models[mq.Model]] = mq.Quota
 		}
 	}
+	s.compileSLOs(pol)
 	return s
 }
 

@@ -33,9 +33,11 @@ type Spec struct {
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
 	// Tiers say which hardware classes and models tenants of each tier may use. When tiers are defined, every
 	// tenant's tier must be one of them; without tiers a tenant's tier is only a label.
-	Tiers   map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
-	Models  []Model         `yaml:"models" json:"models"`
-	Tenants []Tenant        `yaml:"tenants" json:"tenants"`
+	Tiers map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
+	// SLO is the latency every request must meet to count as good, for tenants whose tier sets none.
+	SLO     *SLO     `yaml:"slo,omitempty" json:"slo,omitempty"`
+	Models  []Model  `yaml:"models" json:"models"`
+	Tenants []Tenant `yaml:"tenants" json:"tenants"`
 }
 
 // Gateway holds request-path limits that apply to every tenant. Zero values take the defaults below, so a
@@ -195,7 +197,36 @@ type Tier struct {
 	HardwareClasses []string `yaml:"hardwareClasses,omitempty" json:"hardwareClasses,omitempty"`
 	// Models by canonical name or alias.
 	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
+	// SLO is what a request of this tier's tenants must meet to count as good (default: spec.slo).
+	SLO *SLO `yaml:"slo,omitempty" json:"slo,omitempty"`
 }
+
+// SLO is the per-request latency target behind goodput — the requests per second that complete within it —
+// which is what a platform reports to its tenants. A request is good when it completed successfully and met
+// both targets; a streamed one by its measured time to first token and time per output token, any other by
+// its end-to-end time against the budget ttft + tpot × (completion tokens − 1). A target left out does not
+// constrain.
+type SLO struct {
+	// TTFT is the time to first token a request must not exceed, e.g. "100ms".
+	TTFT string `yaml:"ttft,omitempty" json:"ttft,omitempty"`
+	// TPOT is the mean time per output token after the first a request must not exceed, e.g. "30ms".
+	TPOT string `yaml:"tpot,omitempty" json:"tpot,omitempty"`
+	// Objective is the share of requests that must be good (default 0.99): alerts burn error budget against it.
+	Objective float64 `yaml:"objective,omitempty" json:"objective,omitempty" jsonschema:"exclusiveMinimum=0,exclusiveMaximum=1"`
+	// Models override the targets for some models (a 70B model's first token takes longer than an 8B's).
+	Models []ModelSLO `yaml:"models,omitempty" json:"models,omitempty"`
+}
+
+// ModelSLO overrides an SLO's targets for one model; a target it leaves out is the enclosing SLO's.
+type ModelSLO struct {
+	// Model by canonical name or alias.
+	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
+	TTFT  string `yaml:"ttft,omitempty" json:"ttft,omitempty"`
+	TPOT  string `yaml:"tpot,omitempty" json:"tpot,omitempty"`
+}
+
+// DefaultSLOObjective is the share of good requests an SLO asks for when it names none.
+const DefaultSLOObjective = 0.99
 
 // Tenant is a customer of the platform: who they are (API key hashes), what they may use, and how much.
 type Tenant struct {

@@ -117,6 +117,7 @@ func (v *validator) policy(pol *Policy) {
 	}
 	modelNames := v.models(s)
 	v.tiers(s, modelNames)
+	v.slo(p("spec", "slo"), s.SLO, modelNames)
 	v.tenants(s, modelNames)
 	v.quotaSettings(&s.Quotas)
 	v.routing(&s.Routing)
@@ -158,6 +159,42 @@ func (v *validator) tiers(s *Spec, models map[string]bool) {
 				v.fail(append(slices.Clone(base), "models", j), "unknown model %q", m)
 			}
 		}
+		v.slo(append(slices.Clone(base), "slo"), tier.SLO, models)
+	}
+}
+
+// slo checks an SLO's targets: durations of at least 1ms (a target below a millisecond cannot be met over a
+// network), an objective strictly between 0 and 1, and model overrides naming known models once each.
+func (v *validator) slo(base []seg, slo *SLO, models map[string]bool) {
+	if slo == nil {
+		return
+	}
+	v.target(append(slices.Clone(base), "ttft"), slo.TTFT)
+	v.target(append(slices.Clone(base), "tpot"), slo.TPOT)
+	if slo.Objective != 0 && (slo.Objective <= 0 || slo.Objective >= 1) {
+		v.fail(append(slices.Clone(base), "objective"), "must be between 0 and 1 (exclusive), such as 0.99, got %v", slo.Objective)
+	}
+	seen := map[string]bool{}
+	for j, ms := range slo.Models {
+		at := append(slices.Clone(base), "models", j)
+		switch {
+		case !models[ms.Model]:
+			v.fail(append(slices.Clone(at), "model"), "unknown model %q", ms.Model)
+		case seen[ms.Model]:
+			v.fail(append(slices.Clone(at), "model"), "model %q has targets already", ms.Model)
+		}
+		seen[ms.Model] = true
+		v.target(append(slices.Clone(at), "ttft"), ms.TTFT)
+		v.target(append(slices.Clone(at), "tpot"), ms.TPOT)
+	}
+}
+
+func (v *validator) target(path []seg, s string) {
+	if s == "" {
+		return
+	}
+	if d, err := time.ParseDuration(s); err != nil || d < time.Millisecond {
+		v.fail(path, "must be a duration of at least 1ms such as \"100ms\", got %q", s)
 	}
 }
 
