@@ -47,12 +47,16 @@ type Options struct {
 	Admission Admission
 	Metrics   *Metrics
 	Logger    *slog.Logger
+	// Observers hear of every request that reached routing: routed ones when they settle, refused ones at once.
 	Observers []SettleObserver
+	// Now is the clock of refusals' timing (default time.Now).
+	Now func() time.Time
 }
 
 // Director is safe for concurrent use.
 type Director struct {
-	opts Options
+	opts     Options
+	warnings *upstreamWarnings
 }
 
 // New builds a Director; Policies is required, everything else has a default.
@@ -71,7 +75,10 @@ func New(o Options) *Director {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Director{opts: o}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Director{opts: o, warnings: &upstreamWarnings{now: o.Now, burst: upstreamWarnBurst}}
 }
 
 // Metrics returns the series the director records, which the protocol stage shares.
@@ -99,6 +106,9 @@ type Route struct {
 	tenant    *policies.Tenant
 	requestID string
 	started   time.Time
+	queued    time.Duration
+	endpoint  openai.Endpoint
+	targets   policies.Targets
 	prompt    int64 // estimated prompt tokens
 	stream    bool
 	ticket    *quota.Ticket
@@ -118,22 +128,32 @@ func (r *Route) Pool() string {
 // of its own). From a nil error on, the request counts as routed: it is in flight until Settle. An error is a
 // *Refusal.
 func (d *Director) Route(ctx context.Context, req Request, rt *Route) error {
+	if err := d.route(ctx, &req, rt); err != nil {
+		d.refused(&req, rt, err)
+		return err
+	}
+	return nil
+}
+
+func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal {
 	body := req.Body
+	*rt = Route{tenant: req.Tenant, requestID: req.RequestID, started: req.Started, endpoint: req.Endpoint,
+		stream: body.Stream}
 	model, ok := req.Snapshot.Model(body.Model)
 	if !ok {
 		return &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
 	}
+	rt.Model, rt.targets = model, req.Snapshot.SLO(req.Tenant, model)
 	if !req.Snapshot.Allows(req.Tenant, model) {
 		return &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
 	}
-	*rt = Route{Model: model, tenant: req.Tenant, requestID: req.RequestID, started: req.Started,
-		prompt: int64(body.EstimatePromptTokens()), stream: body.Stream}
+	rt.prompt = int64(body.EstimatePromptTokens())
 	maxOut, inject, ok := outputBound(req.Snapshot, model, req.Endpoint, body)
 	if !ok {
 		return &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
 			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
 	}
-	if err := d.admit(ctx, &req, rt, maxOut); err != nil {
+	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err
 	}
 	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body}
@@ -157,6 +177,20 @@ func (d *Director) Route(ctx context.Context, req Request, rt *Route) error {
 	return nil
 }
 
+// refused tells the observers of a request Route refused: it counts against goodput unless it was the
+// tenant's doing.
+func (d *Director) refused(req *Request, rt *Route, r *Refusal) {
+	if len(d.opts.Observers) == 0 {
+		return
+	}
+	st := Settlement{RequestID: req.RequestID, Tenant: req.Tenant.Name, Tier: policies.TierOf(req.Tenant), Model: r.Model,
+		Operation: req.Endpoint, Stream: req.Body.Stream, Outcome: r.outcome(), Started: req.Started, Targets: rt.targets}
+	if !req.Started.IsZero() {
+		st.Timing.E2E = max(0, d.opts.Now().Sub(req.Started))
+	}
+	d.notify(st)
+}
+
 // outputBound fixes the most output tokens the request can produce, which admission reserves: what the
 // client asked (not ok when the model's context cannot hold it), or the policy's default, returned as inject
 // to be written into the body, so that the engine's own default cannot exceed what was charged.
@@ -177,7 +211,7 @@ func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpo
 }
 
 // admit reserves the request's estimated tokens and cost against the tenant's quotas.
-func (d *Director) admit(ctx context.Context, req *Request, rt *Route, maxOut int64) error {
+func (d *Director) admit(ctx context.Context, req *Request, rt *Route, maxOut int64) *Refusal {
 	q := d.opts.Admission
 	if q == nil {
 		return nil

@@ -1,6 +1,11 @@
 package director
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/infergate/infergate/picker"
+)
 
 // Reason says why Route refused a request.
 type Reason int
@@ -49,6 +54,23 @@ func (r *Refusal) reasonName() string {
 		return "no capacity"
 	}
 	return "refused"
+}
+
+// outcome is the refusal's class in SLO reports.
+func (r *Refusal) outcome() string {
+	switch r.Reason {
+	case OverQuota:
+		return OutcomeQuota
+	case QuotaFailed:
+		return OutcomeUnavailable
+	case NoCapacity:
+		var nc *picker.NoCapacity
+		if errors.As(r.Err, &nc) && nc.Saturated {
+			return OutcomeSaturated
+		}
+		return OutcomeUnavailable
+	}
+	return OutcomeClientError
 }
 
 // Unwrap exposes the stage's error.

@@ -5,22 +5,74 @@ import (
 
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 )
 
-// Settlement is the final account of one routed request, handed to the quota and billing stages exactly once.
+// Settlement is the final account of one request that reached routing, handed to the quota and billing stages
+// exactly once when it was routed, and to the settle observers (metrics, traces, audit) in every case.
 type Settlement struct {
 	RequestID string
 	Tenant    string
-	Model     string
-	Pool      string
-	Endpoint  string
-	Status    int    // upstream HTTP status; 0 when the response never started
-	Result    string // completed, upstream_error or aborted
-	Usage     openai.Usage
-	Reported  bool // Usage came from the engine rather than an estimate
-	CostUSD   float64
-	Started   time.Time
+	Tier      string // policies.TierOf the tenant
+	Model     string // canonical
+	// ServedModel is the name the engine or provider was asked for (gen_ai.response.model).
+	ServedModel   string
+	Pool          string
+	HardwareClass string // the pool's, or ManagedClass for a managed API
+	Endpoint      string
+	Operation     openai.Endpoint
+	Stream        bool
+	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
+	Routed   bool
+	Status   int    // upstream HTTP status; 0 when the response never started
+	Result   string // completed, upstream_error or aborted (routed requests)
+	Outcome  string // the class: one of the Outcome* constants
+	Usage    openai.Usage
+	Reported bool // Usage came from the engine rather than an estimate
+	CostUSD  float64
+	Started  time.Time
+	Timing   Timing
+	// Targets is the SLO the request was judged against; Good says whether it met it.
+	Targets policies.Targets
+	Good    bool
+	// PrefixShare is the share of the prompt the picker expected the chosen endpoint to hold in KV cache.
+	PrefixShare float64
+	// PromptSHA256 and OutputSHA256 are hex digests of the prompt field as sent and of the generated text,
+	// when the protocol stage computed them (for the audit log); TraceID names the request's trace.
+	PromptSHA256, OutputSHA256, TraceID string
+}
+
+// ManagedClass is the hardware class reported for requests served by a managed API.
+const ManagedClass = "managed"
+
+// Outcome classes: how a request ended, as SLO reports and alerts group them.
+const (
+	OutcomeOK          = "ok"
+	OutcomeClientError = "client_error" // the request was wrong (4xx): the tenant's doing
+	OutcomeQuota       = "quota"        // over the tenant's quota: the tenant's doing
+	OutcomeSaturated   = "saturated"    // every replica busy (429 from the gateway or the engine)
+	OutcomeUnavailable = "unavailable"  // no replica, or the quota service down and failing closed
+	OutcomeUpstream5xx = "upstream_5xx"
+	OutcomeReset       = "reset"   // the stream ended before the response did (reset, client gone)
+	OutcomeTimeout     = "timeout" // Envoy gave up waiting (408, 504)
+)
+
+// Timing is what the gateway measured of one request, from its request headers.
+type Timing struct {
+	// TTFT is the time to the first response chunk carrying generated content (0 when none came).
+	TTFT time.Duration
+	// TPOT is the mean time per output token after the first: (last content − first content) ÷ (completion
+	// tokens − 1); 0 with fewer than two tokens or when the response was not seen chunk by chunk.
+	TPOT time.Duration
+	// MaxITL is the longest gap between two chunks carrying content.
+	MaxITL time.Duration
+	E2E    time.Duration
+	// Queued is the time the request waited in the gateway before it was routed.
+	Queued time.Duration
+	// Chunked is true when the response was seen chunk by chunk as it arrived, so TTFT is the real time to first
+	// token; otherwise (BUFFERED response mode, non-streaming responses) TTFT is when the whole body arrived.
+	Chunked bool
 }
 
 // Outcome is how a routed request's response ended, as the protocol stage saw it.
@@ -35,6 +87,13 @@ type Outcome struct {
 	ContentEvents int64
 	// Served is the endpoint Envoy reports it sent the request to ("" when it did not say).
 	Served string
+	// FirstContent and LastContent are when the first and last chunks carrying generated content passed (zero
+	// when none did), MaxGap the longest wait between two of them, Ended when the response ended.
+	FirstContent, LastContent, Ended time.Time
+	MaxGap                           time.Duration
+	Chunked                          bool // see Timing.Chunked
+	// The digests and trace id, when the protocol stage has them (see Settlement).
+	PromptSHA256, OutputSHA256, TraceID string
 }
 
 // Settle accounts for a routed request once — later calls return the zero Settlement: the engine's usage
@@ -56,13 +115,55 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	case o.Status >= 400 || o.Status == 0:
 		result = "upstream_error"
 	}
+	usage := d.settledUsage(rt, o, result)
+	model := rt.Model
+	cost := quota.CostUSD(model, usage.PromptTokens, usage.CompletionTokens)
+	tenant := rt.tenant.Name
+	m.Responses.WithLabelValues(result).Inc()
+	m.Tokens.WithLabelValues(tenant, model.Name, "prompt").Add(float64(usage.PromptTokens))
+	m.Tokens.WithLabelValues(tenant, model.Name, "completion").Add(float64(usage.CompletionTokens))
+	m.Tokens.WithLabelValues(tenant, model.Name, "cached").Add(float64(usage.CachedTokens))
+	m.CostUSD.WithLabelValues(tenant, model.Name).Add(cost)
+	endpoint := rt.target
+	if o.Served != "" && rt.Decision.Fallback == nil {
+		endpoint = o.Served
+	}
+	st := rt.settlement()
+	st.Routed, st.Endpoint, st.Status, st.Result = true, endpoint, o.Status, result
+	st.Outcome = outcomeOf(o)
+	st.Usage, st.Reported, st.CostUSD = usage, o.Reported, cost
+	st.Timing = timingOf(rt, o, usage)
+	st.Good = good(st)
+	st.PromptSHA256, st.OutputSHA256, st.TraceID = o.PromptSHA256, o.OutputSHA256, o.TraceID
+	if est := rt.Decision.EstimatedPromptTokens; est > 0 {
+		st.PrefixShare = min(1, float64(rt.Decision.ExpectedCachedTokens)/float64(est))
+	}
+	d.opts.Logger.Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model.Name,
+		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
+		"cached_tokens", usage.CachedTokens, "usage_reported", o.Reported)
+	d.warnings.log(d.opts.Logger, st)
+	if rt.ticket != nil {
+		d.opts.Admission.Settle(rt.ticket, usage.Total(), quota.MicroUSD(model, usage.PromptTokens, usage.CompletionTokens))
+	}
+	if obs, ok := d.opts.Picker.(picker.Observer); ok && o.Reported && rt.Decision.Fallback == nil {
+		dec := rt.Decision
+		dec.ServedBy = o.Served
+		obs.Observe(dec, usage)
+	}
+	d.notify(st)
+	return st
+}
+
+// settledUsage is what the request is charged for: the engine's report, clamped to the model's context, or
+// an estimate when it reported none.
+func (d *Director) settledUsage(rt *Route, o Outcome, result string) openai.Usage {
 	usage := o.Usage
 	if !o.Reported {
 		reason := result
 		if result == "completed" {
 			reason = "no_usage_in_response"
 		}
-		m.UsageEstimated.WithLabelValues(reason).Inc()
+		d.opts.Metrics.UsageEstimated.WithLabelValues(reason).Inc()
 		usage = openai.Usage{}
 		if result != "upstream_error" {
 			// Charge the prompt sent and, for a stream cut short, the output chunks it carried; a client cannot
@@ -80,34 +181,93 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 			"completion_tokens", usage.CompletionTokens, "context_tokens", model.ContextTokens)
 		usage = clamped
 	}
-	cost := quota.CostUSD(model, usage.PromptTokens, usage.CompletionTokens)
-	tenant := rt.tenant.Name
-	m.Responses.WithLabelValues(result).Inc()
-	m.Tokens.WithLabelValues(tenant, model.Name, "prompt").Add(float64(usage.PromptTokens))
-	m.Tokens.WithLabelValues(tenant, model.Name, "completion").Add(float64(usage.CompletionTokens))
-	m.Tokens.WithLabelValues(tenant, model.Name, "cached").Add(float64(usage.CachedTokens))
-	m.CostUSD.WithLabelValues(tenant, model.Name).Add(cost)
-	endpoint := rt.target
-	if o.Served != "" && rt.Decision.Fallback == nil {
-		endpoint = o.Served
-	}
-	st := Settlement{
-		RequestID: rt.requestID, Tenant: tenant, Model: model.Name, Pool: rt.Pool(), Endpoint: endpoint,
-		Status: o.Status, Result: result, Usage: usage, Reported: o.Reported, CostUSD: cost, Started: rt.started,
-	}
-	d.opts.Logger.Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model.Name,
-		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
-		"cached_tokens", usage.CachedTokens, "usage_reported", o.Reported)
-	if rt.ticket != nil {
-		d.opts.Admission.Settle(rt.ticket, usage.Total(), quota.MicroUSD(model, usage.PromptTokens, usage.CompletionTokens))
-	}
-	if obs, ok := d.opts.Picker.(picker.Observer); ok && o.Reported && rt.Decision.Fallback == nil {
-		dec := rt.Decision
-		dec.ServedBy = o.Served
-		obs.Observe(dec, usage)
-	}
+	return usage
+}
+
+// notify hands a settlement to every observer.
+func (d *Director) notify(st Settlement) {
 	for _, ob := range d.opts.Observers {
 		ob.Settled(st)
 	}
+}
+
+// settlement fills what the route knows of the request.
+func (rt *Route) settlement() Settlement {
+	st := Settlement{RequestID: rt.requestID, Tenant: rt.tenant.Name, Tier: policies.TierOf(rt.tenant), Model: rt.Model.Name,
+		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
+	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
+		st.Pool, st.ServedModel = rt.Pool(), rt.Decision.Served()
+		st.HardwareClass = ManagedClass
+		if p := rt.Decision.Pool; p != nil && rt.Decision.Fallback == nil {
+			st.HardwareClass = p.HardwareClass
+		}
+	}
 	return st
+}
+
+// outcomeOf classes a routed request's end.
+func outcomeOf(o Outcome) string {
+	switch {
+	case o.Status == 408 || o.Status == 504:
+		return OutcomeTimeout
+	case o.Aborted:
+		return OutcomeReset
+	case o.Status == 429:
+		return OutcomeSaturated
+	case o.Status == 0 || o.Status >= 500:
+		return OutcomeUpstream5xx
+	case o.Status >= 400:
+		return OutcomeClientError
+	}
+	return OutcomeOK
+}
+
+// timingOf turns the protocol stage's instants into the request's latencies.
+func timingOf(rt *Route, o Outcome, u openai.Usage) Timing {
+	t := Timing{MaxITL: o.MaxGap, Chunked: o.Chunked, Queued: rt.queued}
+	if !o.Ended.IsZero() && !rt.started.IsZero() {
+		t.E2E = max(0, o.Ended.Sub(rt.started))
+	}
+	if !o.FirstContent.IsZero() && !rt.started.IsZero() {
+		t.TTFT = max(0, o.FirstContent.Sub(rt.started))
+		if o.Chunked && u.CompletionTokens > 1 {
+			t.TPOT = max(0, o.LastContent.Sub(o.FirstContent)) / time.Duration(u.CompletionTokens-1)
+		}
+	}
+	return t
+}
+
+// good says whether a settled request met its SLO: it succeeded and, when its response was seen chunk by
+// chunk as a stream, its TTFT and TPOT are within the targets; otherwise its end-to-end time is within
+// ttft + tpot × (completion tokens − 1). A target of zero does not constrain.
+func good(st Settlement) bool {
+	if st.Outcome != OutcomeOK {
+		return false
+	}
+	tg, t := st.Targets, st.Timing
+	if st.Stream && t.Chunked {
+		return (tg.TTFT == 0 || t.TTFT <= tg.TTFT) && (tg.TPOT == 0 || t.TPOT <= tg.TPOT)
+	}
+	if tg.TTFT == 0 || (tg.TPOT == 0 && st.Usage.CompletionTokens > 1) {
+		return true // an unconstrained part makes the budget unbounded
+	}
+	budget := tg.TTFT
+	if n := st.Usage.CompletionTokens; n > 1 {
+		budget = satAdd(budget, satMul(tg.TPOT, n-1))
+	}
+	return t.E2E <= budget
+}
+
+func satMul(d time.Duration, n int64) time.Duration {
+	if n > 0 && d > time.Duration(1<<63-1)/time.Duration(n) {
+		return time.Duration(1<<63 - 1)
+	}
+	return d * time.Duration(n)
+}
+
+func satAdd(a, b time.Duration) time.Duration {
+	if a > time.Duration(1<<63-1)-b {
+		return time.Duration(1<<63 - 1)
+	}
+	return a + b
 }

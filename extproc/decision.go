@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -13,6 +12,7 @@ import (
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/telemetry"
 )
 
 // decide parses the body and has the director route it. It returns the body to forward (rewritten when
@@ -42,7 +42,8 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.decided = true
 	m := rs.srv.opts.Metrics
 	m.Requests.WithLabelValues("routed").Inc()
-	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(time.Since(rs.started).Seconds())
+	rs.timing.routed = rs.now()
+	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(rs.timing.routed.Sub(rs.started).Seconds())
 	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", rt.Model.Name,
 		"pool", rt.Pool(), "endpoints", rt.Decision.Endpoints, "stream", req.Stream)
 	return body, changed, nil
@@ -97,6 +98,13 @@ func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
 	}
 	if !rs.hadReqID {
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
+	}
+	if tp, ts := telemetry.Upstream(rs.span); tp != "" {
+		// The engine's spans (vLLM --otlp-traces-endpoint) become children of the gateway's.
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("traceparent", tp))
+		if ts != "" {
+			hm.SetHeaders = append(hm.SetHeaders, setHeader("tracestate", ts))
+		}
 	}
 	return hm
 }

@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"crypto/rand"
+	"hash"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -11,11 +12,13 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/telemetry"
 )
 
 // streamChunkBytes is the size of streamed_response chunks sent back in FULL_DUPLEX_STREAMED mode; Envoy
@@ -67,9 +70,18 @@ type requestState struct {
 	respEnded      bool    // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
 	served         string  // the endpoint Envoy reports it sent the request to, when it does
 	pooledBody     *[]byte // the shared-pool buffer rs.body lives in, returned at close
+
+	// telemetry
+	traceparent, tracestate string
+	span                    trace.Span
+	timing                  responseTiming
+	output                  hash.Hash // the generated text's digest, with Options.Digests
+	settledOnce             bool
 }
 
 func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }
+
+func (rs *requestState) now() time.Time { return rs.srv.opts.Now() }
 
 // handle answers one message from Envoy; it may return zero, one or several responses.
 func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
@@ -105,6 +117,10 @@ func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.Pr
 func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse {
 	rs.finished = true
 	rs.srv.opts.Metrics.Requests.WithLabelValues(e.Code).Inc()
+	if rs.span != nil {
+		telemetry.Reject(rs.span, e.Status, e.Code, rs.now())
+		rs.span = nil
+	}
 	rs.log().Debug("request rejected", "request_id", rs.requestID, "status", e.Status, "code", e.Code,
 		"tenant", tenantName(rs.tenant))
 	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code, e.Header))
@@ -135,7 +151,7 @@ func tenantName(t *policies.Tenant) string {
 
 // requestHeaders authenticates the tenant and checks the method and path; the decision waits for the body.
 func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
-	rs.started = time.Now()
+	rs.started = rs.now()
 	rs.snap = rs.srv.opts.Policies.Current()
 	rs.limit = rs.snap.Gateway().MaxRequestBodyBytes
 	hdr := rs.readHeaders(h)
@@ -145,6 +161,9 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	}
 	if e := rs.authenticate(hdr.auth); e != nil {
 		return rs.reject(e)
+	}
+	if t := rs.srv.opts.Tracing; t != nil {
+		rs.span = t.Start(rs.ctx, rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
 	}
 	if rs.endpoint == openai.EndpointModels || rs.endpoint == openai.EndpointModel {
 		return rs.answerModels(hdr)
@@ -224,6 +243,10 @@ func (rs *requestState) readHeaders(h *extprocv3.HttpHeaders) requestHeaderValue
 			out.auth = headerValue(hv)
 		case key == "content-length":
 			out.contentLength = headerValue(hv)
+		case key == "traceparent":
+			rs.traceparent = headerValue(hv)
+		case key == "tracestate":
+			rs.tracestate = headerValue(hv)
 		case key == contract.HeaderRequestID:
 			// A client's id is kept only when it is a plain token: it is echoed in responses and logs, where
 			// CR/LF or other control bytes would split headers and lines.
@@ -313,6 +336,10 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 // response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
 func (rs *requestState) close() {
 	rs.settle(true)
+	if rs.span != nil { // authenticated, never routed nor rejected: the stream ended under it
+		telemetry.Reject(rs.span, 0, "stream_ended", rs.now())
+		rs.span = nil
+	}
 	if rs.pooledBody != nil {
 		rs.body = nil
 		sharedBufferPool.Put(rs.pooledBody)

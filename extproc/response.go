@@ -7,8 +7,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/infergate/infergate/contract"
-	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/telemetry"
 )
 
 // noteServed reads the endpoint Envoy reports it used, from a response-path message's metadata context.
@@ -39,6 +39,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 	if rs.decided && rs.stream {
 		injected := rs.route.Edits.IncludeUsage
 		rs.sse = &openai.SSEScanner{DropUsageChunk: injected}
+		rs.startOutputDigest()
 		if injected {
 			// We may shorten the stream by the usage event we asked for.
 			hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
@@ -60,6 +61,9 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 	}
 	resp := responseHeadersResponse(hm)
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
+		if !h.GetEndOfStream() && rs.decided {
+			rs.timing.content(rs.now()) // the body is not seen: its headers are the nearest thing to a first token
+		}
 		rs.settle(false)
 	}
 	return one(resp)
@@ -69,8 +73,15 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 	chunk, end := b.GetBody(), b.GetEndOfStream()
 	out := chunk
 	if rs.sse != nil {
+		before := rs.sse.ContentEvents()
 		out = rs.sse.Process(chunk, end)
-	} else if rs.decided && !rs.respTooBig {
+		if rs.sse.ContentEvents() > before {
+			rs.timing.content(rs.now())
+		}
+	} else if rs.decided && len(chunk) > 0 {
+		rs.timing.content(rs.now())
+	}
+	if rs.sse == nil && rs.decided && !rs.respTooBig {
 		if len(rs.respBody)+len(chunk) > maxResponseBodyBytes {
 			rs.respTooBig, rs.respBody = true, nil
 		} else {
@@ -124,16 +135,15 @@ func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
 
 // settle hands the response's outcome to the director, which accounts for the request once.
 func (rs *requestState) settle(aborted bool) {
-	if !rs.decided {
+	if !rs.decided || rs.route == nil || rs.settledOnce {
 		return
 	}
-	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served}
-	switch {
-	case rs.sse != nil:
-		o.Usage, o.Reported = rs.sse.Usage()
-		o.ContentEvents = rs.sse.ContentEvents()
-	case rs.respBody != nil:
-		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
+	rs.settledOnce = true
+	o := rs.outcome(aborted)
+	o.TraceID = telemetry.TraceID(rs.span)
+	st := rs.srv.director.Settle(rs.route, o)
+	if rs.span != nil {
+		telemetry.End(rs.span, st, telemetry.Marks{Routed: rs.timing.routed, FirstToken: rs.timing.first, Ended: o.Ended})
+		rs.span = nil
 	}
-	rs.srv.director.Settle(rs.route, o)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/telemetry"
 )
 
 // Settlement is the final account of one routed request (see director.Settlement).
@@ -46,9 +47,16 @@ type Options struct {
 	Logger  *slog.Logger
 	// Quotas, when set, admits each request against its tenant's limits and settles the real usage.
 	Quotas *quota.Limiter
-	// OnSettle, when set, receives every Settlement (audit, tests); it must not block for long.
+	// OnSettle, when set, receives the Settlement of every routed request (tests); it must not block for long.
 	OnSettle func(Settlement)
-	// Now replaces the clock of the failed-authentication limit (tests).
+	// Observers hear of every request that reached routing (metrics, audit): see director.Options.Observers.
+	Observers []director.SettleObserver
+	// Tracing, when set, gives every authenticated request a span and passes its context to the engine.
+	Tracing *telemetry.Tracing
+	// Digests makes settlements carry sha256 digests of the prompt and of the generated text (for the audit
+	// log); they cost a parse of the body after the response.
+	Digests bool
+	// Now replaces the clock of request timing and of the failed-authentication limit (tests).
 	Now func() time.Time
 }
 
@@ -68,13 +76,20 @@ func New(opts Options) *Server {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	do := director.Options{Policies: opts.Policies, Picker: opts.Picker, InFlight: opts.InFlight, Engines: opts.Engines,
-		Metrics: opts.Metrics, Logger: opts.Logger}
+		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers}
 	if opts.Quotas != nil { // a nil *quota.Limiter must not become a non-nil Admission
 		do.Admission = opts.Quotas
 	}
-	if opts.OnSettle != nil {
-		do.Observers = append(do.Observers, director.ObserverFunc(opts.OnSettle))
+	if f := opts.OnSettle; f != nil {
+		do.Observers = append(do.Observers[:len(do.Observers):len(do.Observers)], director.ObserverFunc(func(st Settlement) {
+			if st.Routed {
+				f(st)
+			}
+		}))
 	}
 	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: director.New(do)}
 }

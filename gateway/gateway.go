@@ -4,20 +4,25 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/xds"
 )
 
@@ -34,8 +39,16 @@ type Config struct {
 	// SecretNodes are the Envoy node ids that may receive managed-API keys over SDS.
 	SecretNodes []string
 	Logger      *slog.Logger
-	// OnSettle receives every settlement (tests).
+	// OnSettle receives every routed request's settlement (tests).
 	OnSettle func(director.Settlement)
+	// Tracing, when set, traces every request (see telemetry.TracingFromEnv); Close shuts it down.
+	Tracing *telemetry.Tracing
+	// AuditLog is where the audit log goes: "" off, "-" standard output, otherwise a folder of per-tenant
+	// files rotated at AuditMaxFileBytes (default 64 MiB) and kept per the policy's audit retention.
+	AuditLog          string
+	AuditMaxFileBytes int64
+	// AuditOut replaces standard output for AuditLog "-" (tests).
+	AuditOut io.Writer
 }
 
 // Gateway is the built graph.
@@ -47,8 +60,11 @@ type Gateway struct {
 	ExtProc  *extproc.Server
 	XDS      *xds.Server
 	Hook     *xds.EnvoyGatewayHook
+	Audit    *audit.Log // nil when off
 
 	stopQuotas context.CancelFunc
+	tracing    *telemetry.Tracing
+	log        *slog.Logger
 }
 
 // Build loads the policy and wires every component; background work (scraping, the fleet-state refresh of
@@ -64,7 +80,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		return nil, err
 	}
 	log.Info("policy loaded", "path", c.PolicyPath, "version", store.Current().Version)
-	g := &Gateway{Policies: store, Registry: prometheus.NewRegistry()}
+	g := &Gateway{Policies: store, Registry: prometheus.NewRegistry(), tracing: c.Tracing, log: log}
 	g.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerPolicyMetrics(g.Registry, store)
 	metrics := extproc.NewMetrics(g.Registry)
@@ -96,8 +112,15 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		case <-ctx.Done():
 		}
 	}
+	observers, err := g.telemetry(c)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	inflight := &fleet.InFlight{}
+	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
-		OnSettle: c.OnSettle})
+		InFlight: inflight, OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil})
 
 	g.XDS = xds.NewServer(log)
 	g.XDS.AllowSecrets(c.SecretNodes...)
@@ -121,8 +144,43 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	return g, nil
 }
 
-// Close stops the quota store after its last settlements went out; call it once the drain is over.
-func (g *Gateway) Close() { g.stopQuotas() }
+// Close stops the quota store after its last settlements went out, and flushes the audit log and the traces;
+// call it once the drain is over.
+func (g *Gateway) Close() {
+	g.stopQuotas()
+	if g.Audit != nil {
+		if err := g.Audit.Close(); err != nil {
+			g.log.Warn("audit log did not close cleanly", "err", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.tracing.Shutdown(ctx); err != nil {
+		g.log.Warn("traces still queued were not exported", "err", err)
+	}
+}
+
+// telemetry builds the settle observers: the goodput metrics and, when configured, the audit log.
+func (g *Gateway) telemetry(c Config) ([]director.SettleObserver, error) {
+	obs := []director.SettleObserver{telemetry.NewMetrics(g.Registry)}
+	if c.AuditLog == "" {
+		return obs, nil
+	}
+	o := audit.Options{MaxFileBytes: c.AuditMaxFileBytes, Registerer: g.Registry, Logger: g.log,
+		Retention: func(tenant string) time.Duration { return g.Policies.Current().AuditRetention(tenant) }}
+	if c.AuditLog == "-" {
+		o.Out = cmp.Or[io.Writer](c.AuditOut, os.Stdout)
+	} else {
+		o.Dir = c.AuditLog
+	}
+	a, err := audit.New(o)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	g.Audit = a
+	g.log.Info("audit log on", "to", c.AuditLog)
+	return append(obs, a), nil
+}
 
 func (g *Gateway) reclaim(ctx context.Context, log *slog.Logger) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"io"
 	"math"
 
 	"github.com/valyala/fastjson"
@@ -85,6 +86,9 @@ const maxPendingLine = 1 << 20
 // back while the scanner waits to see which it is.
 type SSEScanner struct {
 	DropUsageChunk bool
+	// Text, when set, receives the generated text of every event (the choices' delta.content or text, in
+	// order), for a digest of what the model produced.
+	Text io.Writer
 
 	usage    Usage
 	sawUsage bool
@@ -226,6 +230,9 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 	isArray := choices != nil && choices.Type() == fastjson.TypeArray
 	if isArray && len(choices.GetArray()) > 0 {
 		s.content++
+		if s.Text != nil {
+			writeChoicesText(s.Text, choices, "delta")
+		}
 	}
 	obj := doc.Get("usage")
 	if obj == nil || obj.Type() != fastjson.TypeObject {
@@ -237,4 +244,51 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 	}
 	s.usage, s.sawUsage = u, true
 	return isArray && len(choices.GetArray()) == 0
+}
+
+// writeChoicesText writes each choice's generated text: <holder>.content for chat, text for completions.
+func writeChoicesText(w io.Writer, choices *fastjson.Value, holder string) {
+	for _, c := range choices.GetArray() {
+		if b := c.GetStringBytes(holder, "content"); len(b) > 0 {
+			_, _ = w.Write(b)
+		} else if b := c.GetStringBytes("text"); len(b) > 0 {
+			_, _ = w.Write(b)
+		}
+	}
+}
+
+// OutputText writes the generated text of a non-streaming response body (every choice's message.content or
+// text, in order) to w; it writes nothing for a body that is not such a response.
+func OutputText(body []byte, w io.Writer) {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	doc, err := p.ParseBytes(body)
+	if err != nil {
+		return
+	}
+	if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray {
+		writeChoicesText(w, choices, "message")
+	}
+}
+
+// PromptJSON appends the request body's prompt field (messages, prompt or input) as compact JSON — the
+// client's bytes without insignificant whitespace — to dst; it appends nothing when the body has none.
+func PromptJSON(dst []byte, ep Endpoint, body []byte) []byte {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	if preScan(body, MaxJSONDepth) != nil {
+		return dst
+	}
+	doc, err := p.ParseBytes(body)
+	if err != nil {
+		return dst
+	}
+	field := ep.promptField()
+	if field == "" {
+		return dst
+	}
+	if v := doc.Get(field); v != nil {
+		dst = v.MarshalTo(dst)
+	}
+	return dst
 }

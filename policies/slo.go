@@ -98,3 +98,14 @@ func parseTarget(s string) time.Duration {
 	d, _ := time.ParseDuration(s)
 	return d
 }
+
+// AuditRetention is how long a tenant's rotated audit files are kept (0: forever): the tenant's own
+// retention, else spec.audit.retention. An unknown tenant gets the policy-wide one.
+func (s *Snapshot) AuditRetention(tenant string) time.Duration {
+	for i := range s.Policy.Spec.Tenants {
+		if t := &s.Policy.Spec.Tenants[i]; t.Name == tenant && t.AuditRetention != "" {
+			return parseTarget(t.AuditRetention)
+		}
+	}
+	return parseTarget(s.Policy.Spec.Audit.Retention)
+}

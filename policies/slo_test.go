@@ -71,3 +71,15 @@ spec:
 		t.Errorf("tier %q, table %v", TierOf(&snap.Policy.Spec.Tenants[0]), snap.SLOTable())
 	}
 }
+
+func TestAuditRetention(t *testing.T) {
+	snap, err := LoadFile("testdata/valid/quickstart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tenant, want := range map[string]time.Duration{"acme": 2160 * time.Hour, "globex": 720 * time.Hour, "": 720 * time.Hour} {
+		if got := snap.AuditRetention(tenant); got != want {
+			t.Errorf("AuditRetention(%q) = %v, want %v", tenant, got, want)
+		}
+	}
+}

@@ -35,7 +35,9 @@ type Spec struct {
 	// tenant's tier must be one of them; without tiers a tenant's tier is only a label.
 	Tiers map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
 	// SLO is the latency every request must meet to count as good, for tenants whose tier sets none.
-	SLO     *SLO     `yaml:"slo,omitempty" json:"slo,omitempty"`
+	SLO *SLO `yaml:"slo,omitempty" json:"slo,omitempty"`
+	// Audit says how long the audit log (infergate serve --audit-log) keeps what it wrote.
+	Audit   Audit    `yaml:"audit,omitempty" json:"audit,omitempty"`
 	Models  []Model  `yaml:"models" json:"models"`
 	Tenants []Tenant `yaml:"tenants" json:"tenants"`
 }
@@ -228,6 +230,12 @@ type ModelSLO struct {
 // DefaultSLOObjective is the share of good requests an SLO asks for when it names none.
 const DefaultSLOObjective = 0.99
 
+// Audit is the audit log's retention.
+type Audit struct {
+	// Retention is how long a tenant's rotated audit files are kept, e.g. "720h" (default: forever).
+	Retention string `yaml:"retention,omitempty" json:"retention,omitempty"`
+}
+
 // Tenant is a customer of the platform: who they are (API key hashes), what they may use, and how much.
 type Tenant struct {
 	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
@@ -239,6 +247,9 @@ type Tenant struct {
 	Quota  Quota    `yaml:"quota,omitempty" json:"quota,omitempty"`
 	// ModelQuotas add limits for this tenant on one model, on top of the tenant-wide quota.
 	ModelQuotas []ModelQuota `yaml:"modelQuotas,omitempty" json:"modelQuotas,omitempty"`
+	// AuditRetention overrides spec.audit.retention for this tenant's audit files, e.g. "2160h" for a
+	// customer whose contract asks for 90 days.
+	AuditRetention string `yaml:"auditRetention,omitempty" json:"auditRetention,omitempty"`
 }
 
 // ModelQuota is a tenant's quota on one model.

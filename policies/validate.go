@@ -118,6 +118,10 @@ func (v *validator) policy(pol *Policy) {
 	modelNames := v.models(s)
 	v.tiers(s, modelNames)
 	v.slo(p("spec", "slo"), s.SLO, modelNames)
+	v.retention(p("spec", "audit", "retention"), s.Audit.Retention)
+	for i, t := range s.Tenants {
+		v.retention(p("spec", "tenants", i, "auditRetention"), t.AuditRetention)
+	}
 	v.tenants(s, modelNames)
 	v.quotaSettings(&s.Quotas)
 	v.routing(&s.Routing)
@@ -186,6 +190,15 @@ func (v *validator) slo(base []seg, slo *SLO, models map[string]bool) {
 		seen[ms.Model] = true
 		v.target(append(slices.Clone(at), "ttft"), ms.TTFT)
 		v.target(append(slices.Clone(at), "tpot"), ms.TPOT)
+	}
+}
+
+func (v *validator) retention(path []seg, s string) {
+	if s == "" {
+		return
+	}
+	if d, err := time.ParseDuration(s); err != nil || d < time.Hour {
+		v.fail(path, "must be a duration of at least 1h such as \"720h\" (30 days), got %q", s)
 	}
 }
 

@@ -75,6 +75,12 @@ var commandHelp = map[string]string{
 // versionOf is the version a build was stamped with (-ldflags "-X main.version=…"), else what the Go
 // toolchain recorded: the module version of `go install …@v1.2.3`, or the commit (with "+dirty" for local
 // changes) of a build in a checkout.
+// buildVersion is this binary's version, as `infergate version` prints it.
+func buildVersion() string {
+	bi, _ := debug.ReadBuildInfo()
+	return versionOf(version, bi)
+}
+
 func versionOf(stamped string, bi *debug.BuildInfo) string {
 	if stamped != "" && stamped != "dev" {
 		return stamped

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -28,6 +29,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/gateway"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/xds"
 )
 
@@ -50,6 +52,8 @@ type serveConfig struct {
 	tlsClientCA    string
 	secretNodes    string
 	instanceID     string
+	auditLog       string
+	auditMaxBytes  int64
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
@@ -68,6 +72,8 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&cfg.auditLog, "audit-log", "", "audit log of settled requests (JSON lines with digests, never text or keys): a folder of per-tenant files, or - for standard output; empty disables it")
+	fs.Int64Var(&cfg.auditMaxBytes, "audit-max-file-bytes", 64<<20, "size at which a tenant's audit file is rotated; rotated files are kept per the policy's audit retention")
 	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
 	return fs
@@ -113,6 +119,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
 	}
+	gc.AuditLog, gc.AuditMaxFileBytes = cfg.auditLog, cfg.auditMaxBytes
+	tracing, err := telemetry.TracingFromEnv(ctx, buildVersion())
+	if err != nil {
+		return err
+	}
+	if tracing != nil {
+		log.Info("traces exported over OTLP", "endpoint", cmp.Or(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
+			"sampler", cmp.Or(os.Getenv("OTEL_TRACES_SAMPLER"), "parentbased_always_on"), "sampler_arg", os.Getenv("OTEL_TRACES_SAMPLER_ARG"))
+	} else {
+		log.Info("traces off; set OTEL_EXPORTER_OTLP_ENDPOINT to export them")
+	}
+	gc.Tracing = tracing
 	g, err := gateway.Build(ctx, gc)
 	if err != nil {
 		return err

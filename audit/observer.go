@@ -1,0 +1,30 @@
+package audit
+
+import (
+	"time"
+
+	"github.com/infergate/infergate/director"
+)
+
+// Settled writes the request's line: Log is a director.SettleObserver. It never blocks.
+func (l *Log) Settled(st director.Settlement) {
+	l.Write(RecordOf(st))
+}
+
+// RecordOf is a settlement as the audit log keeps it.
+func RecordOf(st director.Settlement) Record {
+	t := st.Timing
+	r := Record{
+		Time: st.Started.Add(t.E2E), RequestID: st.RequestID, TraceID: st.TraceID, Tenant: st.Tenant, Tier: st.Tier,
+		Model: st.Model, Pool: st.Pool, Endpoint: st.Endpoint, PromptSHA256: st.PromptSHA256, OutputSHA256: st.OutputSHA256,
+		PromptTokens: st.Usage.PromptTokens, CachedTokens: st.Usage.CachedTokens, CompletionTokens: st.Usage.CompletionTokens,
+		CostUSD: st.CostUSD, TTFTMillis: millis(t.TTFT.Seconds()), E2EMillis: millis(t.E2E.Seconds()), Status: st.Status,
+		Outcome: st.Outcome, Good: st.Good,
+	}
+	if st.Started.IsZero() {
+		r.Time = time.Time{} // Write stamps it
+	}
+	return r
+}
+
+func millis(seconds float64) float64 { return seconds * 1000 }

@@ -1,0 +1,83 @@
+package extproc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/openai"
+)
+
+// responseTiming is what the response path measures of one request: when it was routed, when chunks carrying
+// generated content passed, and the longest gap between them.
+type responseTiming struct {
+	routed, first, last time.Time
+	maxGap              time.Duration
+}
+
+// content notes a response chunk that carried generated content, passing at now.
+func (t *responseTiming) content(now time.Time) {
+	if t.first.IsZero() {
+		t.first = now
+	} else if gap := now.Sub(t.last); gap > t.maxGap {
+		t.maxGap = gap
+	}
+	t.last = now
+}
+
+// chunked reports whether the response body mode lets the gateway see chunks as they arrive. In BUFFERED
+// modes Envoy sends the whole body at once, so the first content is the end of the response; with NONE only
+// the headers are seen.
+func chunked(mode bodyMode) bool {
+	return mode == filterv3.ProcessingMode_STREAMED || mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+}
+
+// startOutputDigest prepares the digest of the generated text, when settlements carry digests.
+func (rs *requestState) startOutputDigest() {
+	if rs.srv.opts.Digests && rs.output == nil {
+		rs.output = sha256.New()
+		if rs.sse != nil {
+			rs.sse.Text = rs.output
+		}
+	}
+}
+
+// outcome gathers what the response path saw for the director.
+func (rs *requestState) outcome(aborted bool) director.Outcome {
+	ended := rs.now()
+	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served, Ended: ended,
+		FirstContent: rs.timing.first, LastContent: rs.timing.last, MaxGap: rs.timing.maxGap,
+		Chunked: chunked(rs.respMode) && !rs.timing.first.IsZero()}
+	if !chunked(rs.respMode) {
+		o.MaxGap = 0 // one chunk: no gaps to speak of
+	}
+	switch {
+	case rs.sse != nil:
+		o.Usage, o.Reported = rs.sse.Usage()
+		o.ContentEvents = rs.sse.ContentEvents()
+	case rs.respBody != nil:
+		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
+	}
+	if rs.srv.opts.Digests {
+		rs.digests(&o)
+	}
+	return o
+}
+
+// digests computes the sha256 of the prompt field as the client sent it and of the generated text.
+func (rs *requestState) digests(o *director.Outcome) {
+	if prompt := openai.PromptJSON(nil, rs.endpoint, rs.body); len(prompt) > 0 {
+		sum := sha256.Sum256(prompt)
+		o.PromptSHA256 = hex.EncodeToString(sum[:])
+	}
+	if rs.output == nil && rs.respBody != nil && rs.endpoint != openai.EndpointEmbeddings {
+		rs.output = sha256.New()
+		openai.OutputText(rs.respBody, rs.output)
+	}
+	if rs.output != nil && o.Status < 400 && o.Status != 0 {
+		o.OutputSHA256 = hex.EncodeToString(rs.output.Sum(nil))
+	}
+}

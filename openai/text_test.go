@@ -1,0 +1,61 @@
+package openai
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestPromptJSONIsTheClientsBytes(t *testing.T) {
+	cases := []struct {
+		ep         Endpoint
+		body, want string
+	}{
+		{EndpointChat, `{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"q\""}]}`, `[{"role":"user","content":"caf\u00e9 \"q\""}]`},
+		{EndpointChat, "{\"messages\" : [ {\"role\": \"user\",\n \"content\":\"hi\"} ], \"model\":\"m\"}", `[{"role":"user","content":"hi"}]`},
+		{EndpointCompletions, `{"model":"m","prompt":"once upon"}`, `"once upon"`},
+		{EndpointEmbeddings, `{"model":"m","input":["a","b"]}`, `["a","b"]`},
+		{EndpointChat, `{"model":"m"}`, ``},
+		{EndpointChat, `not json`, ``},
+	}
+	for _, c := range cases {
+		if got := string(PromptJSON(nil, c.ep, []byte(c.body))); got != c.want {
+			t.Errorf("PromptJSON(%s) = %s, want %s", c.body, got, c.want)
+		}
+	}
+}
+
+func TestOutputText(t *testing.T) {
+	var b bytes.Buffer
+	OutputText([]byte(`{"choices":[{"message":{"role":"assistant","content":"Hel\u006co"}},{"message":{"content":" there"}}],"usage":{}}`), &b)
+	if b.String() != "Hello there" {
+		t.Errorf("chat text %q", b.String())
+	}
+	b.Reset()
+	OutputText([]byte(`{"choices":[{"text":"abc"}]}`), &b)
+	if b.String() != "abc" {
+		t.Errorf("completion text %q", b.String())
+	}
+	b.Reset()
+	OutputText([]byte(`{"data":[{"embedding":[1,2]}]}`), &b)
+	if b.Len() != 0 {
+		t.Errorf("embeddings text %q", b.String())
+	}
+}
+
+func TestSSEScannerText(t *testing.T) {
+	var b bytes.Buffer
+	s := &SSEScanner{Text: &b, DropUsageChunk: true}
+	stream := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"lo\\n\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	// Split mid-event: the text does not depend on chunk boundaries.
+	for _, part := range []string{stream[:30], stream[30:77], stream[77:]} {
+		s.Process([]byte(part), false)
+	}
+	s.Process(nil, true)
+	if b.String() != "Hello\n" {
+		t.Errorf("text %q, want %q", b.String(), "Hello\n")
+	}
+}
