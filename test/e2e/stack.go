@@ -8,18 +8,21 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/gateway"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/test/envoysim"
 )
 
@@ -33,6 +36,8 @@ type Stack struct {
 	Policies *policies.Store
 	// ExtProcAddr is where infergate's ext_proc server listens.
 	ExtProcAddr string
+	// MetricsURL is the in-process gateway's /metrics (empty with Options.ExtprocAddr).
+	MetricsURL string
 }
 
 // Options choose the files and addresses of a Stack.
@@ -50,6 +55,10 @@ type Options struct {
 	// ScrapeInterval is how often the in-process gateway reads the engines' metrics (default 100 ms, as
 	// infergate serve); negative: not at all (stand-in replicas without /metrics).
 	ScrapeInterval time.Duration
+	// RedisAddrs enforce quotas in Redis; AuditLog and Tracing are gateway.Config's.
+	RedisAddrs []string
+	AuditLog   string
+	Tracing    *telemetry.Tracing
 }
 
 var addrRe = regexp.MustCompile(`127\.0\.0\.1:\d+`)
@@ -125,6 +134,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			scrape = 0
 		}
 		g, err = gateway.Build(ctx, gateway.Config{PolicyPath: policyPath, ScrapeInterval: scrape, Logger: o.Logger,
+			RedisAddrs: o.RedisAddrs, AuditLog: o.AuditLog, Tracing: o.Tracing,
 			SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
 			OnSettle: func(s extproc.Settlement) {
 				select {
@@ -146,6 +156,9 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		go func() { _ = gs.Serve(lis) }()
 		go func() { <-ctx.Done(); gs.Stop() }()
 		procAddr = lis.Addr().String()
+		if st.MetricsURL, err = serveMetrics(ctx, g); err != nil {
+			return nil, err
+		}
 	}
 	st.ExtProcAddr = procAddr
 
@@ -186,6 +199,20 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	go func() { _ = dp.Serve(ctx, lis); dp.Close() }()
 	st.URL = "http://" + lis.Addr().String()
 	return st, nil
+}
+
+// serveMetrics serves the gateway's registry on a free loopback port, as infergate serve's --metrics-addr does.
+func serveMetrics(ctx context.Context, g *gateway.Gateway) (string, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g.Registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	return "http://" + lis.Addr().String() + "/metrics", nil
 }
 
 // FindRoot walks up from the working directory to the directory holding go.mod.

@@ -1,0 +1,194 @@
+package telemetry
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+// exposition renders a registry in the Prometheus text format, as /metrics serves it.
+func exposition(t *testing.T, reg *prometheus.Registry) []byte {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range fams {
+		if err := enc.Encode(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.Bytes()
+}
+
+// parse reads the text format back with prometheus/common's parser, as Prometheus would.
+func parse(t *testing.T, text []byte) map[string]*dto.MetricFamily {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		t.Fatalf("exposition does not parse: %v", err)
+	}
+	return fams
+}
+
+func find(fams map[string]*dto.MetricFamily, name string, labels map[string]string) *dto.Metric {
+	for _, m := range fams[name].GetMetric() {
+		match := true
+		for k, v := range labels {
+			found := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == k && lp.GetValue() == v {
+					found = true
+				}
+			}
+			match = match && found
+		}
+		if match {
+			return m
+		}
+	}
+	return nil
+}
+
+func TestMetricsFromSettlements(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	ms := time.Millisecond
+	base := director.Settlement{Routed: true, Tenant: "acme", Tier: "enterprise", Model: "llama", ServedModel: "meta/llama",
+		Pool: "h200", HardwareClass: "h200", Operation: openai.EndpointChat, Stream: true}
+	ok := base
+	ok.Outcome, ok.Good = director.OutcomeOK, true
+	ok.Usage = openai.Usage{PromptTokens: 1000, CachedTokens: 600, CompletionTokens: 50}
+	ok.Timing = director.Timing{TTFT: 80 * ms, TPOT: 20 * ms, MaxITL: 40 * ms, E2E: 1100 * ms, Chunked: true}
+	slow := ok
+	slow.Good, slow.Timing.TTFT = false, 400*ms
+	failed := base
+	failed.Outcome, failed.Timing.E2E = director.OutcomeUpstream5xx, 30*ms
+	refused := director.Settlement{Tenant: "acme", Tier: "enterprise", Model: "llama", Outcome: director.OutcomeSaturated}
+	for _, st := range []director.Settlement{ok, slow, failed, refused} {
+		m.Settled(st)
+	}
+	fams := parse(t, exposition(t, reg))
+	counter := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		c := find(fams, name, labels)
+		if c == nil {
+			t.Fatalf("no %s%v", name, labels)
+		}
+		return c.GetCounter().GetValue()
+	}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}, 2},
+		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_5xx"}, 1},
+		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "saturated"}, 1},
+		{"infergate_tenant_good_requests_total", map[string]string{"tenant": "acme", "tier": "enterprise"}, 1},
+		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "prompt"}, 2000},
+		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "cached"}, 1200},
+	}
+	for _, c := range checks {
+		if got := counter(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	ttft := find(fams, "gen_ai_server_time_to_first_token_seconds", map[string]string{
+		"gen_ai_request_model": "llama", "gen_ai_response_model": "meta/llama", "pool": "h200", "hardware_class": "h200", "tier": "enterprise"})
+	if h := ttft.GetHistogram(); h.GetSampleCount() != 2 || h.GetSampleSum() < 0.479 || h.GetSampleSum() > 0.481 {
+		t.Errorf("TTFT histogram count %d sum %v, want 2 and 0.48", h.GetSampleCount(), h.GetSampleSum())
+	}
+	if e := find(fams, "gen_ai_server_request_duration_seconds", map[string]string{"error_type": "upstream_5xx"}); e.GetHistogram().GetSampleCount() != 1 {
+		t.Errorf("failed request's duration not recorded under its error type")
+	}
+	if u := find(fams, "gen_ai_client_token_usage", map[string]string{"gen_ai_token_type": "output"}); u.GetHistogram().GetSampleSum() != 100 {
+		t.Errorf("output token usage sum %v, want 100", u.GetHistogram().GetSampleSum())
+	}
+}
+
+type engines map[string]fleet.EngineMetrics
+
+func (e engines) Metrics(addr string) (fleet.EngineMetrics, bool) { m, ok := e[addr]; return m, ok }
+
+func TestFleetCollector(t *testing.T) {
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inflight := &fleet.InFlight{}
+	inflight.Start("127.0.0.1:18101")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&FleetCollector{Policies: policies.NewStaticStore(snap), InFlight: inflight,
+		Engines: engines{"127.0.0.1:18101": {Waiting: 3, Running: 12, KVUtil: 0.91}}})
+	fams := parse(t, exposition(t, reg))
+	gauge := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		g := find(fams, name, labels)
+		if g == nil {
+			t.Fatalf("no %s%v", name, labels)
+		}
+		return g.GetGauge().GetValue()
+	}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"infergate_slo_ttft_target_seconds", map[string]string{"tier": "enterprise", "gen_ai_request_model": "llama-3.3-70b"}, 0.5},
+		{"infergate_slo_ttft_target_seconds", map[string]string{"tier": "enterprise", "gen_ai_request_model": "qwen2.5-7b"}, 0.2},
+		{"infergate_slo_tpot_target_seconds", map[string]string{"tier": "free", "gen_ai_request_model": "qwen2.5-7b"}, 0.1},
+		{"infergate_slo_objective_ratio", map[string]string{"tier": "free"}, 0.95},
+		{"infergate_pool_hourly_cost_usd", map[string]string{"pool": "llama70b-h200"}, 7},
+		{"infergate_endpoint_waiting_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 3},
+		{"infergate_endpoint_running_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 12},
+		{"infergate_endpoint_kv_cache_usage_ratio", map[string]string{"endpoint": "127.0.0.1:18101", "pool": "llama70b-h200"}, 0.91},
+		{"infergate_endpoint_inflight_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 1},
+	}
+	for _, c := range checks {
+		if got := gauge(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if find(fams, "infergate_endpoint_waiting_requests", map[string]string{"endpoint": "127.0.0.1:18102"}) != nil {
+		t.Error("an endpoint without a fresh reading has engine gauges")
+	}
+}
+
+// promtool, Prometheus' own linter, finds nothing to say about the series.
+func TestPromtoolCheckMetrics(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: run `make test-deps` (Debian's prometheus package)")
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.Settled(director.Settlement{Routed: true, Tenant: "a", Tier: "t", Model: "m", ServedModel: "m", Pool: "p",
+		HardwareClass: "h", Outcome: director.OutcomeOK, Good: true, Timing: director.Timing{TTFT: time.Millisecond, TPOT: time.Millisecond, MaxITL: time.Millisecond}})
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(&FleetCollector{Policies: policies.NewStaticStore(snap), InFlight: &fleet.InFlight{}})
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = bytes.NewReader(exposition(t, reg))
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/audit"
+	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
+)
+
+// telemetryStack is the quickstart with Redis quotas and the audit log on, as a platform team runs it.
+func telemetryStack(t *testing.T, envoyFile string) (*Stack, string) {
+	t.Helper()
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redis := redistest.Start(t)
+	auditDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := Start(ctx, Options{Root: root, EnvoyFile: envoyFile, PolicyFile: "examples/quickstart/policy.yaml",
+		FleetFile: "examples/quickstart/fleet.yaml", FreePorts: true, RedisAddrs: []string{redis.Addr}, AuditLog: auditDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, auditDir
+}
+
+// scrape reads the gateway's /metrics with prometheus/common's parser.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	return fams
+}
+
+func sumCounter(fams map[string]*dto.MetricFamily, name string, match func(map[string]string) bool) float64 {
+	var total float64
+	for _, m := range fams[name].GetMetric() {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if match(labels) {
+			total += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return total
+}
+
+// A streamed and a whole chat through the real data plane, from the openai-go client: the gateway's own
+// metrics time them per tier, and the audit log holds one line each whose digests match what was sent and
+// generated — and no text.
+func TestGoodputTelemetryEndToEnd(t *testing.T) {
+	for _, name := range []string{"full-duplex", "buffered"} {
+		t.Run(name, func(t *testing.T) {
+			st, auditDir := telemetryStack(t, envoyConfigs[name])
+			c := client(st, "sk-demo-acme")
+			ctx := context.Background()
+			const secret = "the launch codes are 0000"
+			params := chatParams(qwen, "You are terse.", secret)
+			stream := c.Chat.Completions.NewStreaming(ctx, params)
+			var streamed strings.Builder
+			for stream.Next() {
+				for _, ch := range stream.Current().Choices {
+					streamed.WriteString(ch.Delta.Content)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				t.Fatal(err)
+			}
+			whole, err := c.Chat.Completions.New(ctx, params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fams := scrape(t, st.MetricsURL)
+			enterprise := func(l map[string]string) bool { return l["tier"] == "enterprise" }
+			if n := sumCounter(fams, "gen_ai_server_time_to_first_token_seconds", enterprise); n != 2 {
+				t.Errorf("TTFT observations for enterprise: %v, want 2", n)
+			}
+			if n := sumCounter(fams, "gen_ai_server_time_per_output_token_seconds", enterprise); n < 1 {
+				t.Errorf("no TPOT observed for the stream")
+			}
+			if n := sumCounter(fams, "infergate_tenant_requests_total", func(l map[string]string) bool {
+				return l["tenant"] == "acme" && l["outcome"] == "ok"
+			}); n != 2 {
+				t.Errorf("acme ok requests %v, want 2", n)
+			}
+			if n := sumCounter(fams, "infergate_pool_tokens_total", func(l map[string]string) bool { return l["kind"] == "prompt" }); n <= 0 {
+				t.Errorf("no prompt tokens per pool")
+			}
+			records := auditLines(t, filepath.Join(auditDir, "acme", "current.jsonl"), 2)
+			prompt, _ := json.Marshal(params.Messages)
+			wantPrompt := compactDigest(t, prompt)
+			for i, out := range []string{streamed.String(), whole.Choices[0].Message.Content} {
+				r := records[i]
+				sum := sha256.Sum256([]byte(out))
+				if r.PromptSHA256 != wantPrompt || r.OutputSHA256 != hex.EncodeToString(sum[:]) {
+					t.Errorf("record %d digests %s / %s, want %s / %x", i, r.PromptSHA256, r.OutputSHA256, wantPrompt, sum)
+				}
+				if r.Tenant != "acme" || r.Model != qwen || r.Outcome != "ok" || r.CompletionTokens == 0 || r.E2EMillis <= 0 {
+					t.Errorf("record %d: %+v", i, r)
+				}
+			}
+			raw, _ := os.ReadFile(filepath.Join(auditDir, "acme", "current.jsonl"))
+			if bytes.Contains(raw, []byte("launch codes")) || bytes.Contains(raw, []byte("sk-demo")) {
+				t.Error("the audit log holds prompt text or a key")
+			}
+		})
+	}
+}
+
+// compactDigest is the sha256 of JSON without insignificant whitespace: the prompt field as the client sent it.
+func compactDigest(t *testing.T, js []byte) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := json.Compact(&b, js); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b.Bytes())
+	return hex.EncodeToString(sum[:])
+}
+
+// auditLines waits until the file holds n lines (the writer is asynchronous) and decodes them.
+func auditLines(t *testing.T, path string, n int) []audit.Record {
+	t.Helper()
+	var recs []audit.Record
+	wait.For(t, "the audit lines", func() bool {
+		f, err := os.Open(path)
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		recs = recs[:0]
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var r audit.Record
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				recs = append(recs, r)
+			}
+		}
+		return len(recs) >= n
+	})
+	return recs
+}
+
