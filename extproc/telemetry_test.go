@@ -27,8 +27,10 @@ import (
 // testClock is a clock the test moves; the server reads it from its own goroutine.
 type testClock struct{ nanos atomic.Int64 }
 
-func (c *testClock) now() time.Time           { return time.Unix(0, c.nanos.Load()) }
-func (c *testClock) set(since0 time.Duration) { c.nanos.Store(time.Unix(1_000_000, 0).Add(since0).UnixNano()) }
+func (c *testClock) now() time.Time { return time.Unix(0, c.nanos.Load()) }
+func (c *testClock) set(since0 time.Duration) {
+	c.nanos.Store(time.Unix(1_000_000, 0).Add(since0).UnixNano())
+}
 
 func sseEvent(content string) []byte {
 	return fmt.Appendf(nil, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", content)

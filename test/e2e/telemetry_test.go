@@ -166,4 +166,3 @@ func auditLines(t *testing.T, path string, n int) []audit.Record {
 	})
 	return recs
 }
-
