@@ -153,4 +153,3 @@ func TestPrometheusAnswersGoodputPerTier(t *testing.T) {
 	}
 	t.Logf("goodput %v, TTFT p95 %v", ratios, p95)
 }
-
