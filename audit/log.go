@@ -25,6 +25,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// flushEvery bounds how long a written line waits in the file buffer.
+const flushEvery = 100 * time.Millisecond
+
 const (
 	defaultMaxFileBytes = 64 << 20
 	defaultBuffer       = 4096
@@ -195,6 +198,12 @@ func (l *Log) run() {
 		defer t.Stop()
 		tick = t.C
 	}
+	// Lines are flushed flushEvery after the first one not yet flushed: a reader sees them within that time,
+	// and a busy gateway makes one write per batch rather than one per request.
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	defer flush.Stop()
+	dirty := false
 	for {
 		select {
 		case r, ok := <-l.ch:
@@ -206,10 +215,14 @@ func (l *Log) run() {
 				return
 			}
 			l.writeLine(r)
-			if len(l.ch) == 0 {
-				if err := l.sink.flush(); err != nil {
-					l.fail(err)
-				}
+			if !dirty {
+				dirty = true
+				flush.Reset(flushEvery)
+			}
+		case <-flush.C:
+			dirty = false
+			if err := l.sink.flush(); err != nil {
+				l.fail(err)
 			}
 		case <-tick:
 			if _, err := l.Sweep(); err != nil {

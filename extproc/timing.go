@@ -67,9 +67,9 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 	return o
 }
 
-// digests computes the sha256 of the prompt field as the client sent it and of the generated text.
+// digests computes the sha256 of the prompt field's bytes as the client sent them and of the generated text.
 func (rs *requestState) digests(o *director.Outcome) {
-	if prompt := openai.PromptJSON(nil, rs.endpoint, rs.body); len(prompt) > 0 {
+	if prompt := openai.PromptBytes(rs.endpoint, rs.body, rs.parsed.PromptStart, rs.parsed.PromptEnd); len(prompt) > 0 {
 		sum := sha256.Sum256(prompt)
 		o.PromptSHA256 = hex.EncodeToString(sum[:])
 	}

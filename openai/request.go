@@ -116,6 +116,9 @@ type Request struct {
 	Prompt *fastjson.Value
 	// BodyBytes is the size of the body as received; the prompt is nearly all of it.
 	BodyBytes int
+	// PromptStart and PromptEnd locate the prompt field's value in the body as received (-1 when the scan did
+	// not find it, as for a key written with escapes): what the audit log digests, without parsing again.
+	PromptStart, PromptEnd int
 
 	doc    *fastjson.Value
 	parser *fastjson.Parser
@@ -133,9 +136,11 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	}
 	// The recursive validator below must never see a deep body, and misses control characters in strings
 	// that also hold an escape: a linear scan checks both first.
-	if err := preScan(body, MaxJSONDepth); err != nil {
+	start, end, err := scanBody(body, MaxJSONDepth, ep.promptField())
+	if err != nil {
 		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
 	}
+	req.PromptStart, req.PromptEnd = start, end
 	if err := fastjson.ValidateBytes(body); err != nil {
 		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
 	}

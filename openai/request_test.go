@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -107,7 +108,10 @@ func TestParseRequest(t *testing.T) {
 				t.Error("Prompt not captured")
 			}
 			got.Release()
-			got.Endpoint, got.BodyBytes = 0, 0
+			if got.PromptStart < 0 || got.PromptEnd <= got.PromptStart {
+				t.Errorf("prompt span [%d, %d) not found", got.PromptStart, got.PromptEnd)
+			}
+			got.Endpoint, got.BodyBytes, got.PromptStart, got.PromptEnd = 0, 0, 0, 0
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
@@ -208,6 +212,11 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Model == "" || req.Prompt == nil {
 			t.Fatalf("accepted request without model or prompt: %q", body)
 		}
+		// The span the scan found is the prompt the parser read.
+		if raw := PromptBytes(endpoint, []byte(body), req.PromptStart, req.PromptEnd); !json.Valid(raw) ||
+			!bytes.Equal(compactJSON(t, raw), compactJSON(t, req.Prompt.MarshalTo(nil))) {
+			t.Fatalf("prompt span %q of %q is not the prompt %s", raw, body, req.Prompt.MarshalTo(nil))
+		}
 		out := req.Rewrite(nil, Edits{Model: "renamed", IncludeUsage: true})
 		req.Release()
 		if !json.Valid(out) {
@@ -219,6 +228,14 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("rewritten body does not parse back: %v %+v from %q", err, again, out)
 		}
 	})
+}
+
+func compactJSON(t *testing.T, js []byte) []byte {
+	var b bytes.Buffer
+	if err := json.Compact(&b, js); err != nil {
+		t.Fatalf("not JSON: %q: %v", js, err)
+	}
+	return b.Bytes()
 }
 
 // Reading a string value (as the prefix hasher does) makes fastjson re-escape it with Go quoting on output;

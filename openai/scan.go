@@ -23,24 +23,62 @@ func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.rea
 // validator misses when a string also holds an escape. It does not check the grammar: the parser does that
 // next, on a body now known to be shallow.
 func preScan(b []byte, maxDepth int) error {
+	_, _, err := scanBody(b, maxDepth, "")
+	return err
+}
+
+// scanBody is preScan that also finds, on the way, the bytes of the value of the top-level key named key
+// (written without escapes): start and end are -1 when there is none. The span costs the scan nothing but a
+// look at the top level's few keys.
+func scanBody(b []byte, maxDepth int, key string) (start, end int, err error) {
+	start, end = -1, -1
 	depth := 0
+	expectKey := false // at depth 1, the next string is a key
+	capturing := false // the wanted key was seen: its value starts at the next non-space byte
 	for i := 0; i < len(b); i++ {
-		switch b[i] {
+		switch c := b[i]; c {
 		case '[', '{':
 			if depth++; depth > maxDepth {
-				return &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth)}
+				return -1, -1, &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth)}
 			}
+			if depth == 2 && capturing {
+				start, capturing = i, false
+			}
+			expectKey = depth == 1 && c == '{'
 		case ']', '}':
 			depth--
-		case '"':
-			end, err := skipString(b, i+1)
-			if err != nil {
-				return err
+			if depth == 1 && start >= 0 && end < 0 {
+				end = i + 1
 			}
-			i = end
+		case ',':
+			expectKey = depth == 1
+		case '"':
+			close, err := skipString(b, i+1)
+			if err != nil {
+				return -1, -1, err
+			}
+			switch {
+			case depth == 1 && expectKey:
+				expectKey = false
+				capturing = key != "" && start < 0 && string(b[i+1:close]) == key
+			case depth == 1 && capturing:
+				start, end, capturing = i, close+1, false
+			}
+			i = close
+		case ' ', '\t', '\n', '\r', ':':
+		default:
+			if depth == 1 && capturing { // a bare value: null, a number, true or false
+				start, capturing = i, false
+				for end = i + 1; end < len(b) && b[end] != ',' && b[end] != '}' && b[end] > ' '; end++ {
+				}
+				i = end - 1
+			}
 		}
 	}
-	return nil
+	if end < 0 {
+		start = -1
+	}
+	return start, end, nil
 }
 
 // skipString returns the index of the quote that closes the string starting at i, or an error for a raw

@@ -5,21 +5,29 @@ import (
 	"testing"
 )
 
-func TestPromptJSONIsTheClientsBytes(t *testing.T) {
+func TestPromptBytesAreTheClientsBytes(t *testing.T) {
 	cases := []struct {
 		ep         Endpoint
 		body, want string
 	}{
 		{EndpointChat, `{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"q\""}]}`, `[{"role":"user","content":"caf\u00e9 \"q\""}]`},
-		{EndpointChat, "{\"messages\" : [ {\"role\": \"user\",\n \"content\":\"hi\"} ], \"model\":\"m\"}", `[{"role":"user","content":"hi"}]`},
+		{EndpointChat, "{\"messages\" : [ {\"role\": \"user\",\n \"content\":\"hi\"} ] , \"model\":\"m\"}", "[ {\"role\": \"user\",\n \"content\":\"hi\"} ]"},
+		{EndpointChat, `{"model":"m","meta":{"messages":"decoy"},"messages":[{"content":"real"}]}`, `[{"content":"real"}]`},
+		{EndpointChat, `{"model":"messages","messages":[]}`, `[]`},
 		{EndpointCompletions, `{"model":"m","prompt":"once upon"}`, `"once upon"`},
+		{EndpointCompletions, `{"prompt":null,"model":"m"}`, `null`},
 		{EndpointEmbeddings, `{"model":"m","input":["a","b"]}`, `["a","b"]`},
+		{EndpointChat, `{"model":"m","messag\u0065s":[{"content":"x"}]}`, `[{"content":"x"}]`}, // found by re-parsing
 		{EndpointChat, `{"model":"m"}`, ``},
-		{EndpointChat, `not json`, ``},
 	}
 	for _, c := range cases {
-		if got := string(PromptJSON(nil, c.ep, []byte(c.body))); got != c.want {
-			t.Errorf("PromptJSON(%s) = %s, want %s", c.body, got, c.want)
+		req, err := ParseRequest(c.ep, []byte(c.body))
+		start, end := req.PromptStart, req.PromptEnd
+		if err == nil {
+			req.Release()
+		}
+		if got := string(PromptBytes(c.ep, []byte(c.body), start, end)); got != c.want {
+			t.Errorf("PromptBytes(%s) = %s, want %s", c.body, got, c.want)
 		}
 	}
 }

@@ -271,24 +271,25 @@ func OutputText(body []byte, w io.Writer) {
 	}
 }
 
-// PromptJSON appends the request body's prompt field (messages, prompt or input) as compact JSON — the
-// client's bytes without insignificant whitespace — to dst; it appends nothing when the body has none.
-func PromptJSON(dst []byte, ep Endpoint, body []byte) []byte {
-	p := parsers.Get()
-	defer parsers.Put(p)
-	if preScan(body, MaxJSONDepth) != nil {
-		return dst
-	}
-	doc, err := p.ParseBytes(body)
-	if err != nil {
-		return dst
+// PromptBytes is the prompt field's value (messages, prompt or input) exactly as the client sent it, for a
+// digest: the span ParseRequest found when start and end locate one, else the field re-encoded compactly (a
+// key written with escapes), or nil when the body has none.
+func PromptBytes(ep Endpoint, body []byte, start, end int) []byte {
+	if start >= 0 && start < end && end <= len(body) {
+		return body[start:end]
 	}
 	field := ep.promptField()
-	if field == "" {
-		return dst
+	if field == "" || preScan(body, MaxJSONDepth) != nil {
+		return nil
+	}
+	p := parsers.Get()
+	defer parsers.Put(p)
+	doc, err := p.ParseBytes(body)
+	if err != nil {
+		return nil
 	}
 	if v := doc.Get(field); v != nil {
-		dst = v.MarshalTo(dst)
+		return v.MarshalTo(nil)
 	}
-	return dst
+	return nil
 }

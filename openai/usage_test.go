@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -126,12 +127,16 @@ func FuzzSSEScanner(f *testing.F) {
 			cutA, cutB = cutB, cutA
 		}
 		for _, drop := range []bool{false, true} {
-			whole := &SSEScanner{DropUsageChunk: drop}
+			var wholeText, splitText bytes.Buffer
+			whole := &SSEScanner{DropUsageChunk: drop, Text: &wholeText}
 			wantOut := whole.Process(append([]byte(nil), data...), true)
-			split := &SSEScanner{DropUsageChunk: drop}
+			split := &SSEScanner{DropUsageChunk: drop, Text: &splitText}
 			got := runChunks(split, data, cutA, cutB)
 			if !bytes.Equal(got, wantOut) {
 				t.Fatalf("drop=%v: split output differs from whole output", drop)
+			}
+			if !bytes.Equal(wholeText.Bytes(), splitText.Bytes()) {
+				t.Fatalf("drop=%v: the generated text depends on chunk boundaries", drop)
 			}
 			u1, ok1 := whole.Usage()
 			u2, ok2 := split.Usage()
@@ -213,6 +218,7 @@ func FuzzUsageFromJSON(f *testing.F) {
 	f.Add([]byte(`{"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":-1,"prompt_tokens_details":{"cached_tokens":1e99}}}`))
 	f.Add([]byte(`{"usage":` + strings.Repeat("[", 1000)))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		OutputText(body, io.Discard) // must not panic on any body
 		u, ok := UsageFromJSON(body)
 		if !ok && u != (Usage{}) {
 			t.Fatalf("usage %+v reported without ok", u)

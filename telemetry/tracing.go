@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -163,7 +164,9 @@ func End(span trace.Span, st director.Settlement, m Marks) {
 		return
 	}
 	span.SetName(operation(st.Operation) + " " + st.Model)
-	attrs := []attribute.KeyValue{
+	buf := attrPool.Get().(*[]attribute.KeyValue)
+	defer func() { *buf = (*buf)[:0]; attrPool.Put(buf) }()
+	attrs := append((*buf)[:0],
 		operationAttr(st.Operation),
 		semconv.GenAIRequestModel(st.Model),
 		attribute.String("infergate.request_id", st.RequestID),
@@ -172,7 +175,7 @@ func End(span trace.Span, st director.Settlement, m Marks) {
 		attribute.String("infergate.outcome", st.Outcome),
 		attribute.Bool("infergate.good", st.Good),
 		attribute.Float64("infergate.queue.duration", st.Timing.Queued.Seconds()),
-	}
+	)
 	if st.Routed {
 		attrs = append(attrs,
 			semconv.GenAIResponseModel(st.ServedModel),
@@ -207,9 +210,13 @@ func End(span trace.Span, st director.Settlement, m Marks) {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(st.Outcome))
 		span.SetStatus(codes.Error, st.Outcome)
 	}
-	span.SetAttributes(attrs...)
+	span.SetAttributes(attrs...) // copies them
+	*buf = attrs
 	span.End(trace.WithTimestamp(m.Ended))
 }
+
+// attrPool holds the attribute lists End builds: the span copies them, so one list serves request after request.
+var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 32); return &s }}
 
 // Reject closes the span of a request the gateway answered itself before routing it (bad body, unknown key).
 func Reject(span trace.Span, status int, code string, ended time.Time) {

@@ -59,6 +59,8 @@ func main() {
 	only := flag.String("only", "", "run only rows whose description contains this (e.g. \"256 KiB | FULL\")")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	quotaRuns := flag.Bool("quota", true, "also measure the latency quotas add (starts a redis-server on a free port)")
+	telemetryRuns := flag.Bool("telemetry", true, "also measure the latency telemetry adds (traces, audit log, goodput series)")
+	telemetryOnly := flag.Bool("telemetry-only", false, "measure only the telemetry rows")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -86,6 +88,10 @@ func main() {
 	baseline, stopBaseline := startBaseline()
 	defer stopBaseline()
 
+	if *telemetryOnly {
+		benchTelemetry(snap, *runs, *scale, *chunk)
+		return
+	}
 	var configs []config
 	for _, size := range []int{2 << 10, 32 << 10, 256 << 10} {
 		n := map[int]int{2 << 10: 4000, 32 << 10: 2000, 256 << 10: 400}[size]
@@ -125,6 +131,9 @@ func main() {
 	}
 	if *quotaRuns {
 		benchQuotas(*policyPath, *runs, *scale, *chunk)
+	}
+	if *telemetryRuns {
+		benchTelemetry(snap, *runs, *scale, *chunk)
 	}
 }
 

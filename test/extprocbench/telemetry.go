@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/infergate/infergate/audit"
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/telemetry"
+)
+
+// telemetryTarget is how much slower a decision may be with telemetry on.
+const telemetryTarget = 1.05
+
+// benchTelemetry compares decisions with telemetry off and fully on — every span sampled and exported through
+// the SDK's batcher to a no-op exporter, the audit log written to a file with digests, the goodput series
+// recorded — interleaved on the same machine.
+func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int) {
+	off, stopOff := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
+	defer stopOff()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	dir, err := os.MkdirTemp("", "infergate-bench-audit")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	reg := prometheus.NewRegistry()
+	alog, err := audit.New(audit.Options{Dir: dir, Registerer: reg})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer alog.Close()
+	on, stopOn := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap),
+		Tracing: telemetry.NewTracing(tp), Digests: true,
+		Observers: []director.SettleObserver{telemetry.NewMetrics(reg), alog}}))
+	defer stopOn()
+
+	fmt.Printf("\nTelemetry on (spans sampled at 100%% to a no-op exporter, audit to a file, goodput series) against off, "+
+		"%d interleaved runs per row (medians); target: on within +%.0f%% of off at p50 and p99\n\n", runs, (telemetryTarget-1)*100)
+	fmt.Println("| prompt | body mode | concurrency | off p50 | on p50 | on/off p50 | off p99 | on p99 | on/off p99 | target |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, size := range []int{2 << 10, 32 << 10} {
+		n := map[int]int{2 << 10: 4000, 32 << 10: 2000}[size]
+		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
+			for _, c := range []int{1, 32} {
+				cfg := config{promptBytes: size, mode: mode, concurrency: c, requests: max(64, int(float64(n)*scale))}
+				body := chatBody(size)
+				var offs, ons []result
+				for range runs {
+					r, err := measure(off, cfg, body, chunk)
+					if err != nil {
+						log.Fatal(err)
+					}
+					offs = append(offs, r)
+					if r, err = measure(on, cfg, body, chunk); err != nil {
+						log.Fatal(err)
+					}
+					ons = append(ons, r)
+				}
+				a, b := medianResult(offs), medianResult(ons)
+				p50, p99 := float64(b.p50)/float64(a.p50), float64(b.p99)/float64(a.p99)
+				verdict := "met"
+				if p50 > telemetryTarget || p99 > telemetryTarget {
+					verdict = "not met"
+				}
+				fmt.Printf("| %d KiB | %s | %d | %s | %s | %.2f | %s | %s | %.2f | %s |\n", size>>10, modeName(mode), c,
+					fmtDur(a.p50), fmtDur(b.p50), p50, fmtDur(a.p99), fmtDur(b.p99), p99, verdict)
+			}
+		}
+	}
+}
