@@ -120,8 +120,12 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		return err
 	}
 	defer logFile.Close()
+	auditDir, err := os.MkdirTemp("", "infergate-demo-audit-")
+	if err != nil {
+		return err
+	}
 	args := []string{"serve", "--policy", "examples/quickstart/policy.yaml",
-		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", ""}
+		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", "", "--audit-log", auditDir}
 	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)
@@ -151,6 +155,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	}
 	fmt.Printf("infergate demo: gateway %s, infergate ext_proc %s, metrics http://%s/metrics (log %s)\n",
 		st.URL, extprocAddr, metricsAddr, logFile.Name())
+	fmt.Print(telemetryWhere(metricsAddr, auditDir))
 	fmt.Printf("try: curl %s/v1/chat/completions -H 'Authorization: Bearer sk-demo-acme' -d '{\"model\":\"llama-70b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n", st.URL)
 
 	time.Sleep(500 * time.Millisecond) // let infergate's first engine scrapes see the fleet
@@ -175,12 +180,21 @@ loop:
 		case <-tick.C:
 			fmt.Print("\033[H\033[2J")
 			render(os.Stdout, st, s.snapshot(), time.Since(start), false)
+			goodput(os.Stdout, metricsAddr)
 		}
 	}
+	// Goodput is read before the traffic stops: requests cut off by the demo's own end are not the fleet's.
+	rows, goodErr := scrapeGoodput("http://" + metricsAddr + "/metrics")
 	stopTraffic()
 	wg.Wait()
 	fmt.Print("\033[H\033[2J")
 	render(os.Stdout, st, s.snapshot(), time.Since(start), true)
+	if goodErr != nil {
+		fmt.Printf("\n(goodput unavailable: %v)\n", goodErr)
+	} else {
+		renderGoodput(os.Stdout, rows)
+	}
+	fmt.Print("\n" + telemetryWhere(metricsAddr, auditDir))
 	stopServe()
 	<-served
 	fmt.Println("\nstopped: traffic, data plane, fleet and infergate.")

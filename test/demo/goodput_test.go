@@ -1,0 +1,54 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+const exposition = `# TYPE infergate_tenant_requests_total counter
+infergate_tenant_requests_total{model="m",outcome="ok",tenant="acme",tier="enterprise"} 90
+infergate_tenant_requests_total{model="m",outcome="saturated",tenant="acme",tier="enterprise"} 10
+infergate_tenant_requests_total{model="m",outcome="quota",tenant="acme",tier="enterprise"} 50
+infergate_tenant_requests_total{model="m",outcome="ok",tenant="initech",tier="free"} 4
+# TYPE infergate_tenant_good_requests_total counter
+infergate_tenant_good_requests_total{model="m",tenant="acme",tier="enterprise"} 80
+infergate_tenant_good_requests_total{model="m",tenant="initech",tier="free"} 4
+# TYPE gen_ai_server_time_to_first_token_seconds histogram
+gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="0.1"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="0.2"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="+Inf"} 50
+gen_ai_server_time_to_first_token_seconds_sum{pool="a",tier="enterprise"} 2
+gen_ai_server_time_to_first_token_seconds_count{pool="a",tier="enterprise"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="0.1"} 0
+gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="0.2"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="+Inf"} 50
+gen_ai_server_time_to_first_token_seconds_sum{pool="b",tier="enterprise"} 7
+gen_ai_server_time_to_first_token_seconds_count{pool="b",tier="enterprise"} 50
+# TYPE infergate_slo_ttft_target_seconds gauge
+infergate_slo_ttft_target_seconds{gen_ai_request_model="m",tier="enterprise"} 0.2
+infergate_slo_ttft_target_seconds{gen_ai_request_model="n",tier="enterprise"} 0.5
+`
+
+func TestGoodputFromMetrics(t *testing.T) {
+	rows, err := goodputFrom(strings.NewReader(exposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].tier != "enterprise" || rows[1].tier != "free" {
+		t.Fatalf("rows %+v", rows)
+	}
+	e := rows[0]
+	if e.requests != 100 || e.good != 80 {
+		t.Errorf("enterprise %v good of %v eligible, want 80 of 100 (quota refusals are the tenant's)", e.good, e.requests)
+	}
+	// 100 observations, half ≤ 0.1 and half in (0.1, 0.2]: p95 is 0.1 + 0.1 × 45/50.
+	if math.Abs(e.ttftP95-0.19) > 1e-9 || e.ttftTarget != 0.2 || !math.IsNaN(e.tpotP95) {
+		t.Errorf("enterprise TTFT p95 %v target %v, TPOT %v", e.ttftP95, e.ttftTarget, e.tpotP95)
+	}
+	var b strings.Builder
+	renderGoodput(&b, rows)
+	if !strings.Contains(b.String(), "80.0%") || !strings.Contains(b.String(), "190 ms / 200 ms") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
