@@ -19,8 +19,11 @@ DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recomme
 # metrics port, which the tests need free: stop it and keep it from starting at boot. Best effort only.
 case " ${missing[*]} " in
   *" prometheus "*)
-    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-      $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+    if command -v systemctl >/dev/null 2>&1; then
+      $sudo systemctl disable prometheus >/dev/null 2>&1 || true
+      if [ -d /run/systemd/system ]; then
+        $sudo systemctl stop prometheus >/dev/null 2>&1 || true
+      fi
     fi
     if command -v service >/dev/null 2>&1; then
       $sudo service prometheus stop >/dev/null 2>&1 || true

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/infergate/infergate/deploy/observability"
 	"github.com/infergate/infergate/test/wait"
 )
 
@@ -23,7 +24,7 @@ type prometheus struct {
 	url string
 }
 
-func startPrometheus(t *testing.T, target string) *prometheus {
+func startPrometheus(t *testing.T, target, rules string) *prometheus {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -34,8 +35,8 @@ func startPrometheus(t *testing.T, target string) *prometheus {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"+
-		"scrape_configs:\n- job_name: infergate\n  metrics_path: %s\n  static_configs: [{targets: [%q]}]\n", u.Path, u.Host)
+	cfg := fmt.Sprintf("global: {scrape_interval: 500ms, evaluation_interval: 500ms}\nrule_files: [%q]\n"+
+		"scrape_configs:\n- job_name: infergate\n  metrics_path: %s\n  static_configs: [{targets: [%q]}]\n", rules, u.Path, u.Host)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -114,11 +115,22 @@ func (p *prometheus) query(t *testing.T, expr, by string) map[string]float64 {
 	return out
 }
 
-// The dashboard's goodput and TTFT expressions, asked of a real Prometheus scraping a gateway under traffic
-// from two tiers, answer per tier.
-func TestPrometheusAnswersGoodputPerTier(t *testing.T) {
+// grafanaVars fills the dashboard's variables as Grafana would with "All" selected and a short range.
+var grafanaVars = strings.NewReplacer(`"$tier"`, `".*"`, `"$model"`, `".*"`, "$__rate_interval", "1m", "$__range", "5m")
+
+// A real Prometheus, loading the shipped rules and scraping a gateway under traffic from two tiers, answers
+// every query of the shipped dashboard; its goodput and TTFT p95 panels give a value per tier.
+func TestPrometheusAnswersTheDashboard(t *testing.T) {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queries, err := observability.DashboardQueries()
+	if err != nil {
+		t.Fatal(err)
+	}
 	st, _ := telemetryStack(t, envoyConfigs["full-duplex"])
-	prom := startPrometheus(t, st.MetricsURL)
+	prom := startPrometheus(t, st.MetricsURL, filepath.Join(root, "deploy/observability/rules.yaml"))
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, key := range []string{"sk-demo-acme", "sk-demo-globex"} {
@@ -135,9 +147,16 @@ func TestPrometheusAnswersGoodputPerTier(t *testing.T) {
 		}()
 	}
 	defer func() { stop(); wg.Wait() }()
-	goodput := `sum by (tier) (rate(infergate_tenant_good_requests_total[1m])) / ` +
-		`sum by (tier) (rate(infergate_tenant_requests_total{outcome!~"client_error|quota"}[1m]))`
-	ttftP95 := `histogram_quantile(0.95, sum by (tier, le) (rate(gen_ai_server_time_to_first_token_seconds_bucket[1m])))`
+	first := func(panel string) string {
+		for _, q := range queries {
+			if q.Panel == panel {
+				return grafanaVars.Replace(q.Expr)
+			}
+		}
+		t.Fatalf("the dashboard has no panel %q", panel)
+		return ""
+	}
+	goodput, ttftP95 := first("Goodput per tier"), first("TTFT p95 / p50 per tier vs target")
 	var ratios, p95 map[string]float64
 	wait.For(t, "prometheus to have rates for both tiers", func() bool {
 		ratios, p95 = prom.query(t, goodput, "tier"), prom.query(t, ttftP95, "tier")
@@ -152,4 +171,20 @@ func TestPrometheusAnswersGoodputPerTier(t *testing.T) {
 		}
 	}
 	t.Logf("goodput %v, TTFT p95 %v", ratios, p95)
+	// Every other query is valid PromQL over series that exist (the burn rate once the rules have run).
+	var empty []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("queries without an answer: %v", empty)
+		}
+	}()
+	wait.For(t, "every dashboard query to answer", func() bool {
+		empty = empty[:0]
+		for _, q := range queries {
+			if len(prom.query(t, grafanaVars.Replace(q.Expr), "")) == 0 {
+				empty = append(empty, q.Where)
+			}
+		}
+		return len(empty) == 0
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/infergate/infergate/audit"
+	"github.com/infergate/infergate/deploy/observability"
 	"github.com/infergate/infergate/test/redistest"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -165,4 +166,47 @@ func auditLines(t *testing.T, path string, n int) []audit.Record {
 		return len(recs) >= n
 	})
 	return recs
+}
+
+// Every series the shipped dashboard and alert rules read is one a running gateway exports — with quotas,
+// the audit log and engine scraping on, after traffic.
+func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
+	st, _ := telemetryStack(t, envoyConfigs["full-duplex"])
+	c := client(st, "sk-demo-acme")
+	s := c.Chat.Completions.NewStreaming(context.Background(), chatParams(llama, "You are terse.", "hello"))
+	for s.Next() {
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]bool{}
+	var fams map[string]*dto.MetricFamily
+	wait.For(t, "the endpoint gauges of a scrape", func() bool {
+		fams = scrape(t, st.MetricsURL)
+		return fams["infergate_endpoint_kv_cache_usage_ratio"] != nil
+	})
+	for name, f := range fams {
+		live[name] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
+		}
+	}
+	dash, err := observability.DashboardSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := observability.RuleSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dash) < 10 || len(rules) < 5 {
+		t.Fatalf("suspiciously few series: dashboard %d, rules %d", len(dash), len(rules))
+	}
+	for _, list := range [][]string{dash, rules} {
+		for _, name := range list {
+			if !live[name] {
+				t.Errorf("%s is queried but infergate does not export it", name)
+			}
+		}
+	}
 }
