@@ -162,11 +162,11 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	if e := rs.authenticate(hdr.auth); e != nil {
 		return rs.reject(e)
 	}
-	if t := rs.srv.opts.Tracing; t != nil {
-		rs.span = t.Start(rs.ctx, rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
-	}
 	if rs.endpoint == openai.EndpointModels || rs.endpoint == openai.EndpointModel {
 		return rs.answerModels(hdr)
+	}
+	if t := rs.srv.opts.Tracing; t != nil { // inference requests only: a models list is no GenAI operation
+		rs.span = t.Start(rs.ctx, rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
 	}
 	if hdr.method != http.MethodPost {
 		return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))

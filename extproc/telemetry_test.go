@@ -197,6 +197,13 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	r.send(postHeaders("/v1/chat/completions", keyAcme))
 	r.send(reqBody([]byte(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`), true))
 	r.recv()
+	// A models list is not a GenAI operation: no span.
+	ml := h.open(t, modeBuffered, modeNone)
+	ml.send(reqHeaders(true, ":method", "GET", ":path", "/v1/models", "authorization", "Bearer "+keyAcme))
+	if code := ml.recv().GetImmediateResponse().GetStatus().GetCode(); code != 200 {
+		t.Fatalf("models list: %v", code)
+	}
+	ml.expectClosed()
 	if err := tracing.Shutdown(context.Background()); err != nil { // flushes the batch
 		t.Fatal(err)
 	}

@@ -162,10 +162,11 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		if err == nil {
 			l.failures.Store(0)
 			if rej == nil {
-				l.live.add(t)
 				// The fail-open limiter keeps count of what this gateway admitted through Redis too, so that
 				// an outage starts from this window's real usage rather than from zero.
 				l.local.record(r.Now, t)
+				// Last: from here on the renewer may write the ticket's slot members (under its own lock).
+				l.live.add(t)
 			}
 			return l.result(t, rej)
 		}
@@ -234,12 +235,15 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 		l.log.Debug("usage exceeded the admission's reservation; charged to the window it was admitted in",
 			"tenant", t.Tenant, "reserved_tokens", t.est, "used_tokens", tokens)
 	}
+	if !t.local {
+		// First: once removed, the renewer no longer writes the ticket's entries, which the rest reads.
+		l.live.remove(t)
+	}
 	deltas := settleDeltas(t, tokens, costMicros)
 	l.local.settle(t, deltas)
 	if t.local {
 		return
 	}
-	l.live.remove(t)
 	l.redis.settleAsync(t.Tenant, t.ID, l.leases.settle(l.now(), t, deltas))
 }
 

@@ -237,3 +237,33 @@ func TestReclaimFreesThePreviousRunsSlots(t *testing.T) {
 		t.Error("gw-b's slot was reclaimed too")
 	}
 }
+
+// The renewer fixes slot members while requests are admitted and settled on other goroutines; the race
+// detector finds any read of a live ticket's entries outside the renewer's lock.
+func TestRenewalRacesAdmissionAndSettlement(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "maxConcurrent: 1000", "redisTimeout: 2s, leaseFraction: 0")
+	l := newLimiter(t, srv.Addr, false, nil)
+	var held []*Ticket
+	for range 300 {
+		tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1))
+		if err != nil || rej != nil {
+			t.Fatal(rej, err)
+		}
+		held = append(held, tk)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			_ = l.renewSlots(context.Background()) // its first round fixes every held ticket's members
+		}
+	}()
+	for _, tk := range held { // settled while the renewer runs
+		l.Settle(tk, 1, 1)
+		if tk, _, err := l.Admit(context.Background(), req(snap, tn, m, 1)); err == nil {
+			l.Settle(tk, 1, 1)
+		}
+	}
+	<-done
+}

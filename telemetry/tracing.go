@@ -141,9 +141,10 @@ func Upstream(span trace.Span) (traceparent, tracestate string) {
 	return c.traceparent, c.tracestate
 }
 
-// TraceID is the span's trace id in hex, "" without a span.
+// TraceID is the span's trace id in hex, "" without a sampled span (an id no trace store holds would only
+// mislead whoever looks it up).
 func TraceID(span trace.Span) string {
-	if span == nil || !span.SpanContext().HasTraceID() {
+	if span == nil || !span.SpanContext().IsSampled() {
 		return ""
 	}
 	return span.SpanContext().TraceID().String()
