@@ -29,12 +29,6 @@ func (c *clock) now() time.Time {
 	return c.t
 }
 
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
 // rec is a record for tenant whose encoded length does not depend on i for i < 10000.
 func rec(tenant string, i int) Record {
 	return Record{
