@@ -25,8 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// flushEvery bounds how long a written line waits in the file buffer.
-const flushEvery = 100 * time.Millisecond
+// drainEvery bounds how long a line waits between Write and the file.
+const drainEvery = 50 * time.Millisecond
 
 const (
 	defaultMaxFileBytes = 64 << 20
@@ -63,9 +63,16 @@ type Options struct {
 
 // Log is an audit log. Write may be called from any goroutine; one writer goroutine does all the I/O.
 type Log struct {
-	mu     sync.RWMutex // Write holds it shared and Close exclusively, so no Write sends on a closed ch
+	// The queue: Write appends under qmu, the writer goroutine swaps it for an empty one every drainEvery (or
+	// when it is half full), so a Write wakes no goroutine — on a busy gateway a wake-up per request would cost
+	// a futex call on the request path and a goroutine competing for a core.
+	qmu    sync.Mutex
+	queue  []Record
+	spare  []Record
+	limit  int
 	closed bool
-	ch     chan Record
+	kick   chan struct{} // a half-full queue asks the writer to drain now
+	stop   chan struct{} // closed by Close
 
 	done      chan struct{} // closed when the writer goroutine has returned
 	closeOnce sync.Once
@@ -130,7 +137,11 @@ func newLog(o Options, maxOpen int) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{
-		ch:         make(chan Record, o.Buffer),
+		queue:      make([]Record, 0, o.Buffer),
+		spare:      make([]Record, 0, o.Buffer),
+		limit:      o.Buffer,
+		kick:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 		now:        o.Now,
 		dir:        o.Dir,
@@ -157,16 +168,19 @@ func (l *Log) Write(r Record) {
 	if r.Time.IsZero() {
 		r.Time = l.now()
 	}
-	l.mu.RLock()
-	if !l.closed {
-		select {
-		case l.ch <- r:
-			l.mu.RUnlock()
-			return
-		default:
+	l.qmu.Lock()
+	if !l.closed && len(l.queue) < l.limit {
+		l.queue = append(l.queue, r)
+		if len(l.queue) == l.limit/2+1 {
+			select {
+			case l.kick <- struct{}{}:
+			default:
+			}
 		}
+		l.qmu.Unlock()
+		return
 	}
-	l.mu.RUnlock()
+	l.qmu.Unlock()
 	l.dropped.Add(1)
 	l.m.dropped.Inc()
 }
@@ -179,10 +193,10 @@ func (l *Log) Dropped() uint64 { return l.dropped.Load() }
 // first call's result.
 func (l *Log) Close() error {
 	l.closeOnce.Do(func() {
-		l.mu.Lock()
+		l.qmu.Lock()
 		l.closed = true
-		close(l.ch)
-		l.mu.Unlock()
+		l.qmu.Unlock()
+		close(l.stop)
 		<-l.done
 	})
 	return l.closeErr
@@ -198,38 +212,52 @@ func (l *Log) run() {
 		defer t.Stop()
 		tick = t.C
 	}
-	// Lines are flushed flushEvery after the first one not yet flushed: a reader sees them within that time,
-	// and a busy gateway makes one write per batch rather than one per request.
-	flush := time.NewTimer(time.Hour)
-	flush.Stop()
-	defer flush.Stop()
-	dirty := false
+	drain := time.NewTicker(drainEvery)
+	defer drain.Stop()
 	for {
 		select {
-		case r, ok := <-l.ch:
-			if !ok {
-				if err := l.sink.close(); err != nil {
-					l.fail(err)
-					l.closeErr = err
-				}
-				return
-			}
-			l.writeLine(r)
-			if !dirty {
-				dirty = true
-				flush.Reset(flushEvery)
-			}
-		case <-flush.C:
-			dirty = false
-			if err := l.sink.flush(); err != nil {
+		case <-l.stop:
+			l.drain() // Write takes nothing once closed: this is the last of it
+			if err := l.sink.close(); err != nil {
 				l.fail(err)
+				l.closeErr = err
 			}
+			return
+		case <-drain.C:
+			l.drain()
+		case <-l.kick:
+			l.drain()
 		case <-tick:
 			if _, err := l.Sweep(); err != nil {
 				l.warn.warn("audit: sweep failed", err)
 			}
 		}
 	}
+}
+
+// drain writes and flushes every queued line: a reader sees a line within drainEvery of its Write, and a busy
+// gateway makes one write per batch rather than one per request.
+func (l *Log) drain() {
+	l.qmu.Lock()
+	batch := l.queue
+	l.queue, l.spare = l.spare[:0], nil
+	l.qmu.Unlock()
+	if len(batch) == 0 {
+		l.qmu.Lock()
+		l.spare = batch
+		l.qmu.Unlock()
+		return
+	}
+	for i := range batch {
+		l.writeLine(batch[i])
+		batch[i] = Record{} // hold no strings past their line
+	}
+	if err := l.sink.flush(); err != nil {
+		l.fail(err)
+	}
+	l.qmu.Lock()
+	l.spare = batch[:0]
+	l.qmu.Unlock()
 }
 
 // writeLine encodes r into the reused buffer and hands the line to the sink.

@@ -25,8 +25,8 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = tracing.Shutdown(context.Background()) })
 	alog, err := audit.New(audit.Options{Dir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
@@ -34,7 +34,7 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 	b.Cleanup(func() { _ = alog.Close() })
 	servers := map[string]*Server{
 		"off": New(Options{Policies: policies.NewStaticStore(snap)}),
-		"on": New(Options{Policies: policies.NewStaticStore(snap), Tracing: telemetry.NewTracing(tp), Digests: true,
+		"on": New(Options{Policies: policies.NewStaticStore(snap), Tracing: tracing, Digests: true,
 			Observers: []director.SettleObserver{telemetry.NewMetrics(nil), alog}}),
 	}
 	for _, size := range []int{2 << 10, 32 << 10} {

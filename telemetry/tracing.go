@@ -35,10 +35,13 @@ type Tracing struct {
 	shutdown func(context.Context) error
 }
 
-// NewTracing traces through tp (tests pass a provider with an in-process exporter).
-func NewTracing(tp trace.TracerProvider) *Tracing {
+// NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), with
+// the other provider options given (sampler, resource). Tests and benchmarks pass an in-process exporter.
+func NewTracing(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Tracing {
+	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp))
+	tp := sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(proc)}, opts...)...)
 	return &Tracing{tracer: tp.Tracer("github.com/infergate/infergate", trace.WithSchemaURL(semconv.SchemaURL)),
-		shutdown: func(context.Context) error { return nil }}
+		shutdown: tp.Shutdown}
 }
 
 // TracingFromEnv builds what the standard OTEL_* variables ask for, or returns nil (off, the default) when
@@ -65,10 +68,7 @@ func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
 		res, _ = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName("infergate")))
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	t := NewTracing(tp)
-	t.shutdown = tp.Shutdown
-	return t, nil
+	return NewTracing(exp, sdktrace.WithResource(res)), nil
 }
 
 func tracingWanted(getenv func(string) string) bool {

@@ -28,9 +28,8 @@ const telemetryTarget = 1.05
 func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int) {
 	off, stopOff := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
 	defer stopOff()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
-		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer func() { _ = tracing.Shutdown(context.Background()) }()
 	dir, err := os.MkdirTemp("", "infergate-bench-audit")
 	if err != nil {
 		log.Fatal(err)
@@ -43,16 +42,16 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int)
 	}
 	defer alog.Close()
 	on, stopOn := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap),
-		Tracing: telemetry.NewTracing(tp), Digests: true,
+		Tracing: tracing, Digests: true,
 		Observers: []director.SettleObserver{telemetry.NewMetrics(reg), alog}}))
 	defer stopOn()
 	// The same without the audit log, whose prompt digest (SHA-256 over the whole prompt) is most of the cost.
 	noAudit, stopNoAudit := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap),
-		Tracing: telemetry.NewTracing(tp), Observers: []director.SettleObserver{telemetry.NewMetrics(prometheus.NewRegistry())}}))
+		Tracing: tracing, Observers: []director.SettleObserver{telemetry.NewMetrics(prometheus.NewRegistry())}}))
 	defer stopNoAudit()
 
 	fmt.Printf("\nTelemetry on (spans sampled at 100%% to a no-op exporter, audit to a file, goodput series) against off, "+
-		"%d interleaved runs per row (medians); target: on within +%.0f%% of off at p50 and p99\n\n", runs, (telemetryTarget-1)*100)
+		"%d interleaved runs per row (medians); target (concurrency 1): on within +%.0f%% of off at p50 and p99\n\n", runs, (telemetryTarget-1)*100)
 	fmt.Println("| prompt | body mode | concurrency | off p50 | on p50 | on/off p50 | off p99 | on p99 | on/off p99 | target | without audit: p50, p99 / off |")
 	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
 	for _, size := range []int{2 << 10, 32 << 10} {
@@ -76,9 +75,15 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int)
 				}
 				a, b, c := medianResult(offs), medianResult(ons), medianResult(noAudits)
 				p50, p99 := float64(b.p50)/float64(a.p50), float64(b.p99)/float64(a.p99)
-				verdict := "met"
-				if p50 > telemetryTarget || p99 > telemetryTarget {
-					verdict = "not met"
+				// As for the decision-latency table, the target is the latency of one request at a time; at
+				// concurrency 32 both processes saturate the two cores and the row shows what telemetry's CPU
+				// costs in queueing.
+				verdict := "(saturated: no target)"
+				if conc == 1 {
+					verdict = "met"
+					if p50 > telemetryTarget || p99 > telemetryTarget {
+						verdict = "not met"
+					}
 				}
 				fmt.Printf("| %d KiB | %s | %d | %s | %s | %.2f | %s | %s | %.2f | %s | %.2f, %.2f |\n", size>>10, modeName(mode), conc,
 					fmtDur(a.p50), fmtDur(b.p50), p50, fmtDur(a.p99), fmtDur(b.p99), p99, verdict,
