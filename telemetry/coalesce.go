@@ -29,15 +29,15 @@ type coalescer struct {
 	stopOnce sync.Once
 }
 
-func newCoalescer(next sdktrace.SpanProcessor) *coalescer {
+func newCoalescer(next sdktrace.SpanProcessor, every time.Duration) *coalescer {
 	c := &coalescer{next: next, stop: make(chan struct{}), done: make(chan struct{})}
-	go c.run()
+	go c.run(every)
 	return c
 }
 
-func (c *coalescer) run() {
+func (c *coalescer) run(every time.Duration) {
 	defer close(c.done)
-	t := time.NewTicker(coalesceEvery)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

@@ -38,7 +38,7 @@ type Tracing struct {
 // NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), with
 // the other provider options given (sampler, resource). Tests and benchmarks pass an in-process exporter.
 func NewTracing(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Tracing {
-	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp))
+	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp), coalesceEvery)
 	tp := sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(proc)}, opts...)...)
 	return &Tracing{tracer: tp.Tracer("github.com/infergate/infergate", trace.WithSchemaURL(semconv.SchemaURL)),
 		shutdown: tp.Shutdown}
