@@ -15,9 +15,9 @@ import (
 type counting struct{ ended, shut atomic.Int64 }
 
 func (c *counting) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (c *counting) OnEnd(sdktrace.ReadOnlySpan)                    { c.ended.Add(1) }
-func (c *counting) Shutdown(context.Context) error                 { c.shut.Add(1); return nil }
-func (c *counting) ForceFlush(context.Context) error               { return nil }
+func (c *counting) OnEnd(sdktrace.ReadOnlySpan)                     { c.ended.Add(1) }
+func (c *counting) Shutdown(context.Context) error                  { c.shut.Add(1); return nil }
+func (c *counting) ForceFlush(context.Context) error                { return nil }
 
 // Ended spans wait in the coalescer until it flushes (its tick, ForceFlush or Shutdown); a burst beyond what
 // it holds goes on at once; nothing is lost.
