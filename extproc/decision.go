@@ -12,7 +12,6 @@ import (
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
-	"github.com/infergate/infergate/telemetry"
 )
 
 // decide parses the body and has the director route it. It returns the body to forward (rewritten when
@@ -99,7 +98,7 @@ func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
 	if !rs.hadReqID {
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
 	}
-	if tp, ts := telemetry.Upstream(rs.span); tp != "" {
+	if tp, ts := rs.trace.Upstream(); tp != "" {
 		// The engine's spans (vLLM --otlp-traces-endpoint) become children of the gateway's.
 		hm.SetHeaders = append(hm.SetHeaders, setHeader("traceparent", tp))
 		if ts != "" {

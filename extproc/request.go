@@ -12,7 +12,6 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
@@ -73,7 +72,7 @@ type requestState struct {
 
 	// telemetry
 	traceparent, tracestate string
-	span                    trace.Span
+	trace                   telemetry.Request
 	timing                  responseTiming
 	output                  hash.Hash // the generated text's digest, with Options.Digests
 	settledOnce             bool
@@ -117,10 +116,7 @@ func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.Pr
 func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse {
 	rs.finished = true
 	rs.srv.opts.Metrics.Requests.WithLabelValues(e.Code).Inc()
-	if rs.span != nil {
-		telemetry.Reject(rs.span, e.Status, e.Code, rs.now())
-		rs.span = nil
-	}
+	rs.trace.Reject(e.Status, e.Code, rs.now())
 	rs.log().Debug("request rejected", "request_id", rs.requestID, "status", e.Status, "code", e.Code,
 		"tenant", tenantName(rs.tenant))
 	return one(immediate(e.Status, e.Body(), rs.requestID, "infergate_"+e.Code, e.Header))
@@ -165,9 +161,8 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	if rs.endpoint == openai.EndpointModels || rs.endpoint == openai.EndpointModel {
 		return rs.answerModels(hdr)
 	}
-	if t := rs.srv.opts.Tracing; t != nil { // inference requests only: a models list is no GenAI operation
-		rs.span = t.Start(rs.ctx, rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
-	}
+	// Inference requests only: a models list is no GenAI operation.
+	rs.trace = rs.srv.opts.Tracing.Begin(rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
 	if hdr.method != http.MethodPost {
 		return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))
 	}
@@ -336,10 +331,7 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 // response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
 func (rs *requestState) close() {
 	rs.settle(true)
-	if rs.span != nil { // authenticated, never routed nor rejected: the stream ended under it
-		telemetry.Reject(rs.span, 0, "stream_ended", rs.now())
-		rs.span = nil
-	}
+	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
 	if rs.pooledBody != nil {
 		rs.body = nil
 		sharedBufferPool.Put(rs.pooledBody)

@@ -140,10 +140,7 @@ func (rs *requestState) settle(aborted bool) {
 	}
 	rs.settledOnce = true
 	o := rs.outcome(aborted)
-	o.TraceID = telemetry.TraceID(rs.span)
+	o.TraceID = rs.trace.TraceID()
 	st := rs.srv.director.Settle(rs.route, o)
-	if rs.span != nil {
-		telemetry.End(rs.span, st, telemetry.Marks{Routed: rs.timing.routed, FirstToken: rs.timing.first, Ended: o.Ended})
-		rs.span = nil
-	}
+	rs.trace.End(st, telemetry.Marks{Routed: rs.timing.routed, FirstToken: rs.timing.first, Ended: o.Ended})
 }

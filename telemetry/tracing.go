@@ -5,6 +5,7 @@ package telemetry
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -27,34 +28,44 @@ import (
 	"github.com/infergate/infergate/openai"
 )
 
-// Tracing starts one span per request under the client's W3C trace context and ends it with what the request
-// did. A nil *Tracing traces nothing.
+// Tracing gives each request a span under the client's W3C trace context, ending it with what the request did.
+// The span is recorded when the request ends, so the decision's path pays only for fixing its ids and sampling
+// (see Request). A nil *Tracing traces nothing.
 type Tracing struct {
 	tracer   trace.Tracer
-	prop     propagation.TraceContext
+	sampler  sdktrace.Sampler
 	shutdown func(context.Context) error
 }
 
-// NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), with
-// the other provider options given (sampler, resource). Tests and benchmarks pass an in-process exporter.
-func NewTracing(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Tracing {
+// NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), sampled
+// by sampler (nil: parentbased_always_on), with the other provider options given (a resource). Tests and
+// benchmarks pass an in-process exporter.
+func NewTracing(exp sdktrace.SpanExporter, sampler sdktrace.Sampler, opts ...sdktrace.TracerProviderOption) *Tracing {
+	if sampler == nil {
+		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
+	}
 	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp), coalesceEvery)
-	tp := sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(proc)}, opts...)...)
+	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(proc), sdktrace.WithIDGenerator(pinnedIDs{}),
+		sdktrace.WithSampler(pinnedSampler{inner: sampler}))...)
 	return &Tracing{tracer: tp.Tracer("github.com/infergate/infergate", trace.WithSchemaURL(semconv.SchemaURL)),
-		shutdown: tp.Shutdown}
+		sampler: sampler, shutdown: tp.Shutdown}
 }
 
 // TracingFromEnv builds what the standard OTEL_* variables ask for, or returns nil (off, the default) when
 // they name no OTLP endpoint: OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (gRPC),
 // unless OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none. The exporter reads the other OTEL_EXPORTER_OTLP_*
-// settings (headers, TLS, timeout), the SDK OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (for example
-// parentbased_traceidratio with 0.1) and OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
+// settings (headers, TLS, timeout); OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (for example
+// parentbased_traceidratio with 0.1) choose the sampler, OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES the resource.
 func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if !tracingWanted(os.Getenv) {
 		return nil, nil
 	}
 	if p := cmpEnv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "grpc" {
 		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%s: infergate exports traces over OTLP/gRPC only; set grpc", p)
+	}
+	sampler, err := samplerFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
 	}
 	exp, err := otlptracegrpc.New(ctx)
 	if err != nil {
@@ -68,7 +79,7 @@ func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
 		res, _ = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName("infergate")))
 	}
-	return NewTracing(exp, sdktrace.WithResource(res)), nil
+	return NewTracing(exp, sampler, sdktrace.WithResource(res)), nil
 }
 
 func tracingWanted(getenv func(string) string) bool {
@@ -119,35 +130,105 @@ func (c *carrier) Set(key, value string) {
 
 func (c *carrier) Keys() []string { return []string{"traceparent", "tracestate"} }
 
-// Start opens the span of a request that arrived at started, as a child of the client's trace when its
-// traceparent is valid.
-func (t *Tracing) Start(ctx context.Context, traceparent, tracestate string, ep openai.Endpoint, started time.Time) trace.Span {
-	if t == nil {
-		return nil
-	}
-	ctx = t.prop.Extract(ctx, &carrier{traceparent, tracestate})
-	_, span := t.tracer.Start(ctx, operation(ep), trace.WithTimestamp(started), trace.WithSpanKind(trace.SpanKindClient))
-	return span
+// Request is one request's trace. Begin reads the client's context as the request arrives; Upstream fixes the
+// span's ids and sampling decision when it is routed and gives the headers that make the engine's spans its
+// children; End (or Reject) records the span with the instants it was given, after the decision went out. The
+// zero Request, and one of a nil Tracing, traces nothing.
+type Request struct {
+	t        *Tracing
+	parent   trace.SpanContext // the client's, when its traceparent is valid
+	op       openai.Endpoint
+	started  time.Time
+	traceID  trace.TraceID
+	spanID   trace.SpanID
+	sampling sdktrace.SamplingResult
+	decided  bool
+	ended    bool
 }
+
+// Begin starts following a request that arrived at started.
+func (t *Tracing) Begin(traceparent, tracestate string, ep openai.Endpoint, started time.Time) Request {
+	if t == nil {
+		return Request{}
+	}
+	r := Request{t: t, op: ep, started: started}
+	if traceparent != "" {
+		ctx := propagation.TraceContext{}.Extract(context.Background(), &carrier{traceparent, tracestate})
+		r.parent = trace.SpanContextFromContext(ctx)
+	}
+	return r
+}
+
+// parentContext carries the client's span context, as the sampler and the tracer read it.
+func (r *Request) parentContext() context.Context {
+	if r.parent.IsValid() {
+		return trace.ContextWithRemoteSpanContext(context.Background(), r.parent)
+	}
+	return context.Background()
+}
+
+// decide fixes the span's ids and sampling decision, once.
+func (r *Request) decide() {
+	if r.decided {
+		return
+	}
+	r.decided = true
+	if r.parent.IsValid() {
+		r.traceID = r.parent.TraceID()
+	} else {
+		r.traceID = randomTraceID()
+	}
+	r.spanID = randomSpanID()
+	r.sampling = r.t.sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: r.parentContext(),
+		TraceID: r.traceID, Name: operation(r.op), Kind: trace.SpanKindClient})
+}
+
+func (r *Request) sampled() bool { return r.sampling.Decision == sdktrace.RecordAndSample }
 
 // Upstream is the traceparent and tracestate to send to the engine, so its spans join the request's trace;
-// empty when the span is not sampled.
-func Upstream(span trace.Span) (traceparent, tracestate string) {
-	if span == nil || !span.SpanContext().IsSampled() {
+// empty when the request is not sampled (the client's own headers then pass through).
+func (r *Request) Upstream() (traceparent, tracestate string) {
+	if r.t == nil {
 		return "", ""
 	}
-	var c carrier
-	propagation.TraceContext{}.Inject(trace.ContextWithSpan(context.Background(), span), &c)
-	return c.traceparent, c.tracestate
+	r.decide()
+	if !r.sampled() {
+		return "", ""
+	}
+	var b [55]byte
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], r.traceID[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], r.spanID[:])
+	copy(b[52:], "-01")
+	if ts := r.sampling.Tracestate; ts.Len() > 0 {
+		tracestate = ts.String()
+	}
+	return string(b[:]), tracestate
 }
 
-// TraceID is the span's trace id in hex, "" without a sampled span (an id no trace store holds would only
-// mislead whoever looks it up).
-func TraceID(span trace.Span) string {
-	if span == nil || !span.SpanContext().IsSampled() {
+// TraceID is the request's trace id in hex once routed, "" when it is not sampled (an id no trace store holds
+// would only mislead whoever looks it up).
+func (r *Request) TraceID() string {
+	if r.t == nil || !r.decided || !r.sampled() {
 		return ""
 	}
-	return span.SpanContext().TraceID().String()
+	return r.traceID.String()
+}
+
+// span records the request's span, started at its arrival; nil when it is not to be recorded.
+func (r *Request) span(name string) trace.Span {
+	if r.t == nil || r.ended {
+		return nil
+	}
+	r.ended = true
+	r.decide()
+	if r.sampling.Decision == sdktrace.Drop {
+		return nil
+	}
+	ctx := context.WithValue(r.parentContext(), pinKey{}, r)
+	_, span := r.t.tracer.Start(ctx, name, trace.WithTimestamp(r.started), trace.WithSpanKind(trace.SpanKindClient))
+	return span
 }
 
 // Marks are the instants of a request the span shows as events.
@@ -155,16 +236,13 @@ type Marks struct {
 	Routed, FirstToken, Ended time.Time
 }
 
-// End closes a request's span with the GenAI attributes of its settlement and the routed and first-token
-// events.
-func End(span trace.Span, st director.Settlement, m Marks) {
-	if span == nil || !span.IsRecording() {
-		if span != nil {
-			span.End()
-		}
+// End records the request's span with the GenAI attributes of its settlement and the routed and first-token
+// events; a Request records one span at most.
+func (r *Request) End(st director.Settlement, m Marks) {
+	span := r.span(operation(st.Operation) + " " + st.Model)
+	if span == nil {
 		return
 	}
-	span.SetName(operation(st.Operation) + " " + st.Model)
 	buf := attrPool.Get().(*[]attribute.KeyValue)
 	defer func() { *buf = (*buf)[:0]; attrPool.Put(buf) }()
 	attrs := append((*buf)[:0],
@@ -219,15 +297,18 @@ func End(span trace.Span, st director.Settlement, m Marks) {
 // attrPool holds the attribute lists End builds: the span copies them, so one list serves request after request.
 var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 32); return &s }}
 
-// Reject closes the span of a request the gateway answered itself before routing it (bad body, unknown key).
-func Reject(span trace.Span, status int, code string, ended time.Time) {
+// Reject records the span of a request the gateway answered itself before routing it (a bad body, a refusal)
+// or whose stream ended first; nothing when the span was recorded already.
+func (r *Request) Reject(status int, code string, ended time.Time) {
+	span := r.span(operation(r.op))
 	if span == nil {
 		return
 	}
-	if span.IsRecording() {
-		span.SetAttributes(semconv.HTTPResponseStatusCode(status), semconv.ErrorTypeKey.String(code))
-		span.SetStatus(codes.Error, code)
+	if status != 0 {
+		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
 	}
+	span.SetAttributes(semconv.ErrorTypeKey.String(code))
+	span.SetStatus(codes.Error, code)
 	span.End(trace.WithTimestamp(ended))
 }
 

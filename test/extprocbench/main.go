@@ -89,7 +89,7 @@ func main() {
 	defer stopBaseline()
 
 	if *telemetryOnly {
-		benchTelemetry(snap, *runs, *scale, *chunk)
+		benchTelemetry(snap, *runs, *scale, *chunk, *only)
 		return
 	}
 	var configs []config
@@ -133,7 +133,7 @@ func main() {
 		benchQuotas(*policyPath, *runs, *scale, *chunk)
 	}
 	if *telemetryRuns {
-		benchTelemetry(snap, *runs, *scale, *chunk)
+		benchTelemetry(snap, *runs, *scale, *chunk, *only)
 	}
 }
 

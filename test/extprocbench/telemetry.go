@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -25,10 +26,10 @@ const telemetryTarget = 1.05
 // benchTelemetry compares decisions with telemetry off and fully on — every span sampled and exported through
 // the SDK's batcher to a no-op exporter, the audit log written to a file with digests, the goodput series
 // recorded — interleaved on the same machine.
-func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int) {
+func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int, only string) {
 	off, stopOff := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
 	defer stopOff()
-	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.AlwaysSample())
 	defer func() { _ = tracing.Shutdown(context.Background()) }()
 	dir, err := os.MkdirTemp("", "infergate-bench-audit")
 	if err != nil {
@@ -58,6 +59,9 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int)
 		n := map[int]int{2 << 10: 4000, 32 << 10: 2000}[size]
 		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
 			for _, conc := range []int{1, 32} {
+				if !strings.Contains(fmt.Sprintf("%d KiB | %s | %d |", size>>10, modeName(mode), conc), only) {
+					continue
+				}
 				cfg := config{promptBytes: size, mode: mode, concurrency: conc, requests: max(64, int(float64(n)*scale))}
 				body := chatBody(size)
 				var offs, ons, noAudits []result

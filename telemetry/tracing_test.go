@@ -1,0 +1,82 @@
+package telemetry
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/openai"
+)
+
+func TestSamplerFromEnv(t *testing.T) {
+	cases := []struct {
+		sampler, arg, want string
+		err                bool
+	}{
+		{"", "", "ParentBased{root:AlwaysOnSampler", false},
+		{"always_off", "", "AlwaysOffSampler", false},
+		{"traceidratio", "0.25", "TraceIDRatioBased{0.25}", false},
+		{"parentbased_traceidratio", "0.1", "ParentBased{root:TraceIDRatioBased{0.1}", false},
+		{"parentbased_traceidratio", "", "ParentBased{root:TraceIDRatioBased{1}", false},
+		{"traceidratio", "2", "", true},
+		{"jaeger_remote", "", "", true},
+	}
+	for _, c := range cases {
+		env := map[string]string{"OTEL_TRACES_SAMPLER": c.sampler, "OTEL_TRACES_SAMPLER_ARG": c.arg}
+		s, err := samplerFromEnv(func(k string) string { return env[k] })
+		if (err != nil) != c.err || (err == nil && !strings.HasPrefix(s.Description(), c.want)) {
+			t.Errorf("%s %s: %v, %v; want %s (error %v)", c.sampler, c.arg, s, err, c.want, c.err)
+		}
+	}
+}
+
+// The span recorded at the end has the ids sent upstream at routing, and a request the sampler drops sends
+// nothing upstream and records nothing.
+func TestRequestSpanKeepsTheIDsSentUpstream(t *testing.T) {
+	mem := tracetest.NewInMemoryExporter()
+	tr := NewTracing(keep{mem}, nil) // parentbased_always_on
+	started := time.Unix(5000, 0)
+	end := func(r *Request) {
+		r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK},
+			Marks{Ended: started.Add(time.Second)})
+	}
+	root := tr.Begin("", "", openai.EndpointChat, started)
+	tp, _ := root.Upstream()
+	end(&root)
+	child := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v", openai.EndpointChat, started)
+	ctp, cts := child.Upstream()
+	end(&child)
+	dropped := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", "", openai.EndpointChat, started)
+	if dtp, _ := dropped.Upstream(); dtp != "" || dropped.TraceID() != "" {
+		t.Errorf("an unsampled parent's request sent %q upstream", dtp)
+	}
+	end(&dropped)
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := mem.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2 (the dropped request records none)", len(spans))
+	}
+	for i, want := range []string{tp, ctp} {
+		sc := spans[i].SpanContext
+		if got := "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"; got != want {
+			t.Errorf("span %d is %s, upstream was told %s", i, got, want)
+		}
+		if !spans[i].StartTime.Equal(started) || spans[i].Name != "chat m" {
+			t.Errorf("span %d %q starts %v", i, spans[i].Name, spans[i].StartTime)
+		}
+	}
+	if spans[1].Parent.SpanID().String() != "00f067aa0ba902b7" || cts != "k=v" || root.TraceID() == "" {
+		t.Errorf("child's parent %s, tracestate %q", spans[1].Parent.SpanID(), cts)
+	}
+}
+
+// keep is an in-memory exporter whose spans survive Shutdown, which flushes them.
+type keep struct{ *tracetest.InMemoryExporter }
+
+func (keep) Shutdown(context.Context) error { return nil }
