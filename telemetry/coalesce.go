@@ -9,7 +9,7 @@ import (
 )
 
 // coalesceEvery is how long ended spans wait before they go to the batch processor together.
-const coalesceEvery = 50 * time.Millisecond
+const coalesceEvery = 10 * time.Millisecond
 
 // coalesceMax is how many ended spans are held at most; beyond it they go on at once.
 const coalesceMax = 2048
