@@ -72,7 +72,7 @@ type requestState struct {
 
 	// telemetry
 	traceparent, tracestate string
-	trace                   telemetry.Request
+	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
 	output                  hash.Hash // the generated text's digest, with Options.Digests
 	settledOnce             bool

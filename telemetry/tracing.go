@@ -132,8 +132,8 @@ func (c *carrier) Keys() []string { return []string{"traceparent", "tracestate"}
 
 // Request is one request's trace. Begin reads the client's context as the request arrives; Upstream fixes the
 // span's ids and sampling decision when it is routed and gives the headers that make the engine's spans its
-// children; End (or Reject) records the span with the instants it was given, after the decision went out. The
-// zero Request, and one of a nil Tracing, traces nothing.
+// children; End (or Reject) records the span with the instants it was given, after the decision went out. A nil
+// *Request traces nothing.
 type Request struct {
 	t        *Tracing
 	parent   trace.SpanContext // the client's, when its traceparent is valid
@@ -146,12 +146,13 @@ type Request struct {
 	ended    bool
 }
 
-// Begin starts following a request that arrived at started.
-func (t *Tracing) Begin(traceparent, tracestate string, ep openai.Endpoint, started time.Time) Request {
+// Begin starts following a request that arrived at started; nil (which traces nothing) when t is nil, so that
+// a gateway without tracing carries no trace state per request.
+func (t *Tracing) Begin(traceparent, tracestate string, ep openai.Endpoint, started time.Time) *Request {
 	if t == nil {
-		return Request{}
+		return nil
 	}
-	r := Request{t: t, op: ep, started: started}
+	r := &Request{t: t, op: ep, started: started}
 	if traceparent != "" {
 		ctx := propagation.TraceContext{}.Extract(context.Background(), &carrier{traceparent, tracestate})
 		r.parent = trace.SpanContextFromContext(ctx)
@@ -188,7 +189,7 @@ func (r *Request) sampled() bool { return r.sampling.Decision == sdktrace.Record
 // Upstream is the traceparent and tracestate to send to the engine, so its spans join the request's trace;
 // empty when the request is not sampled (the client's own headers then pass through).
 func (r *Request) Upstream() (traceparent, tracestate string) {
-	if r.t == nil {
+	if r == nil {
 		return "", ""
 	}
 	r.decide()
@@ -210,7 +211,7 @@ func (r *Request) Upstream() (traceparent, tracestate string) {
 // TraceID is the request's trace id in hex once routed, "" when it is not sampled (an id no trace store holds
 // would only mislead whoever looks it up).
 func (r *Request) TraceID() string {
-	if r.t == nil || !r.decided || !r.sampled() {
+	if r == nil || !r.decided || !r.sampled() {
 		return ""
 	}
 	return r.traceID.String()
@@ -218,7 +219,7 @@ func (r *Request) TraceID() string {
 
 // span records the request's span, started at its arrival; nil when it is not to be recorded.
 func (r *Request) span(name string) trace.Span {
-	if r.t == nil || r.ended {
+	if r == nil || r.ended {
 		return nil
 	}
 	r.ended = true
@@ -239,6 +240,9 @@ type Marks struct {
 // End records the request's span with the GenAI attributes of its settlement and the routed and first-token
 // events; a Request records one span at most.
 func (r *Request) End(st director.Settlement, m Marks) {
+	if r == nil {
+		return
+	}
 	span := r.span(operation(st.Operation) + " " + st.Model)
 	if span == nil {
 		return
@@ -300,6 +304,9 @@ var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 32
 // Reject records the span of a request the gateway answered itself before routing it (a bad body, a refusal)
 // or whose stream ended first; nothing when the span was recorded already.
 func (r *Request) Reject(status int, code string, ended time.Time) {
+	if r == nil {
+		return
+	}
 	span := r.span(operation(r.op))
 	if span == nil {
 		return

@@ -46,15 +46,15 @@ func TestRequestSpanKeepsTheIDsSentUpstream(t *testing.T) {
 	}
 	root := tr.Begin("", "", openai.EndpointChat, started)
 	tp, _ := root.Upstream()
-	end(&root)
+	end(root)
 	child := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v", openai.EndpointChat, started)
 	ctp, cts := child.Upstream()
-	end(&child)
+	end(child)
 	dropped := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", "", openai.EndpointChat, started)
 	if dtp, _ := dropped.Upstream(); dtp != "" || dropped.TraceID() != "" {
 		t.Errorf("an unsampled parent's request sent %q upstream", dtp)
 	}
-	end(&dropped)
+	end(dropped)
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
