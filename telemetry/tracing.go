@@ -267,7 +267,6 @@ func (r *Request) End(st director.Settlement, m Marks) {
 			attribute.String("infergate.pool", st.Pool),
 			attribute.String("infergate.hardware_class", st.HardwareClass),
 			attribute.Float64("infergate.prefix_match_share", st.PrefixShare),
-			attribute.Bool("infergate.usage_reported", st.Reported),
 		)
 		if st.Usage.CachedReported {
 			attrs = append(attrs, semconv.GenAIUsageCacheReadInputTokens(int(st.Usage.CachedTokens)))
@@ -282,8 +281,7 @@ func (r *Request) End(st director.Settlement, m Marks) {
 			attrs = append(attrs, semconv.HTTPResponseStatusCode(st.Status))
 		}
 		if !m.Routed.IsZero() {
-			span.AddEvent("routed", trace.WithTimestamp(m.Routed), trace.WithAttributes(
-				attribute.String("infergate.pool", st.Pool), attribute.String("infergate.endpoint", st.Endpoint)))
+			span.AddEvent("routed", trace.WithTimestamp(m.Routed)) // where to: the span's pool and server attributes
 		}
 		if !m.FirstToken.IsZero() {
 			span.AddEvent("first token", trace.WithTimestamp(m.FirstToken))
