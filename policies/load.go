@@ -90,10 +90,18 @@ func Parse(name string, data []byte) (*Snapshot, error) {
 	if err := dec.Decode(&pol); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
+			// Unknown keys and values of the wrong type are reported by the walk below, with their column and
+			// path; yaml.v3's own messages are kept for what it alone sees (duplicate keys), or should the walk
+			// find nothing.
+			shape := shapeProblems(name, doc)
+			problems = append(problems, shape...)
 			for _, msg := range te.Errors {
-				problems = append(problems, typeProblem(name, msg))
+				dup := strings.Contains(msg, "already defined")
 				// A duplicate key drops the whole mapping it is in, so checks on it would only add noise.
-				duplicateKey = duplicateKey || strings.Contains(msg, "already defined")
+				duplicateKey = duplicateKey || dup
+				if dup || len(shape) == 0 {
+					problems = append(problems, typeProblem(name, msg))
+				}
 			}
 		} else {
 			// A structural error stops decoding: checking the half-read policy would only add noise.
