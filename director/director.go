@@ -177,13 +177,21 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	return nil
 }
 
+// UnknownModel is the model of a refused request that named none the policy knows.
+const UnknownModel = "(unknown)"
+
 // refused tells the observers of a request Route refused: it counts against goodput unless it was the
 // tenant's doing.
 func (d *Director) refused(req *Request, rt *Route, r *Refusal) {
 	if len(d.opts.Observers) == 0 {
 		return
 	}
-	st := Settlement{RequestID: req.RequestID, Tenant: req.Tenant.Name, Tier: policies.TierOf(req.Tenant), Model: r.Model,
+	model := r.Model
+	if r.Reason == ModelNotFound {
+		// The client's own string: unbounded, so it never becomes a label or an audit field.
+		model = UnknownModel
+	}
+	st := Settlement{RequestID: req.RequestID, Tenant: req.Tenant.Name, Tier: policies.TierOf(req.Tenant), Model: model,
 		Operation: req.Endpoint, Stream: req.Body.Stream, Outcome: r.outcome(), Started: req.Started, Targets: rt.targets}
 	if !req.Started.IsZero() {
 		st.Timing.E2E = max(0, d.opts.Now().Sub(req.Started))

@@ -167,3 +167,22 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A model name the policy does not know is the client's string: observers see a fixed placeholder instead, so
+// no client can mint metric series or audit fields.
+func TestUnknownModelIsNotReported(t *testing.T) {
+	snap := quickstart(t)
+	var heard []Settlement
+	d := New(Options{Policies: policies.NewStaticStore(snap),
+		Observers: []SettleObserver{ObserverFunc(func(s Settlement) { heard = append(heard, s) })}})
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	req, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"made-up-1234","messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Release()
+	_ = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &req}, &Route{})
+	if len(heard) != 1 || heard[0].Model != UnknownModel || heard[0].Outcome != OutcomeClientError {
+		t.Errorf("observers heard %+v", heard)
+	}
+}
