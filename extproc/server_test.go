@@ -354,6 +354,20 @@ func TestModelsList(t *testing.T) {
 }
 
 // streamChat opens a streaming chat request without include_usage and checks the request was rewritten to ask for it.
+// forwardedChunk reads the STREAMED answer to one response chunk — exactly one per chunk, in order — and appends
+// what Envoy forwards in its place: the chunk itself, or the mutation that replaces it.
+func (s *stream) forwardedChunk(out, chunk []byte) []byte {
+	s.t.Helper()
+	switch m := s.recv().GetResponseBody().GetResponse().GetBodyMutation(); {
+	case m == nil:
+		return append(out, chunk...)
+	case m.GetClearBody():
+		return out
+	default:
+		return append(out, m.GetBody()...)
+	}
+}
+
 func streamChat(t *testing.T, h *harness, respMode any) *stream {
 	t.Helper()
 	rm := modeStreamed
@@ -401,15 +415,7 @@ func TestStreamingUsageAcrossChunkBoundaries(t *testing.T) {
 					end := i == len(chunks)-1
 					s.send(respBody(c, end))
 					if mode == "streamed" {
-						// STREAMED: exactly one answer per chunk, in order; a mutation replaces that chunk.
-						cr := s.recv().GetResponseBody().GetResponse()
-						switch m := cr.GetBodyMutation(); {
-						case m == nil:
-							forwarded = append(forwarded, c...)
-						case m.GetClearBody():
-						default:
-							forwarded = append(forwarded, m.GetBody()...)
-						}
+						forwarded = s.forwardedChunk(forwarded, c)
 						continue
 					}
 				}

@@ -295,14 +295,7 @@ func TestStreamIsByteIdenticalWithTelemetry(t *testing.T) {
 				for i, c := range chunks {
 					s.send(respBody(c, i == len(chunks)-1))
 					if mode == modeStreamed {
-						cr := s.recv().GetResponseBody().GetResponse()
-						switch m := cr.GetBodyMutation(); {
-						case m == nil:
-							out = append(out, c...)
-						case m.GetClearBody():
-						default:
-							out = append(out, m.GetBody()...)
-						}
+						out = s.forwardedChunk(out, c)
 					}
 				}
 				if mode == modeFullDuplex {

@@ -65,6 +65,28 @@ func find(fams map[string]*dto.MetricFamily, name string, labels map[string]stri
 	return nil
 }
 
+// sample is one series' expected value.
+type sample struct {
+	name   string
+	labels map[string]string
+	want   float64
+}
+
+// checkSamples compares each sample with the series' value (a counter's or a gauge's).
+func checkSamples(t *testing.T, fams map[string]*dto.MetricFamily, samples []sample) {
+	t.Helper()
+	for _, c := range samples {
+		m := find(fams, c.name, c.labels)
+		if m == nil {
+			t.Errorf("no %s%v", c.name, c.labels)
+			continue
+		}
+		if got := m.GetCounter().GetValue() + m.GetGauge().GetValue(); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}
+
 func TestMetricsFromSettlements(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -84,31 +106,14 @@ func TestMetricsFromSettlements(t *testing.T) {
 		m.Settled(st)
 	}
 	fams := parse(t, exposition(t, reg))
-	counter := func(name string, labels map[string]string) float64 {
-		t.Helper()
-		c := find(fams, name, labels)
-		if c == nil {
-			t.Fatalf("no %s%v", name, labels)
-		}
-		return c.GetCounter().GetValue()
-	}
-	checks := []struct {
-		name   string
-		labels map[string]string
-		want   float64
-	}{
+	checkSamples(t, fams, []sample{
 		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}, 2},
 		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_5xx"}, 1},
 		{"infergate_tenant_requests_total", map[string]string{"tenant": "acme", "outcome": "saturated"}, 1},
 		{"infergate_tenant_good_requests_total", map[string]string{"tenant": "acme", "tier": "enterprise"}, 1},
 		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "prompt"}, 2000},
 		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "cached"}, 1200},
-	}
-	for _, c := range checks {
-		if got := counter(c.name, c.labels); got != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
-		}
-	}
+	})
 	ttft := find(fams, "gen_ai_server_time_to_first_token_seconds", map[string]string{
 		"gen_ai_request_model": "llama", "gen_ai_response_model": "meta/llama", "pool": "h200", "hardware_class": "h200", "tier": "enterprise"})
 	if h := ttft.GetHistogram(); h.GetSampleCount() != 2 || h.GetSampleSum() < 0.479 || h.GetSampleSum() > 0.481 {
@@ -137,19 +142,7 @@ func TestFleetCollector(t *testing.T) {
 	reg.MustRegister(&FleetCollector{Policies: policies.NewStaticStore(snap), InFlight: inflight,
 		Engines: engines{"127.0.0.1:18101": {Waiting: 3, Running: 12, KVUtil: 0.91}}})
 	fams := parse(t, exposition(t, reg))
-	gauge := func(name string, labels map[string]string) float64 {
-		t.Helper()
-		g := find(fams, name, labels)
-		if g == nil {
-			t.Fatalf("no %s%v", name, labels)
-		}
-		return g.GetGauge().GetValue()
-	}
-	checks := []struct {
-		name   string
-		labels map[string]string
-		want   float64
-	}{
+	checkSamples(t, fams, []sample{
 		{"infergate_slo_ttft_target_seconds", map[string]string{"tier": "enterprise", "gen_ai_request_model": "llama-3.3-70b"}, 0.5},
 		{"infergate_slo_ttft_target_seconds", map[string]string{"tier": "enterprise", "gen_ai_request_model": "qwen2.5-7b"}, 0.2},
 		{"infergate_slo_tpot_target_seconds", map[string]string{"tier": "free", "gen_ai_request_model": "qwen2.5-7b"}, 0.1},
@@ -159,12 +152,7 @@ func TestFleetCollector(t *testing.T) {
 		{"infergate_endpoint_running_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 12},
 		{"infergate_endpoint_kv_cache_usage_ratio", map[string]string{"endpoint": "127.0.0.1:18101", "pool": "llama70b-h200"}, 0.91},
 		{"infergate_endpoint_inflight_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 1},
-	}
-	for _, c := range checks {
-		if got := gauge(c.name, c.labels); got != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
-		}
-	}
+	})
 	if find(fams, "infergate_endpoint_waiting_requests", map[string]string{"endpoint": "127.0.0.1:18102"}) != nil {
 		t.Error("an endpoint without a fresh reading has engine gauges")
 	}
