@@ -144,7 +144,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 		return &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	rt.Model, rt.targets = model, req.Snapshot.SLO(req.Tenant, model)
-	if !req.Snapshot.Allows(req.Tenant, model) {
+	if !req.Snapshot.AllowsName(req.Tenant, body.Model) {
 		return &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	rt.prompt = int64(body.EstimatePromptTokens())

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/contract"
-	"github.com/infergate/infergate/policies"
 )
 
 type structpbStruct = structpb.Struct
@@ -127,13 +126,13 @@ func modelObject(id string, loaded time.Time) []byte {
 	return b
 }
 
-func modelList(models []*policies.Model, loaded time.Time) []byte {
+func modelList(names []string, loaded time.Time) []byte {
 	out := struct {
 		Object string       `json:"object"`
 		Data   []modelEntry `json:"data"`
-	}{Object: "list", Data: make([]modelEntry, 0, len(models))}
-	for _, m := range models {
-		out.Data = append(out.Data, modelEntry{ID: m.Name, Object: "model", Created: loaded.Unix(), OwnedBy: "infergate"})
+	}{Object: "list", Data: make([]modelEntry, 0, len(names))}
+	for _, name := range names {
+		out.Data = append(out.Data, modelEntry{ID: name, Object: "model", Created: loaded.Unix(), OwnedBy: "infergate"})
 	}
 	b, _ := json.Marshal(out) // plain strings and numbers: cannot fail
 	return b

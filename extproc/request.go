@@ -202,8 +202,7 @@ func (rs *requestState) answerModels(hdr requestHeaderValues) []*extprocv3.Proce
 	}
 	if rs.endpoint == openai.EndpointModel {
 		id := openai.ModelID(hdr.path)
-		m, ok := rs.snap.Model(id)
-		if !ok || !rs.snap.Allows(rs.tenant, m) {
+		if !rs.snap.AllowsName(rs.tenant, id) {
 			return rs.reject(openai.ModelNotFound(id))
 		}
 		rs.finished = true
@@ -212,7 +211,7 @@ func (rs *requestState) answerModels(hdr requestHeaderValues) []*extprocv3.Proce
 	}
 	rs.finished = true
 	rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
-	return one(immediate(http.StatusOK, modelList(rs.snap.ModelsFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
+	return one(immediate(http.StatusOK, modelList(rs.snap.NamesFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
 }
 
 // requestHeaderValues are the request headers the gateway reads.

@@ -114,3 +114,45 @@ func TestBufferedPartial(t *testing.T) {
 		t.Errorf("cut body: %d, want 413", status)
 	}
 }
+
+// An adapter is granted like a model: a tenant that may call the base model may not call its adapters unless
+// it lists them, and its model list shows only what it may call.
+func TestAdapterNeedsItsOwnGrant(t *testing.T) {
+	src, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(src), "    aliases: [llama-70b]\n", "    aliases: [llama-70b]\n    adapters: [llama-sql, llama-legal]\n", 1)
+	text = strings.Replace(text, "models: [qwen2.5-7b]", "models: [llama-3.3-70b, llama-legal]", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, snap, Options{})
+	_, r := post(t, h, keyInitech, `{"model":"llama-sql","messages":[{"role":"user","content":"x"}]}`, modeNone)
+	if status, code := immediateError(t, r); status != 403 || code != "model_not_allowed" {
+		t.Errorf("an adapter the tenant does not list: %d %q", status, code)
+	}
+	for _, model := range []string{"llama-legal", "llama-70b"} {
+		if _, r := post(t, h, keyInitech, `{"model":"`+model+`","messages":[{"role":"user","content":"x"}]}`, modeNone); r.GetRequestBody() == nil {
+			t.Errorf("%s not routed: %v", model, r)
+		}
+	}
+	s := h.open(t, modeBuffered, modeNone)
+	s.send(reqHeaders(true, ":method", "GET", ":path", "/v1/models", "authorization", "Bearer "+keyInitech))
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(s.recv().GetImmediateResponse().GetBody(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if strings.Join(ids, ",") != "llama-3.3-70b,llama-70b,llama-legal" {
+		t.Errorf("initech's models: %v", ids)
+	}
+}

@@ -325,7 +325,7 @@ func TestUnsupportedBodyModeIsAClearError(t *testing.T) {
 
 func TestModelsList(t *testing.T) {
 	h := newHarness(t)
-	for key, want := range map[string][]string{keyAcme: {"llama-3.3-70b", "qwen2.5-7b"}, keyInitech: {"qwen2.5-7b"}} {
+	for key, want := range map[string][]string{keyAcme: {"llama-3.3-70b", "llama-70b", "qwen2.5-7b"}, keyInitech: {"qwen2.5-7b"}} {
 		s := h.open(t, modeBuffered, modeNone)
 		s.send(reqHeaders(true, ":method", "GET", ":path", "/v1/models", "authorization", "Bearer "+key))
 		ir := s.recv().GetImmediateResponse()

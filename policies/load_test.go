@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -127,11 +128,11 @@ func TestSnapshotLookups(t *testing.T) {
 			}
 		})
 	}
-	if got := snap.ModelsFor(one); len(got) != 1 || got[0] != llama {
-		t.Errorf("ModelsFor(one) = %v", got)
+	if got := snap.NamesFor(one); !slices.Equal(got, []string{llama.Name, "llama-70b"}) {
+		t.Errorf("NamesFor(one) = %v", got)
 	}
-	if got := snap.ModelsFor(all); len(got) != 2 || got[1] != qwen {
-		t.Errorf("ModelsFor(all) = %v", got)
+	if got := snap.NamesFor(all); !slices.Equal(got, []string{llama.Name, "llama-70b", qwen.Name}) {
+		t.Errorf("NamesFor(all) = %v", got)
 	}
 	if qwen.Pools[0].ServedModel != "qwen-7b" {
 		t.Errorf("servedModel default = %q, want the model name", qwen.Pools[0].ServedModel)

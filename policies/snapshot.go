@@ -23,6 +23,8 @@ type Snapshot struct {
 	tierRules   map[*Tenant]*tierRules
 	tenantByKey map[[sha256.Size]byte]*Tenant
 	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
+	adapterOK   map[*Tenant]map[string]bool // the adapters a tenant lists (every one with "*")
+	everything  map[*Tenant]bool            // "*"
 	modelQuota  map[*Tenant]map[*Model]Quota
 	quotas      QuotaSettings
 	routing     Routing
@@ -44,6 +46,8 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		tierRules:   map[*Tenant]*tierRules{},
 		tenantByKey: map[[sha256.Size]byte]*Tenant{},
 		allowed:     map[*Tenant]map[*Model]bool{},
+		adapterOK:   map[*Tenant]map[string]bool{},
+		everything:  map[*Tenant]bool{},
 		modelQuota:  map[*Tenant]map[*Model]Quota{},
 		quotas:      pol.Spec.Quotas,
 		routing:     pol.Spec.Routing,
@@ -120,16 +124,24 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 			copy(d[:], raw)
 			s.tenantByKey[d] = t
 		}
-		var set map[*Model]bool
+		// A model's name or alias grants the base model; an adapter's name grants that adapter alone; "*" grants
+		// every model and adapter. A tenant that lists only adapters has an empty (not nil) set of base models.
+		set := map[*Model]bool{}
 		for _, name := range t.Models {
-			if name == "*" {
-				set = nil
-				break
+			switch {
+			case name == "*":
+				s.everything[t] = true
+			case s.adapters[name]:
+				if s.adapterOK[t] == nil {
+					s.adapterOK[t] = map[string]bool{}
+				}
+				s.adapterOK[t][name] = true
+			default:
+				set[s.models[name]] = true
 			}
-			if set == nil {
-				set = map[*Model]bool{}
-			}
-			set[s.models[name]] = true
+		}
+		if s.everything[t] {
+			set = nil
 		}
 		s.allowed[t] = set
 		if tier, ok := pol.Spec.Tiers[t.Tier]; ok {
@@ -222,6 +234,46 @@ func (s *Snapshot) Allows(t *Tenant, m *Model) bool {
 	if !ok || (set != nil && !set[m]) {
 		return false
 	}
+	return s.tierAllows(t, m)
+}
+
+// AllowsName reports whether a tenant may call a model by a name clients use: a model's name or alias is the
+// base model (Allows), an adapter's name needs the adapter itself in the tenant's models (or "*").
+func (s *Snapshot) AllowsName(t *Tenant, name string) bool {
+	m, ok := s.models[name]
+	if !ok {
+		return false
+	}
+	if !s.adapters[name] {
+		return s.Allows(t, m)
+	}
+	if !s.everything[t] && !s.adapterOK[t][name] {
+		return false
+	}
+	return s.tierAllows(t, m)
+}
+
+// NamesFor lists what a tenant may call, as /v1/models shows it: each model it may use by its name and aliases,
+// and each adapter it may use, in policy order.
+func (s *Snapshot) NamesFor(t *Tenant) []string {
+	var out []string
+	for i := range s.Policy.Spec.Models {
+		m := &s.Policy.Spec.Models[i]
+		if s.Allows(t, m) {
+			out = append(out, m.Name)
+			out = append(out, m.Aliases...)
+		}
+		for _, a := range m.Adapters {
+			if s.AllowsName(t, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// tierAllows applies the tenant's tier to a model: its model list, and at least one pool on hardware it may use.
+func (s *Snapshot) tierAllows(t *Tenant, m *Model) bool {
 	r := s.tierRules[t]
 	if r == nil {
 		return true
@@ -249,18 +301,6 @@ func (s *Snapshot) CostPerToken(class string) float64 {
 // PrefillTokensPerSecond is a hardware class's prefill speed, for the prefill scorer.
 func (s *Snapshot) PrefillTokensPerSecond(class string) float64 {
 	return s.Policy.Spec.HardwareClasses[class].PrefillTokensPerSecond
-}
-
-// ModelsFor lists the canonical models a tenant may call, in policy order, for GET /v1/models.
-func (s *Snapshot) ModelsFor(t *Tenant) []*Model {
-	var out []*Model
-	for i := range s.Policy.Spec.Models {
-		m := &s.Policy.Spec.Models[i]
-		if s.Allows(t, m) {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // HashKey returns the policy form ("sha256:<hex>") of a plaintext API key.
