@@ -154,12 +154,13 @@ func TestOpenAIClientThroughGateway(t *testing.T) {
 				for _, m := range page.Data {
 					ids = append(ids, m.ID)
 				}
-				if !slices.Equal(ids, []string{llama, qwen}) {
+				// Every name the tenant may call, aliases too.
+				if !slices.Equal(ids, []string{llama, "llama-70b", qwen, "qwen-7b"}) {
 					t.Errorf("models %v", ids)
 				}
 				initech := client(st, "sk-demo-initech")
 				page, err = initech.Models.List(ctx)
-				if err != nil || len(page.Data) != 1 || page.Data[0].ID != qwen {
+				if err != nil || len(page.Data) != 2 || page.Data[0].ID != qwen || page.Data[1].ID != "qwen-7b" {
 					t.Errorf("initech models %+v %v", page, err)
 				}
 			})
