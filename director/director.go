@@ -116,6 +116,9 @@ type Route struct {
 	settled   bool
 }
 
+// Budgets are what is left of the tenant's rate limits after this request's admission (none without quotas).
+func (r *Route) Budgets() []quota.Budget { return r.ticket.Budgets() }
+
 // Pool is the x-infergate-pool value of the route.
 func (r *Route) Pool() string {
 	if f := r.Decision.Fallback; f != nil {

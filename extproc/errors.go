@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
@@ -105,4 +107,21 @@ func quotaError(r *quota.Rejection, tenant, model string) *openai.Error {
 	e.Header["retry-after"] = strconv.FormatInt(int64(math.Ceil(retry.Seconds())), 10)
 	e.Header["retry-after-ms"] = strconv.FormatInt(retry.Milliseconds(), 10)
 	return e
+}
+
+// rateLimitHeaders are the x-ratelimit-* headers OpenAI sends on every response, from the budgets left after a
+// request's admission: SDK users read their remaining budget from successful responses.
+func rateLimitHeaders(budgets []quota.Budget) []*corev3.HeaderValueOption {
+	var out []*corev3.HeaderValueOption
+	for _, b := range budgets {
+		unit := "requests"
+		if b.Kind == quota.KindTokens {
+			unit = "tokens"
+		}
+		out = append(out,
+			setHeader("x-ratelimit-limit-"+unit, strconv.FormatInt(b.Limit, 10)),
+			setHeader("x-ratelimit-remaining-"+unit, strconv.FormatInt(b.Remaining, 10)),
+			setHeader("x-ratelimit-reset-"+unit, b.Reset.Round(time.Millisecond).String()))
+	}
+	return out
 }

@@ -179,3 +179,27 @@ func TestRequestOverTheLimitItselfIsNotRetryable(t *testing.T) {
 		t.Errorf("status %d headers %v", status, hdr)
 	}
 }
+
+// A successful response carries the tenant's remaining budget in OpenAI's x-ratelimit-* headers, as every
+// OpenAI response does.
+func TestSuccessfulResponsesCarryTheBudget(t *testing.T) {
+	now := time.Date(2026, 12, 1, 10, 0, 0, 400e6, time.UTC)
+	h, _ := quotaHarnessAt(t, "requestsPerSecond: 5, tokensPerMinute: 100000", "redisTimeout: 2s, leaseFraction: 0",
+		func() time.Time { return now })
+	for i, want := range []string{"4", "3"} {
+		s, r := sendChat(t, h)
+		if r.GetRequestBody() == nil {
+			t.Fatalf("request %d not routed: %v", i, r)
+		}
+		s.send(respHeaders("200", false, "content-type", "application/json"))
+		hdr := setHeaders(s.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())
+		if hdr["x-ratelimit-limit-requests"] != "5" || hdr["x-ratelimit-remaining-requests"] != want ||
+			hdr["x-ratelimit-reset-requests"] != "600ms" || hdr["x-ratelimit-limit-tokens"] != "100000" ||
+			hdr["x-ratelimit-remaining-tokens"] == "" || hdr["x-ratelimit-reset-tokens"] != "59.6s" {
+			t.Errorf("request %d: rate-limit headers %v", i, hdr)
+		}
+		s.send(respBody([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`), true))
+		s.recv()
+		h.settlement()
+	}
+}

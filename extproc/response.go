@@ -51,6 +51,14 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 		}
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderScores, formatScores(rs.route.Decision.Scores)))
 	}
+	if rs.decided {
+		if rl := rateLimitHeaders(rs.route.Budgets()); len(rl) > 0 {
+			if hm == nil {
+				hm = &extprocv3.HeaderMutation{}
+			}
+			hm.SetHeaders = append(hm.SetHeaders, rl...)
+		}
+	}
 	if rs.decided && !hasRequestID {
 		// OpenAI answers every response with its request id, and the SDKs expose it (_request_id): the one
 		// infergate logged and settled under.

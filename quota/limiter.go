@@ -165,6 +165,7 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 				// The fail-open limiter keeps count of what this gateway admitted through Redis too, so that
 				// an outage starts from this window's real usage rather than from zero.
 				l.local.record(r.Now, t)
+				l.budgets(r.Now, t)
 				// Last: from here on the renewer may write the ticket's slot members (under its own lock).
 				l.live.add(t)
 			}
@@ -183,7 +184,11 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		return nil, nil, ErrUnavailable
 	}
 	t.local = true
-	return l.result(t, l.local.admit(r.Now, t))
+	rej := l.local.admit(r.Now, t)
+	if rej == nil {
+		l.budgets(r.Now, t)
+	}
+	return l.result(t, rej)
 }
 
 // admitShared admits against the shared quotas: from this gateway's leases when they cover every entry,

@@ -153,3 +153,14 @@ func (l *localBackend) takeUnsynced(now time.Time) []replay {
 	}
 	return out
 }
+
+// counted is this gateway's own count for a window counter, when it has one.
+func (l *localBackend) counted(now time.Time, key string) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.counters[key]
+	if !ok || (!c.expires.IsZero() && now.After(c.expires)) {
+		return 0, false
+	}
+	return c.value, true
+}

@@ -75,6 +75,7 @@ type Ticket struct {
 	at      time.Time // admission time
 	est     int64     // tokens reserved
 	estCost int64     // micro-USD reserved
+	budgets []Budget  // what is left of the tenant's rate limits after this admission
 }
 
 // Rejection says which limit refused a request.

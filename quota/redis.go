@@ -19,7 +19,8 @@ import (
 // KEYS: one per entry. ARGV: now_ms, reservation id, concurrency ttl_ms, then per entry kind, limit, amount,
 // window_ms, extra. An amount of 0 (already covered by this gateway's lease) is not checked. A concurrency
 // entry's own slot is the member id, its extra slots id:1, id:2, ...
-// Returns {1, granted extra per entry...} or {0, entry index (1-based), used, limit, reset_ms}.
+// Returns {1, granted extra per entry..., counter after this admission per entry (-1 where it was not read)...}
+// or {0, entry index (1-based), used, limit, reset_ms}.
 var admitScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
@@ -63,6 +64,11 @@ for i = 1, #KEYS do
     end
   end
   out[i + 1] = granted
+  if used[i] == nil then
+    out[#KEYS + i + 1] = -1
+  else
+    out[#KEYS + i + 1] = used[i] + amount + granted
+  end
 end
 return out
 `)
@@ -128,6 +134,8 @@ type redisBackend struct {
 	// holding is set while Redis is down: settlements wait for it to come back instead of being tried and
 	// dropped, so slots freed, refunds and charges made during an outage still reach it.
 	holding atomic.Bool
+	// counted is what Redis last said each window counter holds, for the remaining budget of admissions.
+	counted counters
 }
 
 // maxHeldSettlements bounds the settlements kept through an outage; past it the oldest go (their
@@ -235,8 +243,12 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 		return nil, nil, fmt.Errorf("quota admission: %w", err)
 	}
 	if len(res) > 0 && res[0] == 1 {
-		granted := make([]int64, len(t.entries))
+		n := len(t.entries)
+		granted := make([]int64, n)
 		copy(granted, res[1:])
+		if len(res) >= 1+2*n {
+			b.counted.note(now, t.entries, res[1+n:1+2*n])
+		}
 		return granted, nil, nil
 	}
 	if len(res) < 5 || res[1] < 1 || int(res[1]) > len(t.entries) {

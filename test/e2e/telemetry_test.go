@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3/option"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -208,5 +210,34 @@ func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
 				t.Errorf("%s is queried but infergate does not export it", name)
 			}
 		}
+	}
+}
+
+// With quotas in Redis, a successful response read by the openai-go client carries the tenant's remaining
+// request and token budget, as OpenAI's responses do.
+func TestSuccessfulResponsesCarryRateLimitHeaders(t *testing.T) {
+	st, _ := telemetryStack(t, envoyConfigs["full-duplex"])
+	c := client(st, "sk-demo-acme")
+	remaining := func() int {
+		t.Helper()
+		var resp *http.Response
+		if _, err := c.Chat.Completions.New(context.Background(), chatParams(qwen, "s", "u"), option.WithResponseInto(&resp)); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+			"x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"} {
+			if resp.Header.Get(h) == "" {
+				t.Errorf("no %s on a successful response", h)
+			}
+		}
+		n, err := strconv.Atoi(resp.Header.Get("x-ratelimit-remaining-requests"))
+		if err != nil {
+			t.Fatalf("x-ratelimit-remaining-requests %q", resp.Header.Get("x-ratelimit-remaining-requests"))
+		}
+		return n
+	}
+	first := remaining()
+	if first < 0 || first >= 50 { // acme: 50 requests per second
+		t.Errorf("remaining requests %d of 50", first)
 	}
 }
