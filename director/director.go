@@ -7,6 +7,7 @@ package director
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"time"
 
@@ -102,6 +103,9 @@ type Route struct {
 	// Edits are the body changes: the served model's name, include_usage for a stream that did not ask for
 	// it, max_tokens when the request set none.
 	Edits openai.Edits
+	// RenameModel, when the policy answers with the requested name (spec.gateway.responseModel: requested), is
+	// that name as a JSON string, for the response's "model".
+	RenameModel []byte
 
 	tenant    *policies.Tenant
 	requestID string
@@ -174,6 +178,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	}
 	rt.Edits.IncludeUsage = body.Stream && !body.IncludeUsage && req.Endpoint != openai.EndpointEmbeddings
 	rt.Edits.MaxTokens = inject
+	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
+		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail
+	}
 	rt.target = dec.Target(model.Name)
 	d.opts.InFlight.Start(rt.target)
 	d.opts.Metrics.InFlight.Inc()

@@ -66,9 +66,10 @@ type requestState struct {
 	sse            *openai.SSEScanner
 	respBody       []byte
 	respTooBig     bool
-	respEnded      bool    // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
-	served         string  // the endpoint Envoy reports it sent the request to, when it does
-	pooledBody     *[]byte // the shared-pool buffer rs.body lives in, returned at close
+	rename         *openai.ModelRenamer // a JSON response's model, renamed as it passes
+	respEnded      bool                 // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
+	served         string               // the endpoint Envoy reports it sent the request to, when it does
+	pooledBody     *[]byte              // the shared-pool buffer rs.body lives in, returned at close
 
 	// telemetry
 	traceparent, tracestate string

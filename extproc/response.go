@@ -36,14 +36,20 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 		}
 	}
 	var hm *extprocv3.HeaderMutation
+	rename := rs.decided && rs.route.RenameModel != nil && rs.respMode != filterv3.ProcessingMode_NONE
 	if rs.decided && rs.stream {
 		injected := rs.route.Edits.IncludeUsage
 		rs.sse = &openai.SSEScanner{DropUsageChunk: injected}
-		rs.startOutputDigest()
-		if injected {
-			// We may shorten the stream by the usage event we asked for.
-			hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
+		if rename {
+			rs.sse.RenameModel = rs.route.RenameModel
 		}
+		rs.startOutputDigest()
+	} else if rename {
+		rs.rename = &openai.ModelRenamer{Name: rs.route.RenameModel}
+	}
+	if rs.decided && (rs.route.Edits.IncludeUsage && rs.stream || rename) {
+		// We may shorten the stream by the usage event we asked for, or change the model's name.
+		hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
 	}
 	if rs.decided && len(rs.route.Decision.Scores) > 0 {
 		if hm == nil {
@@ -96,6 +102,9 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 			rs.respBody = append(rs.respBody, chunk...)
 		}
 	}
+	if rs.rename != nil {
+		out = rs.rename.Process(chunk)
+	}
 	if end {
 		rs.settle(false)
 	}
@@ -108,7 +117,7 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 		return streamedBody(out, end, false)
 	default:
 		var mut *extprocv3.BodyMutation
-		if rs.sse != nil && rs.sse.DropUsageChunk && !sameBytes(out, chunk) {
+		if !sameBytes(out, chunk) {
 			if len(out) == 0 {
 				mut = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_ClearBody{ClearBody: true}}
 			} else {

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +66,44 @@ func TestSSEScannerText(t *testing.T) {
 	s.Process(nil, true)
 	if b.String() != "Hello\n" {
 		t.Errorf("text %q, want %q", b.String(), "Hello\n")
+	}
+}
+
+func TestAppendRenamedModel(t *testing.T) {
+	q := []byte(`"llama-70b"`)
+	cases := []struct{ in, want string }{
+		{`{"id":"x","model":"meta-llama/Llama-3.3-70B-Instruct","choices":[]}`, `{"id":"x","model":"llama-70b","choices":[]}`},
+		{`data: {"model" : "a\"b", "x":1}` + "\n", `data: {"model" : "llama-70b", "x":1}` + "\n"},
+		// "model" inside generated text is escaped: not a key.
+		{`{"choices":[{"delta":{"content":"the \"model\":\"x\" key"}}],"model":"m"}`, `{"choices":[{"delta":{"content":"the \"model\":\"x\" key"}}],"model":"llama-70b"}`},
+		{`{"model":null}`, `{"model":null}`},
+		{`{"models":"x"}`, `{"models":"x"}`},
+		{`data: [DONE]`, `data: [DONE]`},
+		{`{"model":"unterminated`, `{"model":"unterminated`},
+	}
+	for _, c := range cases {
+		if got := string(AppendRenamedModel(nil, []byte(c.in), q)); got != c.want {
+			t.Errorf("AppendRenamedModel(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
+
+// A renamed stream is the same stream but for the model's value, however it was cut.
+func TestSSEScannerRenamesModel(t *testing.T) {
+	stream := "data: {\"model\":\"served\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+		"data: {\"model\":\"served\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n" +
+		"data: [DONE]\n\n"
+	for _, drop := range []bool{false, true} {
+		for cut := 0; cut <= len(stream); cut += 7 {
+			s := &SSEScanner{DropUsageChunk: drop, RenameModel: []byte(`"asked"`)}
+			out := append(s.Process([]byte(stream[:cut]), false), s.Process([]byte(stream[cut:]), true)...)
+			want := strings.ReplaceAll(stream, `"served"`, `"asked"`)
+			if drop {
+				want = strings.Replace(want, "data: {\"model\":\"asked\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n", "", 1)
+			}
+			if string(out) != want {
+				t.Fatalf("drop=%v cut=%d:\n%q\nwant\n%q", drop, cut, out, want)
+			}
+		}
 	}
 }

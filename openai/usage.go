@@ -86,6 +86,9 @@ const maxPendingLine = 1 << 20
 // back while the scanner waits to see which it is.
 type SSEScanner struct {
 	DropUsageChunk bool
+	// RenameModel, when set, replaces the value of every event's "model" with it: a JSON string, quotes
+	// included (see AppendRenamedModel).
+	RenameModel []byte
 	// Text, when set, receives the generated text of every event (the choices' delta.content or text, in
 	// order), for a digest of what the model produced.
 	Text io.Writer
@@ -111,7 +114,7 @@ func (s *SSEScanner) Usage() (Usage, bool) { return s.usage, s.sawUsage }
 func (s *SSEScanner) Process(chunk []byte, end bool) []byte {
 	var out *[]byte
 	var buf []byte
-	if s.DropUsageChunk {
+	if s.DropUsageChunk || s.RenameModel != nil {
 		buf = make([]byte, 0, len(chunk)+len(s.pending)+len(s.held))
 		out = &buf
 	}
@@ -196,15 +199,23 @@ func (s *SSEScanner) line(l []byte, out *[]byte) {
 	}
 	s.release(out)
 	usageOnly := s.dataLine(text)
-	if usageOnly && !s.midEvent && out != nil {
-		s.held = append(s.held, l...)
+	if usageOnly && !s.midEvent && s.DropUsageChunk {
+		s.held = s.appendLine(s.held, l)
 		s.midEvent = true
 		return
 	}
 	s.midEvent = true
 	if out != nil {
-		*out = append(*out, l...)
+		*out = s.appendLine(*out, l)
 	}
+}
+
+// appendLine appends a complete line as it is forwarded: with its model renamed when asked.
+func (s *SSEScanner) appendLine(dst, l []byte) []byte {
+	if s.RenameModel != nil {
+		return AppendRenamedModel(dst, l, s.RenameModel)
+	}
+	return append(dst, l...)
 }
 
 var dataPrefix = []byte("data:")
@@ -292,4 +303,54 @@ func PromptBytes(ep Endpoint, body []byte, start, end int) []byte {
 		return v.MarshalTo(nil)
 	}
 	return nil
+}
+
+// AppendRenamedModel appends js with the value of its first "model" key replaced by quoted (a JSON string,
+// quotes included), or js unchanged when it has no such key with a string value. A key is a quote not escaped inside a string, so a
+// "model" that only appears in generated text (escaped there) is never touched. Responses put "model" at the
+// top level, before the choices.
+func AppendRenamedModel(dst, js, quoted []byte) []byte {
+	at, end := modelValueSpan(js)
+	if at < 0 {
+		return append(dst, js...)
+	}
+	dst = append(dst, js[:at]...)
+	dst = append(dst, quoted...)
+	return append(dst, js[end:]...)
+}
+
+// modelValueSpan finds the string value of the first "model" key: [at, end) covers it quotes included.
+func modelValueSpan(js []byte) (at, end int) {
+	const key = `"model"`
+	for i := 0; i < len(js); i++ {
+		if js[i] != '"' {
+			continue
+		}
+		close, err := skipString(js, i+1)
+		if err != nil {
+			return -1, -1
+		}
+		if close-i+1 == len(key) && string(js[i:close+1]) == key {
+			j := close + 1
+			for j < len(js) && (js[j] == ' ' || js[j] == '\t') {
+				j++
+			}
+			if j < len(js) && js[j] == ':' {
+				j++
+				for j < len(js) && (js[j] == ' ' || js[j] == '\t') {
+					j++
+				}
+				if j < len(js) && js[j] == '"' {
+					vend, err := skipString(js, j+1)
+					if err != nil {
+						return -1, -1
+					}
+					return j, vend + 1
+				}
+				return -1, -1
+			}
+		}
+		i = close
+	}
+	return -1, -1
 }

@@ -126,11 +126,15 @@ func FuzzSSEScanner(f *testing.F) {
 		if cutA > cutB {
 			cutA, cutB = cutB, cutA
 		}
-		for _, drop := range []bool{false, true} {
+		for i, drop := range []bool{false, true, false, true} {
+			var rename []byte
+			if i >= 2 {
+				rename = []byte(`"renamed"`)
+			}
 			var wholeText, splitText bytes.Buffer
-			whole := &SSEScanner{DropUsageChunk: drop, Text: &wholeText}
+			whole := &SSEScanner{DropUsageChunk: drop, RenameModel: rename, Text: &wholeText}
 			wantOut := whole.Process(append([]byte(nil), data...), true)
-			split := &SSEScanner{DropUsageChunk: drop, Text: &splitText}
+			split := &SSEScanner{DropUsageChunk: drop, RenameModel: rename, Text: &splitText}
 			got := runChunks(split, data, cutA, cutB)
 			if !bytes.Equal(got, wantOut) {
 				t.Fatalf("drop=%v: split output differs from whole output", drop)
@@ -143,7 +147,7 @@ func FuzzSSEScanner(f *testing.F) {
 			if u1 != u2 || ok1 != ok2 {
 				t.Fatalf("drop=%v: usage differs: %+v/%v vs %+v/%v", drop, u1, ok1, u2, ok2)
 			}
-			if !drop && !bytes.Equal(got, data) {
+			if !drop && rename == nil && !bytes.Equal(got, data) {
 				t.Fatal("scan mode changed the stream")
 			}
 		}

@@ -58,7 +58,17 @@ type Gateway struct {
 	UpstreamIdleTimeout string `yaml:"upstreamIdleTimeout,omitempty" json:"upstreamIdleTimeout,omitempty"`
 	// TenantHeader, when true, passes x-infergate-tenant upstream so replicas can log who asked.
 	TenantHeader bool `yaml:"tenantHeader,omitempty" json:"tenantHeader,omitempty"`
+	// ResponseModel is the "model" responses carry: "served" (default) passes the engine's or provider's name
+	// through, as OpenAI answers with the resolved model; "requested" answers with the name the client sent
+	// (an alias stays an alias), for clients that compare the two.
+	ResponseModel string `yaml:"responseModel,omitempty" json:"responseModel,omitempty" jsonschema:"enum=served,enum=requested"`
 }
+
+// Response model choices.
+const (
+	ResponseModelServed    = "served"
+	ResponseModelRequested = "requested"
+)
 
 // Defaults for Gateway fields left at zero.
 const (

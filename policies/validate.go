@@ -261,6 +261,9 @@ func (v *validator) gateway(g *Gateway) {
 	if g.DefaultMaxTokens < 0 {
 		v.fail(append(base, "defaultMaxTokens"), "must not be negative, got %d", g.DefaultMaxTokens)
 	}
+	if m := g.ResponseModel; m != "" && m != ResponseModelServed && m != ResponseModelRequested {
+		v.fail(append(base, "responseModel"), "must be %q or %q, got %q", ResponseModelServed, ResponseModelRequested, m)
+	}
 	if g.UpstreamIdleTimeout != "" {
 		if d, err := time.ParseDuration(g.UpstreamIdleTimeout); err != nil || d < time.Second {
 			v.fail(append(base, "upstreamIdleTimeout"), "must be a duration of at least 1s such as \"60s\", got %q", g.UpstreamIdleTimeout)
