@@ -7,13 +7,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -239,5 +242,43 @@ func TestSuccessfulResponsesCarryRateLimitHeaders(t *testing.T) {
 	first := remaining()
 	if first < 0 || first >= 50 { // acme: 50 requests per second
 		t.Errorf("remaining requests %d of 50", first)
+	}
+}
+
+// A request that can never fit its tenant's token limit is answered so that the official SDK does not retry
+// it (x-should-retry: false): with retries on, the gateway sees it once.
+func TestNeverFittingRequestIsNotRetriedBySDK(t *testing.T) {
+	st, _ := telemetryStack(t, envoyConfigs["full-duplex"])
+	c := openai.NewClient(option.WithBaseURL(st.URL+"/v1"), option.WithAPIKey("sk-demo-initech"), option.WithMaxRetries(2),
+		option.WithRequestTimeout(30*time.Second))
+	params := chatParams(qwen, "s", "u")
+	params.MaxTokens = openai.Int(100000) // initech may use 20,000 tokens a minute
+	var resp *http.Response
+	_, err := c.Chat.Completions.New(context.Background(), params, option.WithResponseInto(&resp))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("got %v, want a 429", err)
+	}
+	if resp == nil || resp.Header.Get("x-should-retry") != "false" || resp.Header.Get("retry-after") != "" {
+		t.Errorf("headers %v: want x-should-retry false and no retry-after", resp.Header)
+	}
+	fams := scrape(t, st.MetricsURL)
+	if n := sumCounter(fams, "infergate_requests_total", func(l map[string]string) bool { return l["outcome"] == "rate_limit_exceeded" }); n != 1 {
+		t.Errorf("the gateway saw the request %v times, want once (the SDK must not retry)", n)
+	}
+}
+
+// GET /v1/models/{id} answers the model object for any name the tenant may call, and 404 otherwise.
+func TestModelsGetThroughGateway(t *testing.T) {
+	st := startStack(t, envoyConfigs["full-duplex"])
+	acme, initech := client(st, "sk-demo-acme"), client(st, "sk-demo-initech")
+	m, err := acme.Models.Get(context.Background(), "llama-70b")
+	if err != nil || m.ID != "llama-70b" || m.Object != "model" {
+		t.Fatalf("Models.Get(llama-70b) = %+v, %v", m, err)
+	}
+	_, err = initech.Models.Get(context.Background(), llama)
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Errorf("initech's Models.Get(%s) = %v, want 404", llama, err)
 	}
 }
