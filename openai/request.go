@@ -25,6 +25,8 @@ const (
 	EndpointModels
 	// EndpointModel is GET /v1/models/{id}: one model object.
 	EndpointModel
+	// EndpointResponses is POST /v1/responses, OpenAI's Responses API (served by vLLM too).
+	EndpointResponses
 )
 
 // Paths of the OpenAI-compatible API.
@@ -33,6 +35,7 @@ const (
 	PathCompletions = "/v1/completions"
 	PathEmbeddings  = "/v1/embeddings"
 	PathModels      = "/v1/models"
+	PathResponses   = "/v1/responses"
 )
 
 // EndpointForPath maps a request :path (query string allowed) to its endpoint.
@@ -51,6 +54,8 @@ func EndpointForPath(path string) Endpoint {
 		return EndpointEmbeddings
 	case PathModels:
 		return EndpointModels
+	case PathResponses:
+		return EndpointResponses
 	}
 	if id := ModelID(path); id != "" {
 		return EndpointModel
@@ -85,6 +90,8 @@ func (e Endpoint) String() string {
 		return "embeddings"
 	case EndpointModels, EndpointModel:
 		return "models"
+	case EndpointResponses:
+		return "responses"
 	}
 	return "other"
 }
@@ -96,10 +103,19 @@ func (e Endpoint) promptField() string {
 		return "messages"
 	case EndpointCompletions:
 		return "prompt"
-	case EndpointEmbeddings:
+	case EndpointEmbeddings, EndpointResponses:
 		return "input"
 	}
 	return ""
+}
+
+// maxTokensField is the body field that bounds the output: max_tokens, or the Responses API's
+// max_output_tokens.
+func (e Endpoint) maxTokensField() string {
+	if e == EndpointResponses {
+		return "max_output_tokens"
+	}
+	return "max_tokens"
 }
 
 // Request is what routing and accounting need from an inference request body. The body is parsed once
@@ -114,6 +130,8 @@ type Request struct {
 	User         string
 	// Prompt is the parsed messages / prompt / input value.
 	Prompt *fastjson.Value
+	// Instructions is the Responses API's system prompt, when the body has one; it comes before the input.
+	Instructions *fastjson.Value
 	// BodyBytes is the size of the body as received; the prompt is nearly all of it.
 	BodyBytes int
 	// PromptStart and PromptEnd locate the prompt field's value in the body as received (-1 when the scan did
@@ -191,6 +209,14 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 			maxTokens, e = parseCount("max_tokens", v)
 		case "max_completion_tokens":
 			maxCompletion, e = parseCount("max_completion_tokens", v)
+		case "max_output_tokens":
+			if ep == EndpointResponses {
+				maxCompletion, e = parseCount("max_output_tokens", v)
+			}
+		case "instructions":
+			if ep == EndpointResponses {
+				e = checkInstructions(&req, v)
+			}
 		case "user":
 			if b, err := v.StringBytes(); err == nil {
 				req.User = string(b)
@@ -226,6 +252,18 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 // routedKeys remembers which of the fields the gateway reads were already seen in a body.
 type routedKeys uint8
 
+// checkInstructions reads the Responses API's instructions: a string, or null.
+func checkInstructions(req *Request, v *fastjson.Value) *Error {
+	switch v.Type() {
+	case fastjson.TypeNull:
+		return nil
+	case fastjson.TypeString:
+		req.Instructions = v
+		return nil
+	}
+	return BadRequest("instructions", "'instructions' must be a string.")
+}
+
 // repeated marks key as seen and reports whether it had been: only for the fields routing and quotas read.
 func (k *routedKeys) repeated(key, promptField string) bool {
 	var bit routedKeys
@@ -240,6 +278,10 @@ func (k *routedKeys) repeated(key, promptField string) bool {
 		bit = 8
 	case "max_completion_tokens":
 		bit = 16
+	case "instructions":
+		bit = 64
+	case "max_output_tokens":
+		bit = 128
 	case promptField:
 		bit = 32
 	default:
@@ -282,7 +324,7 @@ func trimErr(err error) string {
 func (r *Request) Release() {
 	if r.parser != nil {
 		parsers.Put(r.parser)
-		r.parser, r.doc, r.Prompt, r.body = nil, nil, nil, nil
+		r.parser, r.doc, r.Prompt, r.Instructions, r.body = nil, nil, nil, nil, nil
 	}
 }
 
@@ -359,8 +401,8 @@ type Edits struct {
 	Model string
 	// IncludeUsage forces stream_options.include_usage to true.
 	IncludeUsage bool
-	// MaxTokens, when above zero, sets max_tokens: the output bound admission reserved for a request that set
-	// none, so the engine cannot produce more than was charged.
+	// MaxTokens, when above zero, sets max_tokens (max_output_tokens for the Responses API): the output bound
+	// admission reserved for a request that set none, so the engine cannot produce more than was charged.
 	MaxTokens int64
 }
 
@@ -381,13 +423,13 @@ func (r *Request) Rewrite(dst []byte, e Edits) []byte {
 		r.IncludeUsage = true
 	}
 	if e.MaxTokens > 0 {
-		r.doc.Set("max_tokens", a.NewNumberString(strconv.FormatInt(e.MaxTokens, 10)))
+		r.doc.Set(r.Endpoint.maxTokensField(), a.NewNumberString(strconv.FormatInt(e.MaxTokens, 10)))
 	}
 	out := r.doc.MarshalTo(dst)
 	if goQuoted(out[len(dst):]) {
 		// fastjson re-escapes strings it decoded with Go quoting (\x01, invalid UTF-8 kept as \xNN), which is
 		// not JSON. Re-encode with the standard library from the original bytes instead.
-		return rewriteStd(r.body, e)
+		return rewriteStd(r.body, r.Endpoint, e)
 	}
 	return out
 }
@@ -410,7 +452,7 @@ func goQuoted(b []byte) bool {
 }
 
 // rewriteStd edits the top-level fields with encoding/json, keeping every other value's bytes as sent.
-func rewriteStd(body []byte, e Edits) []byte {
+func rewriteStd(body []byte, ep Endpoint, e Edits) []byte {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		return body
@@ -419,7 +461,7 @@ func rewriteStd(body []byte, e Edits) []byte {
 		top["model"], _ = json.Marshal(e.Model)
 	}
 	if e.MaxTokens > 0 {
-		top["max_tokens"] = json.RawMessage(strconv.FormatInt(e.MaxTokens, 10))
+		top[ep.maxTokensField()] = json.RawMessage(strconv.FormatInt(e.MaxTokens, 10))
 	}
 	if e.IncludeUsage {
 		so := map[string]json.RawMessage{}

@@ -201,7 +201,7 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(`{"model":"m","prompt":["\u001b[31mred\u0000"],"stream":true}`, uint8(2))
 	f.Add("{\"model\":\"m\",\"input\":\"\xff\xfe\"}", uint8(3))
 	f.Fuzz(func(t *testing.T, body string, ep uint8) {
-		endpoint := Endpoint(ep%3 + 1)
+		endpoint := []Endpoint{EndpointChat, EndpointCompletions, EndpointEmbeddings, EndpointResponses}[ep%4]
 		req, err := ParseRequest(endpoint, []byte(body))
 		if err != nil {
 			if _, ok := err.(*Error); !ok {

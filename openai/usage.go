@@ -47,10 +47,17 @@ func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {
 		}
 		return n, true
 	}
+	// Chat and completions name them prompt and completion; the Responses API input and output.
 	var okPrompt, okCompletion bool
-	u.PromptTokens, okPrompt = count(obj.Get("prompt_tokens"))
-	u.CompletionTokens, okCompletion = count(obj.Get("completion_tokens"))
-	u.CachedTokens, u.CachedReported = count(obj.Get("prompt_tokens_details", "cached_tokens"))
+	if u.PromptTokens, okPrompt = count(obj.Get("prompt_tokens")); !okPrompt {
+		u.PromptTokens, okPrompt = count(obj.Get("input_tokens"))
+	}
+	if u.CompletionTokens, okCompletion = count(obj.Get("completion_tokens")); !okCompletion {
+		u.CompletionTokens, okCompletion = count(obj.Get("output_tokens"))
+	}
+	if u.CachedTokens, u.CachedReported = count(obj.Get("prompt_tokens_details", "cached_tokens")); !u.CachedReported {
+		u.CachedTokens, u.CachedReported = count(obj.Get("input_tokens_details", "cached_tokens"))
+	}
 	if !okPrompt && !okCompletion && !u.CachedReported {
 		return Usage{}, false
 	}
@@ -237,6 +244,10 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 	if err != nil {
 		return false
 	}
+	if typ := doc.GetStringBytes("type"); len(typ) > 0 {
+		s.responsesEvent(doc, typ)
+		return false
+	}
 	choices := doc.Get("choices")
 	isArray := choices != nil && choices.Type() == fastjson.TypeArray
 	if isArray && len(choices.GetArray()) > 0 {
@@ -257,6 +268,24 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 	return isArray && len(choices.GetArray()) == 0
 }
 
+// responsesEvent reads one event of a Responses API stream: output_text deltas carry the generated text, and
+// the terminal event (completed, incomplete or failed) the response with its usage.
+func (s *SSEScanner) responsesEvent(doc *fastjson.Value, typ []byte) {
+	switch string(typ) {
+	case "response.output_text.delta":
+		s.content++
+		if s.Text != nil {
+			_, _ = s.Text.Write(doc.GetStringBytes("delta"))
+		}
+	case "response.completed", "response.incomplete", "response.failed":
+		if obj := doc.Get("response", "usage"); obj != nil && obj.Type() == fastjson.TypeObject {
+			if u, ok := parseUsageObject(obj); ok {
+				s.usage, s.sawUsage = u, true
+			}
+		}
+	}
+}
+
 // writeChoicesText writes each choice's generated text: <holder>.content for chat, text for completions.
 func writeChoicesText(w io.Writer, choices *fastjson.Value, holder string) {
 	for _, c := range choices.GetArray() {
@@ -269,7 +298,7 @@ func writeChoicesText(w io.Writer, choices *fastjson.Value, holder string) {
 }
 
 // OutputText writes the generated text of a non-streaming response body (every choice's message.content or
-// text, in order) to w; it writes nothing for a body that is not such a response.
+// text, or a Responses API body's output_text parts, in order) to w; it writes nothing for any other body.
 func OutputText(body []byte, w io.Writer) {
 	p := parsers.Get()
 	defer parsers.Put(p)
@@ -279,6 +308,15 @@ func OutputText(body []byte, w io.Writer) {
 	}
 	if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray {
 		writeChoicesText(w, choices, "message")
+		return
+	}
+	// The Responses API: output items whose content parts of type output_text carry the text.
+	for _, item := range doc.GetArray("output") {
+		for _, part := range item.GetArray("content") {
+			if string(part.GetStringBytes("type")) == "output_text" {
+				_, _ = w.Write(part.GetStringBytes("text"))
+			}
+		}
 	}
 }
 
