@@ -176,7 +176,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if served := dec.Served(); served != body.Model {
 		rt.Edits.Model = served
 	}
-	rt.Edits.IncludeUsage = body.Stream && !body.IncludeUsage && req.Endpoint != openai.EndpointEmbeddings
+	// Chat and completions streams report usage only when asked; a Responses API stream always does.
+	rt.Edits.IncludeUsage = body.Stream && !body.IncludeUsage &&
+		(req.Endpoint == openai.EndpointChat || req.Endpoint == openai.EndpointCompletions)
 	rt.Edits.MaxTokens = inject
 	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
 		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail

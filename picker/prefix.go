@@ -63,6 +63,12 @@ func Seed(model, adapter string) uint64 {
 // Hash appends the block hashes of a parsed prompt (messages, prompt or input) to dst and returns it. Only
 // full blocks are hashed, as engines cache only full blocks.
 func (h Hasher) Hash(dst []uint64, seed uint64, prompt *fastjson.Value) []uint64 {
+	return h.HashWithInstructions(dst, seed, nil, prompt)
+}
+
+// HashWithInstructions hashes a Responses API prompt: its instructions first, as the system message they
+// stand for (the engine puts them there), then the input.
+func (h Hasher) HashWithInstructions(dst []uint64, seed uint64, instructions, prompt *fastjson.Value) []uint64 {
 	size := h.BlockBytes
 	if size <= 0 {
 		size = DefaultBlockTokens * CharsPerToken
@@ -73,13 +79,20 @@ func (h Hasher) Hash(dst []uint64, seed uint64, prompt *fastjson.Value) []uint64
 		limit = 256
 	}
 	w := blockWriter{size: size, max: limit, prev: seed, hashes: dst}
+	if instructions != nil {
+		w.write(roleSystem)
+		w.write(sepRole)
+		raw(&w, instructions)
+		w.write(sepMessage)
+	}
 	render(&w, prompt)
 	return w.hashes
 }
 
 var (
-	sepRole    = []byte{0x1e} // record separator between role and content
-	sepMessage = []byte{0x1f} // unit separator after each message
+	roleSystem = []byte(`"system"`) // as a message's role renders
+	sepRole    = []byte{0x1e}       // record separator between role and content
+	sepMessage = []byte{0x1f}       // unit separator after each message
 )
 
 // scratch buffers hold one value's raw JSON at a time.

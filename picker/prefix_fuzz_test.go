@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/valyala/fastjson"
+
 	"github.com/infergate/infergate/openai"
 )
 
@@ -29,4 +31,22 @@ func FuzzPrefixHash(f *testing.F) {
 			t.Fatal("hashing the same prompt twice differs")
 		}
 	})
+}
+
+// A Responses API prompt hashes as the chat prompt it stands for: instructions as the system message, then the
+// input's messages, so the two APIs share a replica's cached prefix.
+func TestInstructionsHashAsTheSystemMessage(t *testing.T) {
+	parse := func(s string) *fastjson.Value {
+		v, err := fastjson.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	h := Hasher{BlockBytes: 16, MaxBlocks: 64}
+	chat := h.Hash(nil, 1, parse(`[{"role":"system","content":"You are a careful assistant."},{"role":"user","content":"hello there"}]`))
+	responses := h.HashWithInstructions(nil, 1, parse(`"You are a careful assistant."`), parse(`[{"role":"user","content":"hello there"}]`))
+	if len(chat) == 0 || !slices.Equal(chat, responses) {
+		t.Errorf("chat %x, responses %x", chat, responses)
+	}
 }

@@ -28,7 +28,7 @@ func (p *Affinity) hashPrompt(in Input, engineBlock int) prompt {
 		pr.hashes = (*buf)[:0]
 	}
 	if in.Request != nil && in.Request.Prompt != nil {
-		pr.hashes = hasher.Hash(pr.hashes, Seed(in.Model.Name, in.Adapter), in.Request.Prompt)
+		pr.hashes = hasher.HashWithInstructions(pr.hashes, Seed(in.Model.Name, in.Adapter), in.Request.Instructions, in.Request.Prompt)
 		pr.estimated = max(in.Request.EstimatePromptTokens(), len(pr.hashes)*pr.blockTokens)
 	}
 	pr.tokens = int(float64(pr.estimated) / pr.scale)
