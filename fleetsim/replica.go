@@ -175,6 +175,7 @@ func (r *Replica) handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", r.inference)
 	mux.HandleFunc("POST /v1/completions", r.inference)
 	mux.HandleFunc("POST /v1/embeddings", r.inference)
+	mux.HandleFunc("POST /v1/responses", r.inference)
 	mux.HandleFunc("GET /v1/models", r.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
@@ -211,6 +212,9 @@ type apiRequest struct {
 	} `json:"stream_options"`
 	MaxTokens           int `json:"max_tokens"`
 	MaxCompletionTokens int `json:"max_completion_tokens"`
+	// The Responses API's system prompt and output bound.
+	Instructions    string `json:"instructions"`
+	MaxOutputTokens int    `json:"max_output_tokens"`
 }
 
 // vllmError writes vLLM's error envelope (integer code, class-like type).
@@ -265,6 +269,9 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	}
 	maxOut := body.MaxCompletionTokens
 	if maxOut == 0 {
+		maxOut = body.MaxOutputTokens
+	}
+	if maxOut == 0 {
 		maxOut = body.MaxTokens
 	}
 	if maxOut == 0 {
@@ -278,8 +285,11 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
 		return
 	}
-	id := fmt.Sprintf("%s-%s-%d", map[string]string{"chat/completions": "chatcmpl", "completions": "cmpl", "embeddings": "embd"}[kind], r.cfg.Name, r.reqID.Add(1))
+	id := fmt.Sprintf("%s-%s-%d", map[string]string{"chat/completions": "chatcmpl", "completions": "cmpl", "embeddings": "embd",
+		"responses": "resp"}[kind], r.cfg.Name, r.reqID.Add(1))
 	switch {
+	case kind == "responses":
+		r.responses(w, req, s, body.Model, id, body.Stream)
 	case kind == "embeddings":
 		r.embeddings(w, req, s, body.Model, id)
 	case body.Stream:
@@ -313,6 +323,23 @@ func promptTokens(kind string, body *apiRequest) []string {
 		b.WriteString(textOf(body.Prompt))
 	case "embeddings":
 		b.WriteString(textOf(body.Input))
+	case "responses":
+		// As vLLM renders them: the instructions as the system message, then the input's messages.
+		if body.Instructions != "" {
+			b.WriteString("<|system|> " + body.Instructions + " ")
+		}
+		var items []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(body.Input, &items) == nil {
+			for _, m := range items {
+				b.WriteString("<|" + m.Role + "|> " + textOf(m.Content) + " ")
+			}
+		} else {
+			b.WriteString("<|user|> " + textOf(body.Input) + " ")
+		}
+		b.WriteString("<|assistant|>")
 	}
 	return strings.Fields(b.String())
 }
