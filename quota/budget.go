@@ -26,9 +26,8 @@ func (t *Ticket) Budgets() []Budget {
 
 // counters remembers the value Redis last reported for each window counter.
 type counters struct {
-	mu     sync.Mutex
-	byKey  map[string]countedValue
-	sweeps int
+	mu    sync.Mutex
+	byKey map[string]countedValue
 }
 
 type countedValue struct {
