@@ -46,13 +46,15 @@ type ReplicaConfig struct {
 
 // Replica is one simulated vLLM- or SGLang-compatible server.
 type Replica struct {
-	cfg     ReplicaConfig
-	eng     *engine
-	reg     *prometheus.Registry
-	ttft    prometheus.Histogram
-	faults  atomic.Pointer[Faults]
-	reqID   atomic.Uint64
-	created int64
+	cfg    ReplicaConfig
+	eng    *engine
+	reg    *prometheus.Registry
+	ttft   prometheus.Histogram
+	faults atomic.Pointer[Faults]
+	reqID  atomic.Uint64
+	// received counts the inference requests that reached the replica, answered or refused.
+	received atomic.Int64
+	created  int64
 
 	// Set for a managed API: TLS, a required bearer key and a fixed network delay.
 	tlsConfig *tls.Config
@@ -112,6 +114,9 @@ func newReplica(cfg ReplicaConfig, hw Hardware, timeScale float64) *Replica {
 func (r *Replica) Name() string { return r.cfg.Name }
 
 // Addr is the address the replica listens on (host:port).
+// Received is how many inference requests reached the replica (a provider's tests count them).
+func (r *Replica) Received() int64 { return r.received.Load() }
+
 func (r *Replica) Addr() string { r.mu.Lock(); defer r.mu.Unlock(); return r.addr }
 
 // Start binds the listener and runs the engine until ctx ends.
@@ -231,6 +236,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	r.inflight.Add(1)
 	defer r.inflight.Done()
+	r.received.Add(1)
 	if r.apiKey != "" && req.Header.Get("Authorization") != "Bearer "+r.apiKey {
 		writeJSON(w, http.StatusUnauthorized, map[string]any{"error": map[string]any{
 			"message": "Invalid API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}})

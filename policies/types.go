@@ -202,7 +202,13 @@ type Fallback struct {
 	// APIKeyFrom says where the provider key lives ("env:NAME" or "file:/path"); the key itself is never in the policy.
 	APIKeyFrom string   `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
 	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable"`
+	// CAFile is the PEM bundle, on Envoy's host, that an https baseURL's certificate must chain to (default
+	// DefaultProviderCAFile, the system bundle): Envoy verifies the provider before it sends the key.
+	CAFile string `yaml:"caFile,omitempty" json:"caFile,omitempty" jsonschema:"pattern=^/"`
 }
+
+// DefaultProviderCAFile is the system CA bundle of Debian-based images, Envoy's own among them.
+const DefaultProviderCAFile = "/etc/ssl/certs/ca-certificates.crt"
 
 // Tier is what tenants of one tier may use; an empty list allows everything of that kind.
 type Tier struct {

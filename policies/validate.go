@@ -356,6 +356,9 @@ func (v *validator) fallbacks(m *Model, base []seg) {
 		if f.Model == "" {
 			v.fail(append(fb, "model"), "is required (the provider's name for the model)")
 		}
+		if f.CAFile != "" && !strings.HasPrefix(f.CAFile, "/") {
+			v.fail(append(fb, "caFile"), "must be an absolute path on Envoy's host, got %q", f.CAFile)
+		}
 		if kind, rest, ok := strings.Cut(f.APIKeyFrom, ":"); !ok || rest == "" || (kind != "env" && kind != "file") {
 			v.fail(append(fb, "apiKeyFrom"), "must be env:NAME or file:/path, got %q", f.APIKeyFrom)
 		}

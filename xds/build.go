@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -393,9 +394,29 @@ func fallbackCluster(m *policies.Model, f *policies.Fallback) (*clusterv3.Cluste
 	}
 	if u.Scheme == "https" {
 		c.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{
-			TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{Sni: host})}}
+			TypedConfig: mustAny(providerTLS(host, f.CAFile))}}
 	}
 	return c, nil
+}
+
+// providerTLS is the TLS a managed API is reached over: its certificate must chain to caFile (the system bundle
+// by default) and name host. Without a validation context Envoy accepts any certificate — and the credential
+// injector would hand the provider key to whoever answered.
+func providerTLS(host, caFile string) *tlsv3.UpstreamTlsContext {
+	if caFile == "" {
+		caFile = policies.DefaultProviderCAFile
+	}
+	san := tlsv3.SubjectAltNameMatcher_DNS
+	if _, err := netip.ParseAddr(host); err == nil {
+		san = tlsv3.SubjectAltNameMatcher_IP_ADDRESS
+	}
+	return &tlsv3.UpstreamTlsContext{Sni: host, CommonTlsContext: &tlsv3.CommonTlsContext{
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: caFile}},
+			MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{SanType: san,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: host}}}},
+		}},
+	}}
 }
 
 // consistent checks the references inside a resource set: every EDS cluster has its endpoints and every

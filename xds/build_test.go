@@ -14,6 +14,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -226,4 +227,22 @@ func dialServed(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// A managed API's certificate is verified: against the system bundle by default or the policy's caFile, and
+// for the host the baseURL names, as a DNS name or an IP address.
+func TestProviderTLSVerifies(t *testing.T) {
+	for _, tc := range []struct {
+		host, ca, wantCA string
+		san              tlsv3.SubjectAltNameMatcher_SanType
+	}{
+		{"api.together.xyz", "", policies.DefaultProviderCAFile, tlsv3.SubjectAltNameMatcher_DNS},
+		{"127.0.0.1", "/tmp/ca.pem", "/tmp/ca.pem", tlsv3.SubjectAltNameMatcher_IP_ADDRESS},
+	} {
+		vc := providerTLS(tc.host, tc.ca).GetCommonTlsContext().GetValidationContext()
+		m := vc.GetMatchTypedSubjectAltNames()
+		if vc.GetTrustedCa().GetFilename() != tc.wantCA || len(m) != 1 || m[0].GetSanType() != tc.san || m[0].GetMatcher().GetExact() != tc.host {
+			t.Errorf("%s: validation context %v", tc.host, vc)
+		}
+	}
 }

@@ -7,6 +7,7 @@
 package envoysim
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -63,6 +64,8 @@ type Cluster struct {
 	UpstreamFilters []UpstreamFilter
 	// HealthCheck is the cluster's active HTTP health check, or nil (health.go).
 	HealthCheck *HealthCheck
+	// TLS is the cluster's upstream TLS (tls.go), nil for plaintext.
+	TLS *tls.Config
 }
 
 func joinHostPort(host string, port uint32) string {
@@ -186,6 +189,11 @@ func buildCluster(c *clusterv3.Cluster) (*Cluster, error) {
 	if err := parseUpstream(cl, c); err != nil {
 		return nil, err
 	}
+	tlsCfg, err := upstreamTLS(c)
+	if err != nil {
+		return nil, err
+	}
+	cl.TLS = tlsCfg
 	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
 		oh := &overridehostv3.OverrideHost{}
 		if p.GetTypedExtensionConfig().GetTypedConfig().MessageIs(oh) {

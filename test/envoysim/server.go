@@ -47,6 +47,7 @@ type DataPlane struct {
 	outliers  *outliers
 	health    *healthState
 	transport *http.Transport
+	tlsConns  tlsTransports
 	log       *slog.Logger
 }
 
@@ -98,6 +99,7 @@ func (dp *DataPlane) Close() {
 		_ = dp.conn.Close()
 	}
 	dp.transport.CloseIdleConnections()
+	dp.tlsConns.close()
 }
 
 // Serve answers HTTP/1.1 on lis until ctx ends.
@@ -326,7 +328,11 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		// response headers, a reset after.
 		actx, acancel := context.WithCancel(ctx)
 		idle := newIdleTimer(ra.GetIdleTimeout().AsDuration(), acancel)
-		req, err := http.NewRequestWithContext(actx, headerValueOr(ah, ":method", "GET"), "http://"+host+ah.value(":path"), bytes.NewReader(data))
+		scheme, transport := "http://", dp.transport
+		if target.TLS != nil {
+			scheme, transport = "https://", dp.tlsConns.get(target)
+		}
+		req, err := http.NewRequestWithContext(actx, headerValueOr(ah, ":method", "GET"), scheme+host+ah.value(":path"), bytes.NewReader(data))
 		if err != nil {
 			idle.stop()
 			cancel()
@@ -361,7 +367,7 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		}
 		_ = conn.Close()
 		dp.hosts.start(host)
-		resp, err := dp.transport.RoundTrip(req)
+		resp, err := transport.RoundTrip(req)
 		if err != nil {
 			dp.hosts.done(host)
 			if idle.stop() {
