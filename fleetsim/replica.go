@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -143,7 +145,9 @@ func (r *Replica) listen(addr string) error {
 	if r.tlsConfig != nil {
 		lis = tls.NewListener(lis, r.tlsConfig)
 	}
-	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Connection-level errors (a proxy's connect probe closing before the TLS handshake) are not the
+	// simulation's to report: they would print over the demo's table.
+	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	r.mu.Lock()
 	r.lis, r.srv = lis, srv
 	r.mu.Unlock()

@@ -55,6 +55,11 @@ type Options struct {
 	// ScrapeInterval is how often the in-process gateway reads the engines' metrics (default 100 ms, as
 	// infergate serve); negative: not at all (stand-in replicas without /metrics).
 	ScrapeInterval time.Duration
+	// XDSAddr, with ExtprocAddr, is that infergate's control plane, for a bootstrap that takes its clusters
+	// and routes over ADS.
+	XDSAddr string
+	// ManagedCADir, when set, receives each managed API's certificate as <name>-ca.pem, for a policy's caFile.
+	ManagedCADir string
 	// RedisAddrs enforce quotas in Redis; AuditLog and Tracing are gateway.Config's.
 	RedisAddrs []string
 	AuditLog   string
@@ -79,6 +84,12 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			fcfg.Replicas[i].Addr = "127.0.0.1:0"
 		}
 	}
+	for i := range fcfg.Managed {
+		configured[fcfg.Managed[i].Name] = fcfg.Managed[i].Addr
+		if o.ManagedCADir != "" {
+			fcfg.Managed[i].CAFile = filepath.Join(o.ManagedCADir, fcfg.Managed[i].Name+"-ca.pem")
+		}
+	}
 	if o.FreePorts {
 		fcfg.AdminAddr = "127.0.0.1:0"
 		for i := range fcfg.Managed {
@@ -92,6 +103,9 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	real := map[string]string{} // address in the files -> address bound
 	for _, r := range fleet.Replicas {
 		real[configured[r.Name()]] = r.Addr()
+	}
+	for _, m := range fleet.Managed {
+		real[configured[m.Name()]] = m.Addr()
 	}
 
 	policyData, err := os.ReadFile(filepath.Join(o.Root, o.PolicyFile))
@@ -165,19 +179,23 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if ecfg.RDSName != "" {
 		// The bootstrap takes clusters and routes over ADS: run infergate's control plane for the same policy
 		// on a free port and let the data plane fetch them, as Envoy does at startup.
-		if g == nil {
-			return nil, fmt.Errorf("%s needs the stack's own infergate (xDS)", o.EnvoyFile)
+		xdsAddr := o.XDSAddr
+		switch {
+		case g != nil:
+			xgs := grpc.NewServer()
+			g.XDS.Register(ctx, xgs)
+			xlis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, err
+			}
+			go func() { _ = xgs.Serve(xlis) }()
+			go func() { <-ctx.Done(); xgs.Stop() }()
+			xdsAddr = xlis.Addr().String()
+		case xdsAddr == "":
+			return nil, fmt.Errorf("%s needs infergate's control plane: the stack's own, or Options.XDSAddr", o.EnvoyFile)
 		}
-		xgs := grpc.NewServer()
-		g.XDS.Register(ctx, xgs)
-		xlis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		go func() { _ = xgs.Serve(xlis) }()
-		go func() { <-ctx.Done(); xgs.Stop() }()
 		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = ecfg.FetchADS(fctx, xlis.Addr().String())
+		err = ecfg.FetchADS(fctx, xdsAddr)
 		cancel()
 		if err != nil {
 			return nil, err

@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/infergate/infergate/test/wait"
+)
+
+// The demo's pool-down scenario, briefly: with every llama replica refusing, llama requests are served by the
+// simulated managed API (its own model name, over verified TLS, with its key); once they serve again,
+// traffic is back on the pool.
+func TestPoolDownScenarioOverflowsAndComesBack(t *testing.T) {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	src, err := os.ReadFile(filepath.Join(root, "examples/quickstart/policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := SimulatedProviderPolicy(src, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), policy, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"deploy/envoy/envoy-xds.yaml", "examples/quickstart/fleet.yaml"} {
+		data, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("TOGETHER_API_KEY", SimulatedProviderKey)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy-xds.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
+		FreePorts: true, ManagedCADir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func() (string, string) {
+		req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"llama-3.3-70b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", "Bearer sk-demo-acme")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", string(body)
+		}
+		return resp.Header.Get("x-simulated-replica"), string(body)
+	}
+	if by, body := send(); !strings.HasPrefix(by, "llama70b-") {
+		t.Fatalf("before the outage served by %q: %s", by, body)
+	}
+	if n, err := PoolDown(st.Fleet, "llama70b-", true); err != nil || n != 4 {
+		t.Fatalf("pool down: %d replicas, %v", n, err)
+	}
+	wait.For(t, "llama requests served by the managed API", func() bool {
+		by, body := send()
+		return by == "together" && strings.Contains(body, "Llama-3.3-70B-Instruct-Turbo")
+	})
+	if _, err := PoolDown(st.Fleet, "llama70b-", false); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "llama requests back on the pool", func() bool {
+		by, _ := send()
+		return strings.HasPrefix(by, "llama70b-")
+	})
+}
