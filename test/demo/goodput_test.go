@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 const exposition = `# TYPE infergate_tenant_requests_total counter
@@ -50,5 +51,32 @@ func TestGoodputFromMetrics(t *testing.T) {
 	renderGoodput(&b, rows)
 	if !strings.Contains(b.String(), "80.0%") || !strings.Contains(b.String(), "190 ms / 200 ms") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// The pool-down summary counts, for llama requests, who served them while the pool was down and after.
+func TestPoolDownSummary(t *testing.T) {
+	sc, err := scenarioFor("pool-down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := time.Second
+	samples := []sample{
+		{at: 3 * s, model: "llama-3.3-70b", replica: "llama70b-h200-0"},  // before
+		{at: 8 * s, model: "llama-70b", replica: "together"},             // during, managed
+		{at: 9 * s, model: "llama-3.3-70b", replica: "together"},         // during, managed
+		{at: 9 * s, model: "llama-3.3-70b", tenant: "initech"},           // forbidden: not counted
+		{at: 10 * s, model: "qwen2.5-7b", replica: "qwen7b-l40s-0"},      // another model
+		{at: 11 * s, model: "llama-3.3-70b", replica: ""},                // during, failed
+		{at: 22 * s, model: "llama-3.3-70b", replica: "llama70b-l40s-1"}, // after recovery
+	}
+	got := sc.summary(samples)
+	for _, want := range []string{"2 llama requests were served by the managed API", "1 failed", "1 were served by the pool again"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary %q lacks %q", got, want)
+		}
+	}
+	if _, err := scenarioFor("nope"); err == nil {
+		t.Error("an unknown scenario is accepted")
 	}
 }

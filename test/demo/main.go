@@ -46,6 +46,8 @@ var tenants = []tenant{
 
 // sample is one finished request as the client saw it.
 type sample struct {
+	at              time.Duration // when it finished, from the start of the traffic
+	model           string
 	tenant, replica string
 	status          int
 	ttft            time.Duration
@@ -55,10 +57,16 @@ type sample struct {
 
 type stats struct {
 	mu      sync.Mutex
+	start   time.Time
 	samples []sample
 }
 
-func (s *stats) add(x sample) { s.mu.Lock(); s.samples = append(s.samples, x); s.mu.Unlock() }
+func (s *stats) add(x sample) {
+	s.mu.Lock()
+	x.at = time.Since(s.start)
+	s.samples = append(s.samples, x)
+	s.mu.Unlock()
+}
 
 func (s *stats) snapshot() []sample {
 	s.mu.Lock()
@@ -68,7 +76,7 @@ func (s *stats) snapshot() []sample {
 
 func main() {
 	bin := flag.String("infergate", "bin/infergate", "infergate binary to run as `serve`")
-	envoyFile := flag.String("envoy", "deploy/envoy/envoy.yaml", "Envoy config the data plane reads")
+	envoyFile := flag.String("envoy", "deploy/envoy/envoy-xds.yaml", "Envoy config the data plane reads (the production shape: clusters and routes from infergate's xDS)")
 	listen := flag.String("listen", "127.0.0.1:8080", "data plane address")
 	flag.Parse()
 	duration := time.Duration(0)
@@ -97,6 +105,7 @@ func main() {
 const (
 	extprocAddr = "127.0.0.1:9002"
 	metricsAddr = "127.0.0.1:9090"
+	xdsAddr     = "127.0.0.1:18000"
 	fleetFile   = "examples/quickstart/fleet.yaml"
 )
 
@@ -124,8 +133,18 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"serve", "--policy", "examples/quickstart/policy.yaml",
-		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", "", "--audit-log", auditDir}
+	// The quickstart policy, its managed API pointed at the simulated one (whose certificate Envoy trusts).
+	caDir, err := os.MkdirTemp("", "infergate-demo-ca-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(caDir)
+	policyPath, err := demoPolicy(root, caDir)
+	if err != nil {
+		return err
+	}
+	args := []string{"serve", "--policy", policyPath,
+		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", xdsAddr, "--audit-log", auditDir}
 	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)
@@ -135,6 +154,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	}
 	cmd := exec.CommandContext(serveCtx, bin, args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = root, logFile, logFile
+	cmd.Env = append(os.Environ(), "TOGETHER_API_KEY="+e2e.SimulatedProviderKey)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
@@ -149,7 +169,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	stackCtx, stopStack := context.WithCancel(context.Background())
 	defer stopStack()
 	st, err := e2e.Start(stackCtx, e2e.Options{Root: root, EnvoyFile: envoyFile, PolicyFile: "examples/quickstart/policy.yaml",
-		FleetFile: fleetFile, ListenAddr: listen, ExtprocAddr: extprocAddr})
+		FleetFile: fleetFile, ListenAddr: listen, ExtprocAddr: extprocAddr, XDSAddr: xdsAddr, ManagedCADir: caDir})
 	if err != nil {
 		return err
 	}
@@ -168,6 +188,11 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		go func() { defer wg.Done(); generate(trafficCtx, st.URL, t, s, &wg) }()
 	}
 	start := time.Now()
+	s.start = start
+	sc, err := scenarioFor(os.Getenv("DEMO_SCENARIO"))
+	if err != nil {
+		return err
+	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 loop:
@@ -178,9 +203,11 @@ loop:
 		case err := <-served:
 			return fmt.Errorf("infergate exited: %v (log: %s)", err, logFile.Name())
 		case <-tick.C:
+			sc.step(st, time.Since(start))
 			fmt.Print("\033[H\033[2J")
 			render(os.Stdout, st, s.snapshot(), time.Since(start), false)
 			goodput(os.Stdout, metricsAddr)
+			fmt.Print(sc.status())
 		}
 	}
 	// Goodput is read before the traffic stops: requests cut off by the demo's own end are not the fleet's.
@@ -194,6 +221,7 @@ loop:
 	} else {
 		renderGoodput(os.Stdout, rows)
 	}
+	fmt.Print(sc.summary(s.snapshot()))
 	fmt.Print("\n" + telemetryWhere(metricsAddr, auditDir))
 	stopServe()
 	<-served
@@ -255,7 +283,7 @@ func chat(ctx context.Context, client *http.Client, base string, t tenant, model
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
 	r := loadgen.StreamChat(ctx, client, base+"/v1/chat/completions", http.Header{"Authorization": {"Bearer " + t.key}}, body)
-	return sample{tenant: t.name, replica: r.Replica, status: r.Status, ttft: r.TTFT, prompt: r.Prompt, cached: r.Cached, completion: r.Completion}
+	return sample{model: model, tenant: t.name, replica: r.Replica, status: r.Status, ttft: r.TTFT, prompt: r.Prompt, cached: r.Cached, completion: r.Completion}
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -310,8 +338,15 @@ func render(w io.Writer, st *e2e.Stack, samples []sample, elapsed time.Duration,
 	}
 	var allTTFT []time.Duration
 	var allPrompt, allCached int64
+	rows := make([]struct{ name, addr string }, 0, len(st.Fleet.Replicas)+len(st.Fleet.Managed))
 	for _, r := range st.Fleet.Replicas {
-		xs := byReplica[r.Name()]
+		rows = append(rows, struct{ name, addr string }{r.Name(), r.Addr()})
+	}
+	for _, m := range st.Fleet.Managed {
+		rows = append(rows, struct{ name, addr string }{m.Name() + " (managed)", ""})
+	}
+	for _, r := range rows {
+		xs := byReplica[strings.TrimSuffix(r.name, " (managed)")]
 		var ttfts []time.Duration
 		var prompt, cached int64
 		for _, x := range xs {
@@ -326,7 +361,11 @@ func render(w io.Writer, st *e2e.Stack, samples []sample, elapsed time.Duration,
 		if prompt > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*float64(cached)/float64(prompt))
 		}
-		fmt.Fprintf(w, "%-18s %6d %10s %10s %10s %9s\n", r.Name(), len(xs), ms(percentile(ttfts, .5)), ms(percentile(ttfts, .95)), hit, inflight(r.Addr()))
+		load := "-"
+		if r.addr != "" {
+			load = inflight(r.addr)
+		}
+		fmt.Fprintf(w, "%-18s %6d %10s %10s %10s %9s\n", r.name, len(xs), ms(percentile(ttfts, .5)), ms(percentile(ttfts, .95)), hit, load)
 	}
 	hit := "-"
 	if allPrompt > 0 {

@@ -14,7 +14,7 @@ import (
 // checks answered by a stranger and send traffic to a fleet it did not start.
 
 // demoPorts lists every address the demo will listen on: the simulated fleet's (from its file), infergate's
-// ext_proc and metrics, and the data plane.
+// ext_proc, metrics and xDS, and the data plane.
 func demoPorts(root, fleetFile, listen string) ([]string, error) {
 	cfg, err := fleetsim.LoadConfig(filepath.Join(root, fleetFile))
 	if err != nil {
@@ -30,7 +30,7 @@ func demoPorts(root, fleetFile, listen string) ([]string, error) {
 	if cfg.AdminAddr != "" {
 		out = append(out, cfg.AdminAddr)
 	}
-	return append(out, extprocAddr, metricsAddr, listen), nil
+	return append(out, extprocAddr, metricsAddr, xdsAddr, listen), nil
 }
 
 // checkPorts binds each address once and releases it; the first that cannot be bound is named in the error,

@@ -194,11 +194,20 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		case xdsAddr == "":
 			return nil, fmt.Errorf("%s needs infergate's control plane: the stack's own, or Options.XDSAddr", o.EnvoyFile)
 		}
-		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = ecfg.FetchADS(fctx, xdsAddr)
-		cancel()
-		if err != nil {
-			return nil, err
+		if g == nil {
+			// Envoy keeps its ADS stream and sees endpoints turn healthy; the test data plane fetches once. An
+			// external control plane started before the fleet reports its endpoints unhealthy until it has
+			// scraped them: fetch until it reports them healthy, as Envoy would see them a moment later.
+			if ecfg, err = fetchHealthy(ctx, filepath.Join(o.Root, o.EnvoyFile), xdsAddr); err != nil {
+				return nil, err
+			}
+		} else {
+			fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = ecfg.FetchADS(fctx, xdsAddr)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: real, Logger: o.Logger})
@@ -217,6 +226,36 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	go func() { _ = dp.Serve(ctx, lis); dp.Close() }()
 	st.URL = "http://" + lis.Addr().String()
 	return st, nil
+}
+
+// fetchHealthy fetches the bootstrap's clusters and routes from addr until no endpoint is reported unhealthy,
+// for at most 15 s (then the last answer stands).
+func fetchHealthy(ctx context.Context, bootstrap, addr string) (*envoysim.Config, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		cfg, err := envoysim.LoadFile(bootstrap)
+		if err != nil {
+			return nil, err
+		}
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = cfg.FetchADS(fctx, addr)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		healthy := true
+		for _, c := range cfg.Clusters {
+			healthy = healthy && len(c.Unhealthy) == 0
+		}
+		if healthy || time.Now().After(deadline) {
+			return cfg, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // serveMetrics serves the gateway's registry on a free loopback port, as infergate serve's --metrics-addr does.
