@@ -79,4 +79,9 @@ func TestPoolDownSummary(t *testing.T) {
 	if _, err := scenarioFor("nope"); err == nil {
 		t.Error("an unknown scenario is accepted")
 	}
+	for _, name := range scenarios {
+		if sc, err := scenarioFor(name); err != nil || sc.status() == "" && name != "steady" {
+			t.Errorf("scenario %s: %v", name, err)
+		}
+	}
 }

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/e2e"
 )
 
@@ -32,14 +36,25 @@ type scenario interface {
 	summary(samples []sample) string
 }
 
+// scenarios are the names DEMO_SCENARIO takes.
+var scenarios = []string{"steady", "pool-down", "replica-fails", "quota", "long-prompts"}
+
 func scenarioFor(name string) (scenario, error) {
 	switch name {
 	case "", "steady":
 		return steady{}, nil
 	case "pool-down":
 		return &poolDown{downAt: 6 * time.Second, upAt: 16 * time.Second, prefix: "llama70b-"}, nil
+	case "replica-fails":
+		return &replicaFails{from: 6 * time.Second, to: 16 * time.Second, replica: "llama70b-h200-0"}, nil
+	case "quota":
+		return &burst{name: "quota", from: 5 * time.Second, to: 10 * time.Second, rate: 20, tenant: tenants[2],
+			model: "qwen2.5-7b", system: groups[0]}, nil
+	case "long-prompts":
+		return &burst{name: "long-prompts", from: 5 * time.Second, to: 10 * time.Second, rate: 6, tenant: tenants[0],
+			model: "llama-3.3-70b", system: strings.Repeat(groups[1], 12)}, nil
 	}
-	return nil, fmt.Errorf("unknown DEMO_SCENARIO %q (steady, pool-down)", name)
+	return nil, fmt.Errorf("unknown DEMO_SCENARIO %q (%s)", name, strings.Join(scenarios, ", "))
 }
 
 type steady struct{}
@@ -102,4 +117,134 @@ func (p *poolDown) summary(samples []sample) string {
 	return fmt.Sprintf("\nscenario pool-down: while the llama pool was down (%s to %s), %d llama requests were served by the managed API "+
 		"(\"together\", with its own model name and key), %d finished on the pool before it went, %d failed; after it recovered, "+
 		"%d were served by the pool again.\n", p.downAt, p.upAt, managedDuring, poolDuring, failedDuring, poolAfter)
+}
+
+// replicaFails makes one replica answer every request with a 500 for a while: Envoy retries on another replica
+// and ejects it (outlier detection), infergate sees its errors, and clients see next to none.
+type replicaFails struct {
+	from, to  time.Duration
+	replica   string
+	failing   bool
+	recovered bool
+	err       error
+}
+
+func (r *replicaFails) step(st *e2e.Stack, elapsed time.Duration) {
+	set := func(f fleetsim.Faults) {
+		if rep, ok := st.Fleet.Replica(r.replica); ok {
+			r.err = rep.SetFaults(f)
+		}
+	}
+	switch {
+	case !r.failing && elapsed >= r.from:
+		r.failing = true
+		set(fleetsim.Faults{ErrorRate: 1})
+	case r.failing && !r.recovered && elapsed >= r.to:
+		r.recovered = true
+		set(fleetsim.Faults{})
+	}
+}
+
+func (r *replicaFails) status() string {
+	state := fmt.Sprintf("%s fails at %s", r.replica, r.from)
+	switch {
+	case r.err != nil:
+		state = "fault injection failed: " + r.err.Error()
+	case r.recovered:
+		state = r.replica + " serves again"
+	case r.failing:
+		state = fmt.Sprintf("%s answers every request with 500 until %s: Envoy retries elsewhere and ejects it", r.replica, r.to)
+	}
+	return "\nscenario replica-fails: " + state + "\n"
+}
+
+func (r *replicaFails) summary(samples []sample) string {
+	var ok, failed int
+	for _, x := range samples {
+		if x.at < r.from || x.at >= r.to || !strings.HasPrefix(x.model, "llama") || x.tenant == "initech" {
+			continue
+		}
+		if x.status == 200 {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return fmt.Sprintf("\nscenario replica-fails: while %s failed (%s to %s), %d llama requests succeeded on the other replicas and %d failed.\n",
+		r.replica, r.from, r.to, ok, failed)
+}
+
+// burst adds, for a while, a tenant's extra traffic at a fixed rate: "quota" sends initech past its 2 requests
+// per second (429s with x-ratelimit-* headers, the others untouched), "long-prompts" sends acme's long prompts,
+// which the prefill scorer steers to the hardware class that prefills fastest (H200).
+type burst struct {
+	name          string
+	from, to      time.Duration
+	rate          float64
+	tenant        tenant
+	model, system string
+	started       bool
+	mu            sync.Mutex
+	results       []sample
+}
+
+func (b *burst) step(st *e2e.Stack, elapsed time.Duration) {
+	if b.started || elapsed < b.from {
+		return
+	}
+	b.started = true
+	go func() {
+		client := &http.Client{Timeout: 60 * time.Second}
+		ctx, cancel := context.WithTimeout(context.Background(), b.to-b.from)
+		defer cancel()
+		tick := time.NewTicker(time.Duration(float64(time.Second) / b.rate))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			go func() {
+				x := chat(context.Background(), client, st.URL, b.tenant, b.model, b.system, fmt.Sprintf("Burst question %d?", i))
+				b.mu.Lock()
+				b.results = append(b.results, x)
+				b.mu.Unlock()
+			}()
+		}
+	}()
+}
+
+func (b *burst) status() string {
+	b.mu.Lock()
+	n := len(b.results)
+	b.mu.Unlock()
+	if !b.started {
+		return fmt.Sprintf("\nscenario %s: a burst of %s's %s requests starts at %s\n", b.name, b.tenant.name, b.model, b.from)
+	}
+	return fmt.Sprintf("\nscenario %s: burst of %s's %s requests (%.0f/s, %s to %s), %d answered so far\n", b.name, b.tenant.name,
+		b.model, b.rate, b.from, b.to, n)
+}
+
+func (b *burst) summary([]sample) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	byStatus, byClass := map[int]int{}, map[string]int{}
+	for _, x := range b.results {
+		byStatus[x.status]++
+		if x.status == 200 {
+			class := "l40s"
+			if strings.Contains(x.replica, "h200") {
+				class = "h200"
+			}
+			byClass[class]++
+		}
+	}
+	if b.name == "quota" {
+		return fmt.Sprintf("\nscenario quota: %s sent %d requests over its limit of 2 a second: %d admitted, %d refused with 429 "+
+			"(with x-ratelimit-* and retry-after headers).\n", b.tenant.name, len(b.results),
+			byStatus[200], byStatus[429])
+	}
+	return fmt.Sprintf("\nscenario long-prompts: %d long prompts (about %d KiB each): %d prefilled on H200, %d on L40S.\n",
+		len(b.results), len(b.system)>>10, byClass["h200"], byClass["l40s"])
 }
