@@ -27,15 +27,7 @@ func TestAdaptersAreAllowedPerTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant := func(name string) *Tenant {
-		for i := range snap.Policy.Spec.Tenants {
-			if snap.Policy.Spec.Tenants[i].Name == name {
-				return &snap.Policy.Spec.Tenants[i]
-			}
-		}
-		t.Fatalf("no tenant %s", name)
-		return nil
-	}
+	tenant := func(name string) *Tenant { return tenantNamed(t, snap, name) }
 	cases := []struct {
 		tenant string
 		allow  map[string]bool

@@ -10,15 +10,7 @@ func TestSLOResolution(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant := func(name string) *Tenant {
-		for i := range snap.Policy.Spec.Tenants {
-			if snap.Policy.Spec.Tenants[i].Name == name {
-				return &snap.Policy.Spec.Tenants[i]
-			}
-		}
-		t.Fatalf("no tenant %s", name)
-		return nil
-	}
+	tenant := func(name string) *Tenant { return tenantNamed(t, snap, name) }
 	model := func(name string) *Model {
 		m, ok := snap.Model(name)
 		if !ok {
@@ -82,4 +74,16 @@ func TestAuditRetention(t *testing.T) {
 			t.Errorf("AuditRetention(%q) = %v, want %v", tenant, got, want)
 		}
 	}
+}
+
+// tenantNamed finds a tenant of a snapshot by name.
+func tenantNamed(t *testing.T, snap *Snapshot, name string) *Tenant {
+	t.Helper()
+	for i := range snap.Policy.Spec.Tenants {
+		if snap.Policy.Spec.Tenants[i].Name == name {
+			return &snap.Policy.Spec.Tenants[i]
+		}
+	}
+	t.Fatalf("no tenant %s", name)
+	return nil
 }

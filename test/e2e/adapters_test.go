@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -16,15 +14,6 @@ import (
 // a tenant granted the base model and one adapter calls that adapter (served under its own name by a replica
 // that has it loaded), is refused its sibling with 403, and lists exactly what it may call.
 func TestAdaptersPerTenantThroughGateway(t *testing.T) {
-	root, err := FindRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bootstrap, err := os.ReadFile(filepath.Join(root, "deploy/envoy/envoy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The static bootstrap routes the quickstart's pools; this policy keeps the llama pool's name and address.
 	policy := `apiVersion: infergate.io/v1alpha1
 kind: Policy
@@ -43,11 +32,7 @@ spec:
 replicas:
 - {name: llama70b-h200-0, addr: "127.0.0.1:18101", model: meta-llama/Llama-3.3-70B-Instruct, hardware: h200, numGPUBlocks: 2048, maxNumSeqs: 64, loras: [llama-sql, llama-legal]}
 `
-	for name, data := range map[string]string{"envoy.yaml": string(bootstrap), "policy.yaml": policy, "fleet.yaml": fleet} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := stackFiles(t, map[string]string{"envoy.yaml": "repo:deploy/envoy/envoy.yaml", "policy.yaml": policy, "fleet.yaml": fleet})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
@@ -67,14 +52,7 @@ replicas:
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusForbidden {
 		t.Errorf("an adapter not granted: %v, want 403", err)
 	}
-	page, err := c.Models.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, m := range page.Data {
-		ids = append(ids, m.ID)
-	}
+	ids := modelIDs(t, c)
 	if !slices.Equal(ids, []string{"llama-3.3-70b", "llama-70b", "llama-sql"}) {
 		t.Errorf("models %v", ids)
 	}

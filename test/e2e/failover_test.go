@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,15 +83,6 @@ func TestPoolFailsOverToManagedAPI(t *testing.T) {
 	})
 	addr := func(u *upstream) string { return strings.TrimPrefix(u.URL, "http://") }
 
-	root, err := FindRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bootstrap, err := os.ReadFile(filepath.Join(root, "deploy/envoy/envoy-xds.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	policy := fmt.Sprintf(`apiVersion: infergate.io/v1alpha1
 kind: Policy
 spec:
@@ -107,11 +96,7 @@ spec:
   tenants:
   - {name: acme, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
 `, addr(replicas[0]), addr(replicas[1]), provider.URL)
-	for name, data := range map[string]string{"envoy.yaml": string(bootstrap), "policy.yaml": policy, "fleet.yaml": "replicas: []\n"} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := stackFiles(t, map[string]string{"envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "policy.yaml": policy, "fleet.yaml": "replicas: []\n"})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	// The stand-in replicas serve no /metrics: the gateway does not scrape them (it would find them stale and

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,14 +20,6 @@ import (
 func TestProviderCertificateIsVerified(t *testing.T) {
 	const key = "sk-provider-tls"
 	t.Setenv("INFERGATE_E2E_PROVIDER_KEY", key)
-	root, err := FindRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bootstrap, err := os.ReadFile(filepath.Join(root, "deploy/envoy/envoy-xds.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		name    string
 		trusted bool
@@ -66,12 +57,9 @@ spec:
   tenants:
   - {name: acme, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
 `, provider.Addr(), caFile)
-			for name, data := range map[string]string{"envoy.yaml": string(bootstrap), "policy.yaml": policy, "fleet.yaml": "replicas: []\n"} {
-				if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", ScrapeInterval: -1})
+			stack := stackFiles(t, map[string]string{"envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "policy.yaml": policy,
+				"fleet.yaml": "replicas: []\n"})
+			st, err := Start(ctx, Options{Root: stack, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", ScrapeInterval: -1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -29,22 +29,12 @@ func TestPoolDownScenarioOverflowsAndComesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), policy, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"deploy/envoy/envoy-xds.yaml", "examples/quickstart/fleet.yaml"} {
-		data, err := os.ReadFile(filepath.Join(root, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stack := stackFiles(t, map[string]string{"policy.yaml": string(policy), "envoy-xds.yaml": "repo:deploy/envoy/envoy-xds.yaml",
+		"fleet.yaml": "repo:examples/quickstart/fleet.yaml"})
 	t.Setenv("TOGETHER_API_KEY", SimulatedProviderKey)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy-xds.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
+	st, err := Start(ctx, Options{Root: stack, EnvoyFile: "envoy-xds.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
 		FreePorts: true, ManagedCADir: dir})
 	if err != nil {
 		t.Fatal(err)
