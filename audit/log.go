@@ -28,6 +28,9 @@ import (
 // core, and many small batches touch the tail of decision latency less than a few large ones.
 const drainEvery = 10 * time.Millisecond
 
+// initialQueue is the queues' starting capacity: ten milliseconds of a busy gateway's requests.
+const initialQueue = 256
+
 const (
 	defaultMaxFileBytes = 64 << 20
 	defaultBuffer       = 4096
@@ -135,8 +138,10 @@ func newLog(o Options, maxOpen int) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{
-		queue:      make([]Record, 0, o.Buffer),
-		spare:      make([]Record, 0, o.Buffer),
+		// The queues grow to what a drain interval brings (Write appends up to limit): a full-size array of
+		// Records would be scanned by every garbage collection, lines in it or not.
+		queue:      make([]Record, 0, min(o.Buffer, initialQueue)),
+		spare:      make([]Record, 0, min(o.Buffer, initialQueue)),
 		limit:      o.Buffer,
 		kick:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),

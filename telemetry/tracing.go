@@ -37,6 +37,10 @@ type Tracing struct {
 	shutdown func(context.Context) error
 }
 
+// exportBatch is how many spans one export carries: small batches keep fewer ended spans alive between exports,
+// which every garbage collection would scan (the SDK's default is 512).
+const exportBatch = 128
+
 // NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), sampled
 // by sampler (nil: parentbased_always_on), with the other provider options given (a resource). Tests and
 // benchmarks pass an in-process exporter.
@@ -44,7 +48,7 @@ func NewTracing(exp sdktrace.SpanExporter, sampler sdktrace.Sampler, opts ...sdk
 	if sampler == nil {
 		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
 	}
-	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp), coalesceEvery)
+	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithMaxExportBatchSize(exportBatch)), coalesceEvery)
 	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(proc), sdktrace.WithIDGenerator(pinnedIDs{}),
 		sdktrace.WithSampler(pinnedSampler{inner: sampler}))...)
 	return &Tracing{tracer: tp.Tracer("github.com/infergate/infergate", trace.WithSchemaURL(semconv.SchemaURL)),
