@@ -450,23 +450,15 @@ func (r *Replica) embeddings(w http.ResponseWriter, req *http.Request, s *seq, m
 }
 
 func (r *Replica) stream(w http.ResponseWriter, req *http.Request, s *seq, kind, model, id string, includeUsage bool) {
-	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("x-simulated-replica", r.cfg.Name)
-	w.WriteHeader(http.StatusOK)
+	ev := r.startEvents(w)
 	created := time.Now().Unix()
 	object := "chat.completion.chunk"
 	if kind != "chat/completions" {
 		object = "text_completion"
 	}
 	send := func(choices []any, u *usage) {
-		chunk := map[string]any{"id": id, "model": model, "object": object, "created": created, "choices": choices, "usage": u}
-		b, _ := json.Marshal(chunk)
-		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
-		if flusher != nil {
-			flusher.Flush()
-		}
+		b, _ := json.Marshal(map[string]any{"id": id, "model": model, "object": object, "created": created, "choices": choices, "usage": u})
+		ev.data(b)
 	}
 	delta := func(i int, finish any) []any {
 		if kind == "chat/completions" {
@@ -478,32 +470,63 @@ func (r *Replica) stream(w http.ResponseWriter, req *http.Request, s *seq, kind,
 		}
 		return []any{map[string]any{"index": 0, "text": word(i), "finish_reason": finish}}
 	}
+	if !eachToken(req, s, func(i int) { send(delta(i, nil), nil) }) {
+		return
+	}
+	if kind == "chat/completions" {
+		send([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}, nil)
+	}
+	if includeUsage {
+		u := usageOf(s)
+		send([]any{}, &u)
+	}
+	ev.data([]byte("[DONE]"))
+}
+
+// events writes a server-sent-events response, flushing each event as it goes.
+type events struct {
+	w       http.ResponseWriter
+	flusher http.Flusher
+}
+
+// startEvents sends the headers of an event stream.
+func (r *Replica) startEvents(w http.ResponseWriter) events {
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("x-simulated-replica", r.cfg.Name)
+	w.WriteHeader(http.StatusOK)
+	return events{w: w, flusher: flusher}
+}
+
+// event sends one event: its type line when typ is set, then its data.
+func (e events) event(typ string, data []byte) {
+	if typ != "" {
+		_, _ = fmt.Fprintf(e.w, "event: %s\n", typ)
+	}
+	_, _ = fmt.Fprintf(e.w, "data: %s\n\n", data)
+	if e.flusher != nil {
+		e.flusher.Flush()
+	}
+}
+
+func (e events) data(b []byte) { e.event("", b) }
+
+// eachToken calls fn for every token the sequence produces, in order, and reports whether the sequence
+// finished (false: the client left first).
+func eachToken(req *http.Request, s *seq, fn func(i int)) bool {
 	sent := 0
 	for {
 		select {
 		case n, ok := <-s.tokens:
 			if !ok {
-				if req.Context().Err() != nil {
-					return
-				}
-				if kind == "chat/completions" {
-					send([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}, nil)
-				}
-				if includeUsage {
-					u := usageOf(s)
-					send([]any{}, &u)
-				}
-				_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
-				if flusher != nil {
-					flusher.Flush()
-				}
-				return
+				return req.Context().Err() == nil
 			}
 			for ; sent < n; sent++ {
-				send(delta(sent, nil), nil)
+				fn(sent)
 			}
 		case <-req.Context().Done():
-			return
+			return false
 		}
 	}
 }

@@ -2,7 +2,6 @@ package fleetsim
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -26,8 +25,8 @@ func responseObject(id, model, text string, created int64, s *seq) map[string]an
 // output_text delta per token and the completed event carrying the usage.
 func (r *Replica) responses(w http.ResponseWriter, req *http.Request, s *seq, model, id string, stream bool) {
 	created := time.Now().Unix()
-	w.Header().Set("x-simulated-replica", r.cfg.Name)
 	if !stream {
+		w.Header().Set("x-simulated-replica", r.cfg.Name)
 		if !wait(req, s) {
 			return
 		}
@@ -38,42 +37,24 @@ func (r *Replica) responses(w http.ResponseWriter, req *http.Request, s *seq, mo
 		writeJSON(w, http.StatusOK, responseObject(id, model, text.String(), created, s))
 		return
 	}
-	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
+	ev := r.startEvents(w)
 	seqNo := 0
-	send := func(typ string, ev map[string]any) {
-		ev["type"], ev["sequence_number"] = typ, seqNo
+	send := func(typ string, e map[string]any) {
+		e["type"], e["sequence_number"] = typ, seqNo
 		seqNo++
-		b, _ := json.Marshal(ev)
-		_, _ = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
-		if flusher != nil {
-			flusher.Flush()
-		}
+		b, _ := json.Marshal(e)
+		ev.event(typ, b)
 	}
 	inProgress := map[string]any{"id": id, "object": "response", "created_at": created, "status": "in_progress", "model": model,
 		"output": []any{}}
 	send("response.created", map[string]any{"response": inProgress})
 	var text strings.Builder
-	sent := 0
-	for {
-		select {
-		case n, ok := <-s.tokens:
-			if !ok {
-				if req.Context().Err() != nil {
-					return
-				}
-				send("response.completed", map[string]any{"response": responseObject(id, model, text.String(), created, s)})
-				return
-			}
-			for ; sent < n; sent++ {
-				text.WriteString(word(sent))
-				send("response.output_text.delta", map[string]any{"item_id": "msg_" + id, "output_index": 0,
-					"content_index": 0, "delta": word(sent)})
-			}
-		case <-req.Context().Done():
-			return
-		}
+	finished := eachToken(req, s, func(i int) {
+		text.WriteString(word(i))
+		send("response.output_text.delta", map[string]any{"item_id": "msg_" + id, "output_index": 0, "content_index": 0,
+			"delta": word(i)})
+	})
+	if finished {
+		send("response.completed", map[string]any{"response": responseObject(id, model, text.String(), created, s)})
 	}
 }
