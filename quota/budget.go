@@ -21,7 +21,7 @@ func (t *Ticket) Budgets() []Budget {
 	if t == nil {
 		return nil
 	}
-	return t.budgets
+	return t.budgets[:t.nBudgets]
 }
 
 // counters remembers the value Redis last reported for each window counter.
@@ -96,7 +96,11 @@ func (l *Limiter) budgets(now time.Time, t *Ticket) {
 		if !ok {
 			used = e.amount
 		}
-		t.budgets = append(t.budgets, Budget{Kind: e.kind, Limit: e.limit, Remaining: max(0, e.limit-used),
-			Reset: windowEnd(now, e.window).Sub(now)})
+		if t.nBudgets == len(t.budgets) {
+			return
+		}
+		t.budgets[t.nBudgets] = Budget{Kind: e.kind, Limit: e.limit, Remaining: max(0, e.limit-used),
+			Reset: windowEnd(now, e.window).Sub(now)}
+		t.nBudgets++
 	}
 }

@@ -75,7 +75,10 @@ type Ticket struct {
 	at      time.Time // admission time
 	est     int64     // tokens reserved
 	estCost int64     // micro-USD reserved
-	budgets []Budget  // what is left of the tenant's rate limits after this admission
+	// budgets is what is left of the tenant's request and token limits after this admission: at most those
+	// two, held in place so that admission allocates nothing for them.
+	budgets  [2]Budget
+	nBudgets int
 }
 
 // Rejection says which limit refused a request.
