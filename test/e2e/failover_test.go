@@ -107,17 +107,8 @@ spec:
 	}
 
 	send := func() (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions",
-			strings.NewReader(`{"model":"llama-3.3-70b","messages":[{"role":"user","content":"hi"}]}`))
-		req.Header.Set("Authorization", "Bearer sk-demo-acme")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		resp, body := postChat(t, st, `{"model":"llama-3.3-70b","messages":[{"role":"user","content":"hi"}]}`)
+		return resp.StatusCode, body
 	}
 	// The pool's outlier detection ejects a replica after 5 consecutive 5xx; each request tries up to three
 	// times. Within a dozen requests both replicas are out and every request goes to the provider.

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,4 +48,20 @@ func modelIDs(t *testing.T, c openai.Client) []string {
 		ids = append(ids, m.ID)
 	}
 	return ids
+}
+
+// postChat sends one chat body to the stack as acme, with plain net/http (to see the status and headers as
+// they come), and returns the response (its body read and closed) and the body.
+func postChat(t *testing.T, st *Stack, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer sk-demo-acme")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -68,16 +67,8 @@ spec:
 			var statuses []int
 			var last string
 			for i := 0; i < 15 && (len(statuses) == 0 || statuses[len(statuses)-1] != http.StatusOK); i++ {
-				req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions",
-					strings.NewReader(`{"model":"llama-3.3-70b","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`))
-				req.Header.Set("Authorization", "Bearer sk-demo-acme")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				statuses, last = append(statuses, resp.StatusCode), string(b)
+				resp, body := postChat(t, st, `{"model":"llama-3.3-70b","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`)
+				statuses, last = append(statuses, resp.StatusCode), body
 			}
 			served := provider.Received()
 			final := statuses[len(statuses)-1]

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,19 +39,11 @@ func TestPoolDownScenarioOverflowsAndComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	send := func() (string, string) {
-		req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions",
-			strings.NewReader(`{"model":"llama-3.3-70b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`))
-		req.Header.Set("Authorization", "Bearer sk-demo-acme")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
+		resp, body := postChat(t, st, `{"model":"llama-3.3-70b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
 		if resp.StatusCode != http.StatusOK {
-			return "", string(body)
+			return "", body
 		}
-		return resp.Header.Get("x-simulated-replica"), string(body)
+		return resp.Header.Get("x-simulated-replica"), body
 	}
 	if by, body := send(); !strings.HasPrefix(by, "llama70b-") {
 		t.Fatalf("before the outage served by %q: %s", by, body)
