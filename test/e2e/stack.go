@@ -201,13 +201,8 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			if ecfg, err = fetchHealthy(ctx, filepath.Join(o.Root, o.EnvoyFile), xdsAddr); err != nil {
 				return nil, err
 			}
-		} else {
-			fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err = ecfg.FetchADS(fctx, xdsAddr)
-			cancel()
-			if err != nil {
-				return nil, err
-			}
+		} else if err := fetchADS(ctx, ecfg, xdsAddr); err != nil {
+			return nil, err
 		}
 	}
 	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: real, Logger: o.Logger})
@@ -228,6 +223,13 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	return st, nil
 }
 
+// fetchADS takes the bootstrap's clusters and routes from addr, as Envoy does at startup.
+func fetchADS(ctx context.Context, cfg *envoysim.Config, addr string) error {
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return cfg.FetchADS(fctx, addr)
+}
+
 // fetchHealthy fetches the bootstrap's clusters and routes from addr until no endpoint is reported unhealthy,
 // for at most 15 s (then the last answer stands).
 func fetchHealthy(ctx context.Context, bootstrap, addr string) (*envoysim.Config, error) {
@@ -237,10 +239,7 @@ func fetchHealthy(ctx context.Context, bootstrap, addr string) (*envoysim.Config
 		if err != nil {
 			return nil, err
 		}
-		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = cfg.FetchADS(fctx, addr)
-		cancel()
-		if err != nil {
+		if err := fetchADS(ctx, cfg, addr); err != nil {
 			return nil, err
 		}
 		healthy := true
