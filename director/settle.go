@@ -253,7 +253,7 @@ func good(st Settlement) bool {
 	}
 	budget := tg.TTFT
 	if n := st.Usage.CompletionTokens; n > 1 {
-		budget = satAdd(budget, satMul(tg.TPOT, n-1))
+		budget = time.Duration(quota.AddTokens(int64(budget), int64(satMul(tg.TPOT, n-1))))
 	}
 	return t.E2E <= budget
 }
@@ -263,11 +263,4 @@ func satMul(d time.Duration, n int64) time.Duration {
 		return time.Duration(1<<63 - 1)
 	}
 	return d * time.Duration(n)
-}
-
-func satAdd(a, b time.Duration) time.Duration {
-	if a > time.Duration(1<<63-1)-b {
-		return time.Duration(1<<63 - 1)
-	}
-	return a + b
 }

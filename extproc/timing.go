@@ -51,9 +51,6 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served, Ended: ended,
 		FirstContent: rs.timing.first, LastContent: rs.timing.last, MaxGap: rs.timing.maxGap,
 		Chunked: chunked(rs.respMode) && !rs.timing.first.IsZero()}
-	if !chunked(rs.respMode) {
-		o.MaxGap = 0 // one chunk: no gaps to speak of
-	}
 	switch {
 	case rs.sse != nil:
 		o.Usage, o.Reported = rs.sse.Usage()
