@@ -4,6 +4,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -64,7 +65,7 @@ func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if !tracingWanted(os.Getenv) {
 		return nil, nil
 	}
-	if p := cmpEnv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "grpc" {
+	if p := cmp.Or(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")); p != "" && p != "grpc" {
 		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%s: infergate exports traces over OTLP/gRPC only; set grpc", p)
 	}
 	sampler, err := samplerFromEnv(os.Getenv)
@@ -93,14 +94,6 @@ func tracingWanted(getenv func(string) string) bool {
 	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 
-func cmpEnv(names ...string) string {
-	for _, n := range names {
-		if v := os.Getenv(n); v != "" {
-			return v
-		}
-	}
-	return ""
-}
 
 // Shutdown flushes the spans still queued.
 func (t *Tracing) Shutdown(ctx context.Context) error {
