@@ -94,7 +94,6 @@ func tracingWanted(getenv func(string) string) bool {
 	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 
-
 // Shutdown flushes the spans still queued.
 func (t *Tracing) Shutdown(ctx context.Context) error {
 	if t == nil {
