@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,6 +237,9 @@ func (l *Log) run() {
 	}
 }
 
+// yieldEvery is how many lines drain encodes before it lets other goroutines run.
+const yieldEvery = 16
+
 // drain writes and flushes every queued line: a reader sees a line within drainEvery of its Write, and a busy
 // gateway makes one write per batch rather than one per request.
 func (l *Log) drain() {
@@ -252,6 +256,9 @@ func (l *Log) drain() {
 	for i := range batch {
 		l.writeLine(&batch[i])
 		batch[i] = Record{} // hold no strings past their line
+		if i%yieldEvery == yieldEvery-1 {
+			runtime.Gosched() // a long batch does not hold a core a request is waiting for
+		}
 	}
 	if err := l.sink.flush(); err != nil {
 		l.fail(err)

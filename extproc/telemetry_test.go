@@ -105,16 +105,28 @@ func TestResponseTimingByMode(t *testing.T) {
 // OpenTelemetry Collector.
 type traceReceiver struct {
 	coltracepb.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	spans []*tracepb.Span
+	mu       sync.Mutex
+	spans    []*tracepb.Span
+	services []string // service.name of each span's resource
+	scopes   []string // instrumentation scope name of each span
 }
 
 func (r *traceReceiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, rs := range req.GetResourceSpans() {
+		service := ""
+		for _, kv := range rs.GetResource().GetAttributes() {
+			if kv.GetKey() == "service.name" {
+				service = kv.GetValue().GetStringValue()
+			}
+		}
 		for _, ss := range rs.GetScopeSpans() {
 			r.spans = append(r.spans, ss.GetSpans()...)
+			for range ss.GetSpans() {
+				r.services = append(r.services, service)
+				r.scopes = append(r.scopes, ss.GetScope().GetName())
+			}
 		}
 	}
 	return &coltracepb.ExportTraceServiceResponse{}, nil
@@ -243,8 +255,16 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	if strings.Join(events, ",") != "routed,first token" {
 		t.Errorf("events %v, want routed and first token", events)
 	}
-	if refused := spans[1]; refused.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
-		t.Errorf("the refused request's span has status %v", refused.GetStatus())
+	if refused := spans[1]; refused.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR ||
+		spanAttrs(refused)["error.type"] != "model_not_found" {
+		t.Errorf("the refused request's span has status %v, attributes %v", refused.GetStatus(), spanAttrs(refused))
+	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	for i := range spans {
+		if recv.services[i] != "infergate" || recv.scopes[i] != "github.com/infergate/infergate" {
+			t.Errorf("span %d: service %q scope %q, want infergate's", i, recv.services[i], recv.scopes[i])
+		}
 	}
 }
 

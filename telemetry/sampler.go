@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -12,35 +11,8 @@ import (
 )
 
 // A request's span is recorded when the request ends (see Request), but its ids and its sampling decision are
-// fixed when it is routed, because that is when its context goes upstream. The provider is built with the two
-// hooks below, which hand the SDK what was fixed then; for any other span they behave as the SDK's defaults.
-
-// pinKey is the context key under which End passes the request's fixed ids and decision to the SDK.
-type pinKey struct{}
-
-// pinnedIDs is the provider's IDGenerator: the request's ids when pinned, random ones otherwise.
-type pinnedIDs struct{}
-
-func pinnedRequest(ctx context.Context) *Request {
-	r, _ := ctx.Value(pinKey{}).(*Request)
-	return r
-}
-
-// NewIDs implements sdktrace.IDGenerator.
-func (pinnedIDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	if r := pinnedRequest(ctx); r != nil {
-		return r.traceID, r.spanID
-	}
-	return randomTraceID(), randomSpanID()
-}
-
-// NewSpanID implements sdktrace.IDGenerator.
-func (pinnedIDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
-	if r := pinnedRequest(ctx); r != nil {
-		return r.spanID
-	}
-	return randomSpanID()
-}
+// fixed when it is routed, because that is when its context goes upstream: the ids are drawn here, the decision
+// is the configured sampler's.
 
 func randomTraceID() (id trace.TraceID) {
 	for !id.IsValid() {
@@ -61,21 +33,6 @@ func randomSpanID() (id trace.SpanID) {
 	}
 	return id
 }
-
-// pinnedSampler is the provider's sampler: the decision made when the request was routed, when pinned, else
-// the configured sampler's.
-type pinnedSampler struct{ inner sdktrace.Sampler }
-
-// ShouldSample implements sdktrace.Sampler.
-func (s pinnedSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
-	if r := pinnedRequest(p.ParentContext); r != nil {
-		return r.sampling
-	}
-	return s.inner.ShouldSample(p)
-}
-
-// Description implements sdktrace.Sampler.
-func (s pinnedSampler) Description() string { return s.inner.Description() }
 
 // samplerFromEnv reads OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG as the OpenTelemetry SDK specification
 // defines them (default parentbased_always_on); infergate needs the sampler itself, to decide when a request is

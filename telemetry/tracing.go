@@ -13,15 +13,16 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -33,9 +34,10 @@ import (
 // The span is recorded when the request ends, so the decision's path pays only for fixing its ids and sampling
 // (see Request). A nil *Tracing traces nothing.
 type Tracing struct {
-	tracer   trace.Tracer
+	proc     sdktrace.SpanProcessor
 	sampler  sdktrace.Sampler
-	shutdown func(context.Context) error
+	resource *resource.Resource
+	scope    instrumentation.Scope
 }
 
 // exportBatch is how many spans one export carries: small batches keep fewer ended spans alive between exports,
@@ -43,17 +45,25 @@ type Tracing struct {
 const exportBatch = 128
 
 // NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), sampled
-// by sampler (nil: parentbased_always_on), with the other provider options given (a resource). Tests and
-// benchmarks pass an in-process exporter.
-func NewTracing(exp sdktrace.SpanExporter, sampler sdktrace.Sampler, opts ...sdktrace.TracerProviderOption) *Tracing {
+// by sampler (nil: parentbased_always_on), describing this process as res (nil: the SDK's default resource).
+// Tests and benchmarks pass an in-process exporter.
+//
+// A request's span is known whole only when the request ends, so it is handed to the processor as the finished
+// read-only span the SDK's own spans become on End, built in one step: no recording span, attribute
+// de-duplication or copy on the way (the attributes are infergate's own, each set once).
+func NewTracing(exp sdktrace.SpanExporter, sampler sdktrace.Sampler, res *resource.Resource) *Tracing {
 	if sampler == nil {
 		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
 	}
-	proc := newCoalescer(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithMaxExportBatchSize(exportBatch)), coalesceEvery)
-	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(proc), sdktrace.WithIDGenerator(pinnedIDs{}),
-		sdktrace.WithSampler(pinnedSampler{inner: sampler}))...)
-	return &Tracing{tracer: tp.Tracer("github.com/infergate/infergate", trace.WithSchemaURL(semconv.SchemaURL)),
-		sampler: sampler, shutdown: tp.Shutdown}
+	if res == nil {
+		res = resource.Default()
+	}
+	return &Tracing{
+		proc:     newCoalescer(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithMaxExportBatchSize(exportBatch)), coalesceEvery),
+		sampler:  sampler,
+		resource: res,
+		scope:    instrumentation.Scope{Name: "github.com/infergate/infergate", SchemaURL: semconv.SchemaURL},
+	}
 }
 
 // TracingFromEnv builds what the standard OTEL_* variables ask for, or returns nil (off, the default) when
@@ -84,7 +94,7 @@ func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
 		res, _ = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName("infergate")))
 	}
-	return NewTracing(exp, sampler, sdktrace.WithResource(res)), nil
+	return NewTracing(exp, sampler, res), nil
 }
 
 func tracingWanted(getenv func(string) string) bool {
@@ -99,7 +109,7 @@ func (t *Tracing) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.shutdown(ctx)
+	return t.proc.Shutdown(ctx)
 }
 
 // carrier is the two W3C headers a request may bring.
@@ -213,19 +223,38 @@ func (r *Request) TraceID() string {
 	return r.traceID.String()
 }
 
-// span records the request's span, started at its arrival; nil when it is not to be recorded.
-func (r *Request) span(name string) trace.Span {
+// span starts the request's span at its arrival; false when it is not to be recorded (not sampled, or recorded
+// already). emit hands it on.
+func (r *Request) span(name string, attrs int) (tracetest.SpanStub, bool) {
 	if r == nil || r.ended {
-		return nil
+		return tracetest.SpanStub{}, false
 	}
 	r.ended = true
 	r.decide()
-	if r.sampling.Decision == sdktrace.Drop {
-		return nil
+	if !r.sampled() {
+		return tracetest.SpanStub{}, false // the batch processor exports sampled spans only
 	}
-	ctx := context.WithValue(r.parentContext(), pinKey{}, r)
-	_, span := r.t.tracer.Start(ctx, name, trace.WithTimestamp(r.started), trace.WithSpanKind(trace.SpanKindClient))
-	return span
+	return tracetest.SpanStub{
+		Name: name,
+		SpanContext: trace.NewSpanContext(trace.SpanContextConfig{TraceID: r.traceID, SpanID: r.spanID,
+			TraceFlags: trace.FlagsSampled, TraceState: r.sampling.Tracestate}),
+		Parent:               r.parent,
+		SpanKind:             trace.SpanKindClient,
+		StartTime:            r.started,
+		Attributes:           make([]attribute.KeyValue, 0, attrs),
+		Resource:             r.t.resource,
+		InstrumentationScope: r.t.scope,
+	}, true
+}
+
+// emit ends the span at ended, failed with code unless code is empty.
+func (r *Request) emit(s tracetest.SpanStub, code string, ended time.Time) {
+	s.EndTime = ended
+	if code != "" {
+		s.Attributes = append(s.Attributes, semconv.ErrorTypeKey.String(code))
+		s.Status = sdktrace.Status{Code: codes.Error, Description: code}
+	}
+	r.t.proc.OnEnd(s.Snapshot())
 }
 
 // Marks are the instants of a request the span shows as events.
@@ -239,13 +268,11 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	if r == nil {
 		return
 	}
-	span := r.span(operation(st.Operation) + " " + st.Model)
-	if span == nil {
+	span, ok := r.span(operation(st.Operation)+" "+st.Model, maxSpanAttrs)
+	if !ok {
 		return
 	}
-	buf := attrPool.Get().(*[]attribute.KeyValue)
-	defer func() { *buf = (*buf)[:0]; attrPool.Put(buf) }()
-	attrs := append((*buf)[:0],
+	span.Attributes = append(span.Attributes,
 		operationAttr(st.Operation),
 		semconv.GenAIRequestModel(st.Model),
 		attribute.String("infergate.request_id", st.RequestID),
@@ -256,44 +283,56 @@ func (r *Request) End(st director.Settlement, m Marks) {
 		attribute.Float64("infergate.queue.duration", st.Timing.Queued.Seconds()),
 	)
 	if st.Routed {
-		attrs = append(attrs,
-			semconv.GenAIResponseModel(st.ServedModel),
-			semconv.GenAIUsageInputTokens(int(st.Usage.PromptTokens)),
-			semconv.GenAIUsageOutputTokens(int(st.Usage.CompletionTokens)),
-			attribute.String("infergate.pool", st.Pool),
-			attribute.String("infergate.hardware_class", st.HardwareClass),
-			attribute.Float64("infergate.prefix_match_share", st.PrefixShare),
-		)
-		if st.Usage.CachedReported {
-			attrs = append(attrs, semconv.GenAIUsageCacheReadInputTokens(int(st.Usage.CachedTokens)))
-		}
-		if host, port, err := net.SplitHostPort(st.Endpoint); err == nil {
-			p, _ := strconv.Atoi(port)
-			attrs = append(attrs, semconv.ServerAddress(host), semconv.ServerPort(p))
-		} else if st.Endpoint != "" {
-			attrs = append(attrs, semconv.ServerAddress(st.Endpoint))
-		}
-		if st.Status != 0 {
-			attrs = append(attrs, semconv.HTTPResponseStatusCode(st.Status))
-		}
-		if !m.Routed.IsZero() {
-			span.AddEvent("routed", trace.WithTimestamp(m.Routed)) // where to: the span's pool and server attributes
-		}
-		if !m.FirstToken.IsZero() {
-			span.AddEvent("first token", trace.WithTimestamp(m.FirstToken))
-		}
+		span.Attributes = appendRoutedAttrs(span.Attributes, st)
+		span.Events = marks(m)
 	}
+	code := ""
 	if st.Outcome != director.OutcomeOK {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(st.Outcome))
-		span.SetStatus(codes.Error, st.Outcome)
+		code = st.Outcome
 	}
-	span.SetAttributes(attrs...) // copies them
-	*buf = attrs
-	span.End(trace.WithTimestamp(m.Ended))
+	r.emit(span, code, m.Ended)
 }
 
-// attrPool holds the attribute lists End builds: the span copies them, so one list serves request after request.
-var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 32); return &s }}
+// maxSpanAttrs is how many attributes End sets at most: eight always, up to ten more when routed, the error type.
+const maxSpanAttrs = 19
+
+// appendRoutedAttrs adds the attributes of where a routed request went and what it used.
+func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []attribute.KeyValue {
+	attrs = append(attrs,
+		semconv.GenAIResponseModel(st.ServedModel),
+		semconv.GenAIUsageInputTokens(int(st.Usage.PromptTokens)),
+		semconv.GenAIUsageOutputTokens(int(st.Usage.CompletionTokens)),
+		attribute.String("infergate.pool", st.Pool),
+		attribute.String("infergate.hardware_class", st.HardwareClass),
+		attribute.Float64("infergate.prefix_match_share", st.PrefixShare),
+	)
+	if st.Usage.CachedReported {
+		attrs = append(attrs, semconv.GenAIUsageCacheReadInputTokens(int(st.Usage.CachedTokens)))
+	}
+	if host, port, err := net.SplitHostPort(st.Endpoint); err == nil {
+		p, _ := strconv.Atoi(port)
+		attrs = append(attrs, semconv.ServerAddress(host), semconv.ServerPort(p))
+	} else if st.Endpoint != "" {
+		attrs = append(attrs, semconv.ServerAddress(st.Endpoint))
+	}
+	if st.Status != 0 {
+		attrs = append(attrs, semconv.HTTPResponseStatusCode(st.Status))
+	}
+	return attrs
+}
+
+// marks are the span's events: when it was routed (where to: the span's pool and server attributes) and when
+// its first token came.
+func marks(m Marks) []sdktrace.Event {
+	var events []sdktrace.Event
+	if !m.Routed.IsZero() {
+		events = append(events, sdktrace.Event{Name: "routed", Time: m.Routed})
+	}
+	if !m.FirstToken.IsZero() {
+		events = append(events, sdktrace.Event{Name: "first token", Time: m.FirstToken})
+	}
+	return events
+}
 
 // Reject records the span of a request the gateway answered itself before routing it (a bad body, a refusal)
 // or whose stream ended first; nothing when the span was recorded already.
@@ -301,16 +340,14 @@ func (r *Request) Reject(status int, code string, ended time.Time) {
 	if r == nil {
 		return
 	}
-	span := r.span(operation(r.op))
-	if span == nil {
+	span, ok := r.span(operation(r.op), 2)
+	if !ok {
 		return
 	}
 	if status != 0 {
-		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		span.Attributes = append(span.Attributes, semconv.HTTPResponseStatusCode(status))
 	}
-	span.SetAttributes(semconv.ErrorTypeKey.String(code))
-	span.SetStatus(codes.Error, code)
-	span.End(trace.WithTimestamp(ended))
+	r.emit(span, code, ended)
 }
 
 func operation(ep openai.Endpoint) string {

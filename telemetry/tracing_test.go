@@ -38,7 +38,7 @@ func TestSamplerFromEnv(t *testing.T) {
 // nothing upstream and records nothing.
 func TestRequestSpanKeepsTheIDsSentUpstream(t *testing.T) {
 	mem := tracetest.NewInMemoryExporter()
-	tr := NewTracing(keep{mem}, nil) // parentbased_always_on
+	tr := NewTracing(keep{mem}, nil, nil) // parentbased_always_on
 	started := time.Unix(5000, 0)
 	end := func(r *Request) {
 		r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK},

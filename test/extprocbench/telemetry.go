@@ -29,7 +29,7 @@ const telemetryTarget = 1.05
 func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int, only string) {
 	off, stopOff := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
 	defer stopOff()
-	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.AlwaysSample())
+	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.AlwaysSample(), nil)
 	defer func() { _ = tracing.Shutdown(context.Background()) }()
 	dir, err := os.MkdirTemp("", "infergate-bench-audit")
 	if err != nil {
