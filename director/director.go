@@ -8,9 +8,11 @@ package director
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"time"
 
+	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
@@ -48,6 +50,8 @@ type Options struct {
 	Admission Admission
 	Metrics   *Metrics
 	Logger    *slog.Logger
+	// Queue, when set, holds the requests of a policy with spec.admission that no endpoint has room for.
+	Queue *admission.Queue
 	// Observers hear of every request that reached routing: routed ones when they settle, refused ones at once.
 	Observers []SettleObserver
 	// Now is the clock of refusals' timing (default time.Now).
@@ -73,6 +77,14 @@ func New(o Options) *Director {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
+	if q := o.Queue; q != nil {
+		// A reload keeps waiting requests (they are placed under the new policy); those of a model it removed
+		// are answered at once.
+		o.Policies.OnChange(func(snap *policies.Snapshot) {
+			q.Retain(func(model string) bool { _, ok := snap.Model(model); return ok })
+			q.KickAll()
+		})
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -94,6 +106,11 @@ type Request struct {
 	Conversation string // the policy's conversation header, for conversationTokens caps
 	RequestID    string
 	Started      time.Time
+	// BodyBytes is the body the protocol stage holds for the request (the admission queue bounds their sum).
+	BodyBytes int64
+	// MaxQueueWait, when set, caps the request's wait in the admission queue: the protocol stage's own limit
+	// (Envoy's message timeout in BUFFERED mode).
+	MaxQueueWait time.Duration
 }
 
 // Route is a routed request: where it goes, what to change in its body, and what Settle needs.
@@ -163,14 +180,14 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err
 	}
-	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body}
+	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body, Queueing: d.queueing(req.Snapshot)}
 	if req.Snapshot.Adapter(body.Model) {
 		in.Adapter = body.Model
 	}
-	dec, err := d.opts.Picker.Pick(req.Snapshot, in)
-	if err != nil {
+	dec, started, refusal := d.place(ctx, req, rt, in, maxOut)
+	if refusal != nil {
 		d.release(rt)
-		return &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name, Err: err}
+		return refusal
 	}
 	rt.Decision = dec
 	if served := dec.Served(); served != body.Model {
@@ -183,10 +200,30 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
 		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail
 	}
-	rt.target = dec.Target(model.Name)
-	d.opts.InFlight.Start(rt.target)
+	rt.target = dec.Target(rt.Model.Name)
+	if !started {
+		d.opts.InFlight.Start(rt.target)
+	}
 	d.opts.Metrics.InFlight.Inc()
 	return nil
+}
+
+// place picks where the request goes; when the policy queues and every endpoint is full, it waits for room
+// (started: the queue counted it in flight already).
+func (d *Director) place(ctx context.Context, req *Request, rt *Route, in picker.Input, maxOut int64) (picker.Decision, bool, *Refusal) {
+	if in.Queueing && d.opts.Queue.Len(rt.Model.Name) > 0 {
+		// Others wait already: room that frees goes to them in queue order, not to whoever comes next.
+		return d.wait(ctx, req, rt, in, quota.AddTokens(rt.prompt, maxOut))
+	}
+	dec, err := d.opts.Picker.Pick(req.Snapshot, in)
+	var nc *picker.NoCapacity
+	switch {
+	case err == nil:
+		return dec, false, nil
+	case in.Queueing && errors.As(err, &nc) && nc.Saturated:
+		return d.wait(ctx, req, rt, in, quota.AddTokens(rt.prompt, maxOut))
+	}
+	return picker.Decision{}, false, &Refusal{Reason: NoCapacity, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: err}
 }
 
 // UnknownModel is the model of a refused request that named none the policy knows.

@@ -18,6 +18,7 @@ const (
 	OverQuota                        // a quota refused it: Err is the *quota.Rejection
 	QuotaFailed                      // the quota stage could not decide: Err is quota.ErrUnavailable or the failure
 	NoCapacity                       // no endpoint and no fallback can take it: Err is the *picker.NoCapacity
+	ClientGone                       // the client went away while the request waited for room
 )
 
 // Refusal is Route's neutral error: what was refused and why, in the stages' terms. The protocol stage maps it
@@ -52,6 +53,8 @@ func (r *Refusal) reasonName() string {
 		return "quota unavailable"
 	case NoCapacity:
 		return "no capacity"
+	case ClientGone:
+		return "client gone while queued"
 	}
 	return "refused"
 }
@@ -63,6 +66,8 @@ func (r *Refusal) outcome() string {
 		return OutcomeQuota
 	case QuotaFailed:
 		return OutcomeUnavailable
+	case ClientGone:
+		return OutcomeReset
 	case NoCapacity:
 		var nc *picker.NoCapacity
 		if errors.As(r.Err, &nc) && nc.Saturated {

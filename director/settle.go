@@ -107,6 +107,9 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	m := d.opts.Metrics
 	d.opts.InFlight.Done(rt.target)
 	m.InFlight.Dec()
+	if d.opts.Queue != nil {
+		d.opts.Queue.Kick(rt.Model.Name) // its endpoint has room for a waiting request
+	}
 
 	result := "completed"
 	switch {

@@ -4,14 +4,17 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
 )
 
 // decide parses the body and has the director route it. It returns the body to forward (rewritten when
@@ -28,7 +31,8 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	defer req.Release()
 	rt := &rs.routed
 	err = rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
-		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started}, rt)
+		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started,
+		BodyBytes: int64(len(rs.body)), MaxQueueWait: rs.maxQueueWait()}, rt)
 	if err != nil {
 		return nil, false, clientError(err)
 	}
@@ -145,4 +149,14 @@ func formatScores(scores []picker.Score) string {
 		fmt.Fprintf(&b, "%s;total=%.3f;prefix=%.3f;load=%.3f;prefill=%.3f;lora=%.0f", s.Endpoint, s.Total, s.Prefix, s.Load, s.Prefill, s.LoRA)
 	}
 	return b.String()
+}
+
+// maxQueueWait is the longest the routing answer may be held while the request waits for room: unbounded in
+// FULL_DUPLEX_STREAMED, where Envoy arms no message timeout; otherwise Envoy's message timeout as the policy
+// states it, less a margin, so that the request is degraded or shed before Envoy answers 504.
+func (rs *requestState) maxQueueWait() time.Duration {
+	if rs.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return 0
+	}
+	return rs.snap.Admission().BufferedMessageTimeout - policies.BufferedWaitMargin
 }

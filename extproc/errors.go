@@ -44,8 +44,11 @@ func clientError(err error) *openai.Error {
 	case errors.Is(r.Err, quota.ErrUnavailable):
 		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServiceUnavailable, Code: "quota_unavailable",
 			Message: "The quota service is unavailable and this gateway fails closed; please retry shortly."}
+	case r.Reason == director.ClientGone:
+		return &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Code: "client_closed_request",
+			Message: "The client closed the request while it waited for capacity."} // no one reads it: for logs
 	case errors.As(r.Err, &nc) && nc.Saturated:
-		return openai.Overloaded(nc.Model)
+		return openai.Overloaded(nc.Model, nc.RetryAfter)
 	case errors.As(r.Err, &nc):
 		return openai.NoCapacity(nc.Model)
 	case r.Reason == director.QuotaFailed:

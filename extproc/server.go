@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/picker"
@@ -51,6 +52,8 @@ type Options struct {
 	OnSettle func(Settlement)
 	// Observers hear of every request that reached routing (metrics, audit): see director.Options.Observers.
 	Observers []director.SettleObserver
+	// Queue, when set, holds the requests no endpoint has room for, for policies with spec.admission.
+	Queue *admission.Queue
 	// Tracing, when set, gives every authenticated request a span and passes its context to the engine.
 	Tracing *telemetry.Tracing
 	// Digests makes settlements carry sha256 digests of the prompt and of the generated text (for the audit
@@ -80,7 +83,7 @@ func New(opts Options) *Server {
 		opts.Now = time.Now
 	}
 	do := director.Options{Policies: opts.Policies, Picker: opts.Picker, InFlight: opts.InFlight, Engines: opts.Engines,
-		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers}
+		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers, Queue: opts.Queue}
 	if opts.Quotas != nil { // a nil *quota.Limiter must not become a non-nil Admission
 		do.Admission = opts.Quotas
 	}

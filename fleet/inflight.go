@@ -5,6 +5,7 @@ package fleet
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // InFlight counts this process's unfinished requests per endpoint. It is safe for concurrent use, and reads
@@ -18,6 +19,9 @@ type InFlight struct {
 type endpointLoad struct {
 	count     atomic.Int64
 	lastStart atomic.Uint64
+	// readingAt and atReading: the engine reading SinceReading last saw, and the count when it saw it.
+	readingAt atomic.Int64
+	atReading atomic.Int64
 }
 
 func (f *InFlight) endpoint(endpoint string) *endpointLoad {
@@ -57,6 +61,21 @@ func (f *InFlight) LastStarted(endpoint string) uint64 {
 		return c.(*endpointLoad).lastStart.Load()
 	}
 	return 0
+}
+
+// SinceReading is how many more of this process's requests are unfinished at endpoint than when the engine
+// reading taken at at was first looked at: what the engine's queue has gained since, as far as this process
+// knows. A new reading starts the count again from zero.
+func (f *InFlight) SinceReading(endpoint string, at time.Time) int64 {
+	e := f.endpoint(endpoint)
+	stamp, now := at.UnixNano(), e.count.Load()
+	if seen := e.readingAt.Load(); seen != stamp {
+		if e.readingAt.CompareAndSwap(seen, stamp) {
+			e.atReading.Store(now)
+		}
+		return 0
+	}
+	return now - e.atReading.Load()
 }
 
 // Total returns the unfinished requests across all endpoints.

@@ -169,6 +169,8 @@ type Scraper struct {
 	// Now replaces the clock that stamps readings and judges their age (tests).
 	Now    func() time.Time
 	Client *http.Client
+	// OnRound, when set, is called after every round of scrapes (the admission queue looks for room again).
+	OnRound func()
 
 	mu      sync.RWMutex
 	targets []Target
@@ -247,6 +249,9 @@ func (s *Scraper) Run(ctx context.Context) {
 		}
 		wg.Wait()
 		s.firstOnce.Do(func() { close(s.first()) })
+		if s.OnRound != nil {
+			s.OnRound()
+		}
 		select {
 		case <-ctx.Done():
 			return

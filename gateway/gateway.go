@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
@@ -97,7 +98,8 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	}
 
 	// Engine metrics: every pool endpoint in its engine's dialect, refreshed when the policy changes.
-	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval}
+	queue := admission.New(nil, admission.NewMetrics(g.Registry))
+	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval, OnRound: queue.KickAll}
 	g.Scraper.SetTargets(scrapeTargets(store.Current()))
 	store.OnChange(func(snap *policies.Snapshot) { g.Scraper.SetTargets(scrapeTargets(snap)) })
 	var engines picker.EngineView
@@ -120,7 +122,8 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	inflight := &fleet.InFlight{}
 	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
-		InFlight: inflight, OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil})
+		InFlight: inflight, OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil,
+		Queue: queue})
 
 	g.XDS = xds.NewServer(log)
 	g.XDS.AllowSecrets(c.SecretNodes...)

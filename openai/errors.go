@@ -122,11 +122,15 @@ func NoCapacity(model string) *Error {
 }
 
 // Overloaded is a 429 when every replica of a model is saturated and no fallback may take the overflow: the
-// client should retry shortly.
-func Overloaded(model string) *Error {
+// client should retry after retry (when the admission queue measured how long it takes to drain; 0: shortly).
+func Overloaded(model string, retry time.Duration) *Error {
+	hdr := map[string]string{"retry-after": "1", "retry-after-ms": "500"}
+	if retry > 0 {
+		hdr = map[string]string{"retry-after": strconv.FormatInt(int64(math.Ceil(retry.Seconds())), 10),
+			"retry-after-ms": strconv.FormatInt(retry.Milliseconds(), 10)}
+	}
 	return &Error{Status: http.StatusTooManyRequests, Type: TypeRateLimit, Code: "model_overloaded",
-		Message: fmt.Sprintf("Every replica of the model `%s` is busy; please retry shortly.", model),
-		Header:  map[string]string{"retry-after": "1", "retry-after-ms": "500"}}
+		Message: fmt.Sprintf("Every replica of the model `%s` is busy; please retry shortly.", model), Header: hdr}
 }
 
 // Internal is a 500 for a gateway fault; the message says what failed without leaking internals.

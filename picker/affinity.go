@@ -174,14 +174,14 @@ func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
 func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	cands, saturated, unavailable, engineBlock := p.candidates(snap, in)
 	if len(cands) == 0 {
-		return overflow(in.Model, in.Adapter, saturated, unavailable)
+		return overflow(in.Model, in, saturated, unavailable)
 	}
 	pr := p.hashPrompt(in, engineBlock)
 	defer p.releasePrompt(&pr)
 	w := p.weightsFor(snap.Routing())
 	eligible, anyMatch, kvFull := p.eligible(cands, pr, w)
 	if len(eligible) == 0 {
-		return overflow(in.Model, in.Adapter, saturated+kvFull, unavailable)
+		return overflow(in.Model, in, saturated+kvFull, unavailable)
 	}
 	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
 }

@@ -12,6 +12,10 @@ import (
 // overflow, and returns the engine's KV block size when one reports it (0 otherwise).
 func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored, saturated, unavailable, blockTokens int) {
 	routing := snap.Routing()
+	limit := float64(routing.MaxWaiting)
+	if in.Queueing {
+		limit = max(1, limit*snap.QueueClass(in.Tenant).Headroom)
+	}
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]
 		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
@@ -22,11 +26,15 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: tps, cost: cost}
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
+				waiting := m.Waiting
+				if in.Queueing && fresh {
+					waiting = max(0, waiting+float64(p.InFlight.SinceReading(ep, m.At)))
+				}
 				switch {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
 					continue
-				case m.Waiting >= float64(routing.MaxWaiting):
+				case waiting >= limit:
 					saturated++
 					continue
 				}
@@ -49,17 +57,34 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
 // allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise
-// NoCapacity.
-func overflow(model *policies.Model, adapter string, saturated, unavailable int) (Decision, error) {
+// NoCapacity; a saturated model whose requests queue is NoCapacity, for the director to queue the request.
+func overflow(model *policies.Model, in Input, saturated, unavailable int) (Decision, error) {
+	adapter := in.Adapter
 	cond := policies.WhenUnavailable
 	if saturated > 0 {
 		cond = policies.WhenSaturated
+		if in.Queueing {
+			return Decision{}, &NoCapacity{Model: model.Name, Saturated: true} // the queue first
+		}
 	}
+	if dec, ok := fallbackFor(model, adapter, cond); ok {
+		return dec, nil
+	}
+	return Decision{}, &NoCapacity{Model: model.Name, Saturated: saturated > 0}
+}
+
+// SaturatedFallback is the managed fallback a saturated model's overflow may go to, if the policy names one
+// (the admission queue's degradation once a request cannot start in time).
+func SaturatedFallback(model *policies.Model, adapter string) (Decision, bool) {
+	return fallbackFor(model, adapter, policies.WhenSaturated)
+}
+
+func fallbackFor(model *policies.Model, adapter, cond string) (Decision, bool) {
 	for i := range model.Fallbacks {
 		f := &model.Fallbacks[i]
 		if adapter == "" && slices.Contains(f.When, cond) {
-			return Decision{Fallback: f}, nil
+			return Decision{Fallback: f}, true
 		}
 	}
-	return Decision{}, &NoCapacity{Model: model.Name, Saturated: saturated > 0}
+	return Decision{}, false
 }

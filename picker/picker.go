@@ -5,6 +5,7 @@ package picker
 import (
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
@@ -59,6 +60,11 @@ type Input struct {
 	Adapter string
 	// Request is the parsed body; nil (or no prompt) skips prefix hashing.
 	Request *openai.Request
+	// Queueing says the gateway holds requests no endpoint has room for (spec.admission): an endpoint has room
+	// while its engine's queue as last read, plus what this process sent it since (less what finished), is
+	// below maxWaiting times the tenant's tier headroom; and a model with none is reported as saturated
+	// instead of overflowing to its fallback, which the director tries after the wait.
+	Queueing bool
 }
 
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.
@@ -150,6 +156,8 @@ func (d Decision) Served() string {
 type NoCapacity struct {
 	Model     string
 	Saturated bool
+	// RetryAfter, when set, is when the client may find room (the admission queue's drain time).
+	RetryAfter time.Duration
 }
 
 func (e *NoCapacity) Error() string {

@@ -32,6 +32,8 @@ type Snapshot struct {
 	upIdle      time.Duration
 	slos        map[sloKey]Targets
 	sloTable    []SLOEntry
+	admission   AdmissionSettings
+	queueRules  map[*Tenant]queueRules
 }
 
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
@@ -168,6 +170,7 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		}
 	}
 	s.compileSLOs(pol)
+	s.compileAdmission(pol)
 	return s
 }
 

@@ -31,7 +31,11 @@ type Store struct {
 }
 
 // NewStore loads the policy at path; the first load must succeed, since there is no good policy to keep yet.
+// Reloads are logged to log (nil: nowhere).
 func NewStore(path string, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	snap, err := LoadFile(path)
 	if err != nil {
 		return nil, err

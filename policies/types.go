@@ -36,6 +36,9 @@ type Spec struct {
 	Tiers map[string]Tier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
 	// SLO is the latency every request must meet to count as good, for tenants whose tier sets none.
 	SLO *SLO `yaml:"slo,omitempty" json:"slo,omitempty"`
+	// Admission, when set, holds requests that no endpoint has room for in a bounded priority queue per model,
+	// then degrades or sheds them, instead of shedding them at once.
+	Admission *Admission `yaml:"admission,omitempty" json:"admission,omitempty"`
 	// Audit says how long the audit log (infergate serve --audit-log) keeps what it wrote.
 	Audit   Audit    `yaml:"audit,omitempty" json:"audit,omitempty"`
 	Models  []Model  `yaml:"models" json:"models"`
@@ -217,7 +220,57 @@ type Tier struct {
 	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
 	// SLO is what a request of this tier's tenants must meet to count as good (default: spec.slo).
 	SLO *SLO `yaml:"slo,omitempty" json:"slo,omitempty"`
+	// Priority orders the admission queue: a waiting request of a higher priority always starts before one of a
+	// lower (default 0; negative values are allowed).
+	Priority int `yaml:"priority,omitempty" json:"priority,omitempty" jsonschema:"minimum=-1000,maximum=1000"`
+	// MaxQueueWait is the longest a request of this tier waits for room, e.g. "500ms" (default: its TTFT target,
+	// else spec.admission.maxQueueWait).
+	MaxQueueWait string `yaml:"maxQueueWait,omitempty" json:"maxQueueWait,omitempty"`
+	// MinShare is the share of the queue's starts this tier keeps while higher tiers wait (0 to 0.5, default 0:
+	// strict priority), so that a sustained overload of a higher tier does not starve it.
+	MinShare float64 `yaml:"minShare,omitempty" json:"minShare,omitempty" jsonschema:"minimum=0,maximum=0.5"`
+	// Headroom is the share (0 to 1, default 1) of routing.maxWaiting this tier's requests may fill on an
+	// endpoint: below 1, an endpoint is full for this tier while higher tiers still find room. Every gateway
+	// replica reads the same engine queues, so the room kept back holds across replicas.
+	Headroom float64 `yaml:"headroom,omitempty" json:"headroom,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
+	// DegradeTo names, per model, the cheaper model a request of this tier is sent to when it cannot start in
+	// time on its own.
+	DegradeTo []Degrade `yaml:"degradeTo,omitempty" json:"degradeTo,omitempty"`
 }
+
+// Degrade is one model's stand-in when its endpoints are full.
+type Degrade struct {
+	// Model and To by canonical name or alias; the tier must be allowed To.
+	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
+	To    string `yaml:"to" json:"to" jsonschema:"minLength=1"`
+}
+
+// Admission bounds the queue that holds requests no endpoint has room for. An endpoint has room while its
+// engine's queue, as last scraped plus what this gateway sent it since, is below routing.maxWaiting (times the
+// tier's headroom): with admission on, set maxWaiting near the engines' batch size (a few waiting requests)
+// so that requests wait in the gateway, in priority order, rather than in the engines' FIFO.
+type Admission struct {
+	// MaxQueueLength bounds the requests waiting per model (default 1024).
+	MaxQueueLength int `yaml:"maxQueueLength,omitempty" json:"maxQueueLength,omitempty" jsonschema:"minimum=1"`
+	// MaxQueueBytes bounds the request bodies held per model (default 64 MiB).
+	MaxQueueBytes int64 `yaml:"maxQueueBytes,omitempty" json:"maxQueueBytes,omitempty" jsonschema:"minimum=1024"`
+	// MaxQueueWait is the longest any request waits, e.g. "2s" (default 5s).
+	MaxQueueWait string `yaml:"maxQueueWait,omitempty" json:"maxQueueWait,omitempty"`
+	// BufferedMessageTimeout is the ext_proc filter's message_timeout in the Envoy configs that send bodies
+	// BUFFERED (default 2s, as shipped): a request in such a stream waits at most this less a margin, so that
+	// it is degraded or shed before Envoy gives up with a 504.
+	BufferedMessageTimeout string `yaml:"bufferedMessageTimeout,omitempty" json:"bufferedMessageTimeout,omitempty"`
+}
+
+// Admission defaults.
+const (
+	DefaultMaxQueueLength         = 1024
+	DefaultMaxQueueBytes          = 64 << 20
+	DefaultMaxQueueWait           = 5 * time.Second
+	DefaultBufferedMessageTimeout = 2 * time.Second
+	// BufferedWaitMargin is how long before a BUFFERED stream's message timeout its request leaves the queue.
+	BufferedWaitMargin = 250 * time.Millisecond
+)
 
 // SLO is the per-request latency target behind goodput — the requests per second that complete within it —
 // which is what a platform reports to its tenants. A request is good when it completed successfully and met
@@ -263,6 +316,9 @@ type Tenant struct {
 	Quota  Quota    `yaml:"quota,omitempty" json:"quota,omitempty"`
 	// ModelQuotas add limits for this tenant on one model, on top of the tenant-wide quota.
 	ModelQuotas []ModelQuota `yaml:"modelQuotas,omitempty" json:"modelQuotas,omitempty"`
+	// QueueWeight is the tenant's share against the other tenants of its tier in the admission queue
+	// (weighted fair queuing by tokens; default 1).
+	QueueWeight float64 `yaml:"queueWeight,omitempty" json:"queueWeight,omitempty" jsonschema:"minimum=0"`
 	// AuditRetention overrides spec.audit.retention for this tenant's audit files, e.g. "2160h" for a
 	// customer whose contract asks for 90 days.
 	AuditRetention string `yaml:"auditRetention,omitempty" json:"auditRetention,omitempty"`

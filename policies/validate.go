@@ -123,6 +123,12 @@ func (v *validator) policy(pol *Policy) {
 		v.retention(p("spec", "tenants", i, "auditRetention"), t.AuditRetention)
 	}
 	v.tenants(s, modelNames)
+	v.admission(s.Admission)
+	for i, t := range s.Tenants {
+		if t.QueueWeight < 0 {
+			v.fail(p("spec", "tenants", i, "queueWeight"), "must not be negative, got %v", t.QueueWeight)
+		}
+	}
 	v.quotaSettings(&s.Quotas)
 	v.routing(&s.Routing)
 }
@@ -164,6 +170,67 @@ func (v *validator) tiers(s *Spec, models map[string]bool) {
 			}
 		}
 		v.slo(append(slices.Clone(base), "slo"), tier.SLO, models)
+		v.queueTier(base, &tier, s, models)
+	}
+}
+
+// queueTier checks a tier's admission fields.
+func (v *validator) queueTier(base []seg, tier *Tier, s *Spec, models map[string]bool) {
+	at := func(f ...seg) []seg { return append(slices.Clone(base), f...) }
+	if tier.Priority < -1000 || tier.Priority > 1000 {
+		v.fail(at("priority"), "must be between -1000 and 1000, got %d", tier.Priority)
+	}
+	if tier.MinShare < 0 || tier.MinShare > 0.5 {
+		v.fail(at("minShare"), "must be between 0 and 0.5, got %v", tier.MinShare)
+	}
+	if tier.Headroom < 0 || tier.Headroom > 1 {
+		v.fail(at("headroom"), "must be above 0 and at most 1, got %v", tier.Headroom)
+	}
+	v.target(at("maxQueueWait"), tier.MaxQueueWait)
+	canonical := map[string]string{}
+	for _, m := range s.Models {
+		canonical[m.Name] = m.Name
+		for _, a := range m.Aliases {
+			canonical[a] = m.Name
+		}
+	}
+	seen := map[string]bool{}
+	for j, d := range tier.DegradeTo {
+		switch {
+		case !models[d.Model]:
+			v.fail(at("degradeTo", j, "model"), "unknown model %q", d.Model)
+		case seen[canonical[d.Model]]:
+			v.fail(at("degradeTo", j, "model"), "model %q degrades already", d.Model)
+		case !models[d.To]:
+			v.fail(at("degradeTo", j, "to"), "unknown model %q", d.To)
+		case canonical[d.To] == "" || canonical[d.To] == canonical[d.Model]:
+			v.fail(at("degradeTo", j, "to"), "must name another base model than %q", d.Model)
+		case len(tier.Models) > 0 && !slices.ContainsFunc(tier.Models, func(n string) bool { return canonical[n] == canonical[d.To] }):
+			v.fail(at("degradeTo", j, "to"), "the tier may not use %q (it is not in its models)", d.To)
+		}
+		seen[canonical[d.Model]] = true
+	}
+}
+
+// admission checks spec.admission.
+func (v *validator) admission(a *Admission) {
+	if a == nil {
+		return
+	}
+	base := p("spec", "admission")
+	if a.MaxQueueLength < 0 {
+		v.fail(append(slices.Clone(base), "maxQueueLength"), "must not be negative, got %d", a.MaxQueueLength)
+	}
+	if a.MaxQueueBytes < 0 || (a.MaxQueueBytes > 0 && a.MaxQueueBytes < 1024) {
+		v.fail(append(slices.Clone(base), "maxQueueBytes"), "must be at least 1024, got %d", a.MaxQueueBytes)
+	}
+	v.target(append(slices.Clone(base), "maxQueueWait"), a.MaxQueueWait)
+	if t := a.BufferedMessageTimeout; t != "" {
+		if d, err := time.ParseDuration(t); err != nil || d <= BufferedWaitMargin {
+			v.fail(append(slices.Clone(base), "bufferedMessageTimeout"),
+				"must be a duration above %v (the margin a request leaves the queue before it), such as \"2s\", got %q",
+				BufferedWaitMargin, t)
+		}
 	}
 }
 

@@ -1,0 +1,354 @@
+// Package admission holds the requests that no endpoint has room for, between quota admission and placement:
+// a bounded queue per model, in priority order between tiers, fair between the tenants of a tier, first come
+// first served within a tenant, each request bounded by a deadline after which the director degrades or sheds
+// it. The queue knows nothing of endpoints: an entry's Try says whether it found room, and whoever frees room
+// (a request settling, a fresh scrape of engine metrics) kicks the queue to try again.
+package admission
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// Result is how a request's wait ended.
+type Result int
+
+// The ways a wait ends.
+const (
+	Started Result = iota + 1 // Try found room: the request is routed
+	Expired                   // its deadline came, or it could not have started by it
+	Full                      // the queue was full (or the entry was evicted for a higher priority)
+	Aborted                   // the client went away
+	Removed                   // a policy reload removed its model
+)
+
+var resultNames = map[Result]string{Started: "started", Expired: "expired", Full: "full", Aborted: "aborted", Removed: "removed"}
+
+func (r Result) String() string { return resultNames[r] }
+
+// Entry is one request waiting for room.
+type Entry struct {
+	Model  string // canonical model name: the queue it waits in
+	Tenant string // the fairness key within its priority
+	Class  policies.QueueClass
+	// Cost is what the request counts for against its tier's other tenants (its estimated tokens).
+	Cost int64
+	// Bytes is the body the gateway holds while it waits.
+	Bytes    int64
+	Deadline time.Time
+	// Try places the request if some endpoint has room now, and says whether it did. The queue calls it with
+	// its lock held, one entry at a time in queue order, so it must be quick and must not call the queue.
+	Try func() bool
+
+	result   Result
+	done     chan struct{}
+	enqueued time.Time
+	start    float64 // fair-queuing tags, in the band's virtual time
+	finish   float64
+	stop     func() bool
+	band     *band
+}
+
+// Outcome is what Wait reports.
+type Outcome struct {
+	Result Result
+	Waited time.Duration
+	// RetryAfter is when a shed client should try again: how long the queue takes to drain at the rate it
+	// was measured to drain.
+	RetryAfter time.Duration
+}
+
+// Limits bound one model's queue.
+type Limits struct {
+	Length int
+	Bytes  int64
+}
+
+// Clock is the queue's time; tests drive a fake one.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f after d, unless the returned stop is called first (it reports whether it stopped f).
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// Queue is safe for concurrent use.
+type Queue struct {
+	clock   Clock
+	metrics *Metrics
+
+	mu     sync.Mutex
+	models map[string]*modelQueue
+}
+
+// New builds a queue on the system clock (nil clock) and records to m (nil: unregistered series).
+func New(clock Clock, m *Metrics) *Queue {
+	if clock == nil {
+		clock = systemClock{}
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Queue{clock: clock, metrics: m, models: map[string]*modelQueue{}}
+}
+
+// Metrics returns the queue's series, for the director to count what became of expired requests.
+func (q *Queue) Metrics() *Metrics { return q.metrics }
+
+// Wait holds e until it starts, expires, is evicted, its model is removed or ctx ends (the client went away),
+// whichever comes first. An entry that cannot start before its deadline at the queue's measured drain rate
+// expires at once rather than waiting for nothing.
+func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
+	now := q.clock.Now()
+	e.done, e.enqueued = make(chan struct{}), now
+	q.mu.Lock()
+	mq := q.model(e.Model)
+	if out, ok := q.refuse(mq, e, lim, now); !ok {
+		q.mu.Unlock()
+		q.metrics.finished(e, out.Result, 0)
+		return out
+	}
+	mq.push(e)
+	q.metrics.enqueued(e)
+	mq.dispatch(q, now) // room may have come since the caller looked
+	if e.result == 0 {
+		e.stop = q.clock.AfterFunc(e.Deadline.Sub(now), func() { q.expire(e) })
+	}
+	q.mu.Unlock()
+
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		q.mu.Lock()
+		if e.result == 0 {
+			q.finish(mq, e, Aborted)
+		}
+		q.mu.Unlock()
+		<-e.done
+	}
+	out := Outcome{Result: e.result, Waited: q.clock.Now().Sub(e.enqueued)}
+	if e.result == Expired || e.result == Full {
+		q.mu.Lock()
+		out.RetryAfter = mq.retryAfter(q.clock.Now())
+		q.mu.Unlock()
+	}
+	return out
+}
+
+// refuse decides, before e joins the queue, whether it cannot: the queue is full of requests of its priority
+// or higher (a lower one is evicted to make room), or at the drain rate it could not start in time.
+func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Outcome, bool) {
+	for mq.length+1 > lim.Length || mq.bytes+e.Bytes > lim.Bytes {
+		victim := mq.lowest()
+		if victim == nil || victim.Class.Priority >= e.Class.Priority {
+			return Outcome{Result: Full, RetryAfter: mq.retryAfter(now)}, false
+		}
+		q.finish(mq, victim, Full)
+	}
+	if wait, ok := mq.predictedWait(e.Class.Priority, now); ok && now.Add(wait).After(e.Deadline) {
+		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
+	}
+	return Outcome{}, true
+}
+
+func (q *Queue) model(name string) *modelQueue {
+	mq, ok := q.models[name]
+	if !ok {
+		mq = &modelQueue{name: name}
+		q.models[name] = mq
+	}
+	return mq
+}
+
+// finish ends e's wait with r: it leaves the queue and its waiter wakes.
+func (q *Queue) finish(mq *modelQueue, e *Entry, r Result) {
+	mq.remove(e)
+	e.result = r
+	if e.stop != nil {
+		e.stop()
+	}
+	q.metrics.finished(e, r, q.clock.Now().Sub(e.enqueued))
+	close(e.done)
+}
+
+func (q *Queue) expire(e *Entry) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.result == 0 {
+		q.finish(q.models[e.Model], e, Expired)
+	}
+}
+
+// Kick tries to start the waiting requests of a model, in queue order, until one finds no room: call it when
+// a request to the model ended (its endpoint has room again).
+func (q *Queue) Kick(model string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if mq, ok := q.models[model]; ok {
+		mq.dispatch(q, q.clock.Now())
+	}
+}
+
+// KickAll kicks every model: call it when fresh engine metrics arrived.
+func (q *Queue) KickAll() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.clock.Now()
+	for _, mq := range q.models {
+		mq.dispatch(q, now)
+	}
+}
+
+// Retain ends the wait of every request whose model keep refuses (a reload removed it), with Removed.
+func (q *Queue) Retain(keep func(model string) bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for name, mq := range q.models {
+		if keep(name) {
+			continue
+		}
+		for e := mq.lowest(); e != nil; e = mq.lowest() {
+			q.finish(mq, e, Removed)
+		}
+	}
+}
+
+// Len is how many requests wait for model.
+func (q *Queue) Len(model string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if mq, ok := q.models[model]; ok {
+		return mq.length
+	}
+	return 0
+}
+
+// Joined is how many requests have joined model's queue since it was built (those refused at the door are
+// not counted): a test watches a request start waiting with it.
+func (q *Queue) Joined(model string) uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if mq, ok := q.models[model]; ok {
+		return mq.joined
+	}
+	return 0
+}
+
+// modelQueue is one model's waiting requests: a band per priority, highest first.
+type modelQueue struct {
+	name   string
+	bands  []*band // by priority, highest first
+	length int
+	bytes  int64
+	joined uint64
+	drain  drainRate
+}
+
+func (mq *modelQueue) push(e *Entry) {
+	b := mq.band(e.Class.Priority)
+	b.minShare = max(b.minShare, e.Class.MinShare)
+	b.push(e)
+	e.band = b
+	mq.length++
+	mq.bytes += e.Bytes
+	mq.joined++
+}
+
+func (mq *modelQueue) band(priority int) *band {
+	i, found := slices.BinarySearchFunc(mq.bands, priority, func(b *band, p int) int { return p - b.priority })
+	if !found {
+		mq.bands = slices.Insert(mq.bands, i, &band{priority: priority, tenants: map[string]*tenantQueue{}})
+	}
+	return mq.bands[i]
+}
+
+func (mq *modelQueue) remove(e *Entry) {
+	if e.band == nil || !e.band.remove(e) {
+		return
+	}
+	mq.length--
+	mq.bytes -= e.Bytes
+}
+
+// next is the entry to start next: the lowest band owed its minimum share, else the highest band's.
+func (mq *modelQueue) next() *Entry {
+	for i := len(mq.bands) - 1; i >= 0; i-- {
+		if b := mq.bands[i]; b.count > 0 && b.credit >= 1 {
+			return b.next()
+		}
+	}
+	for _, b := range mq.bands {
+		if b.count > 0 {
+			return b.next()
+		}
+	}
+	return nil
+}
+
+// dispatch starts entries in order while they find room.
+func (mq *modelQueue) dispatch(q *Queue, now time.Time) {
+	for {
+		e := mq.next()
+		if e == nil || !e.Try() {
+			return
+		}
+		b := e.band
+		if b.credit >= 1 {
+			b.credit--
+		}
+		b.vclock = e.start
+		mq.drain.record(now)
+		for _, w := range mq.bands { // every start earns each waiting band its share of one
+			if w.minShare > 0 && w.count > 0 {
+				w.credit = min(w.credit+w.minShare, 1+w.minShare)
+			}
+		}
+		q.finish(mq, e, Started)
+	}
+}
+
+// lowest is the entry to give up first: the newest of the lowest band's most recent tenant.
+func (mq *modelQueue) lowest() *Entry {
+	for i := len(mq.bands) - 1; i >= 0; i-- {
+		if e := mq.bands[i].newest(); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// predictedWait is how long a request of priority p would wait behind those of its priority or higher, at the
+// measured drain rate; false while the rate is unknown.
+func (mq *modelQueue) predictedWait(p int, now time.Time) (time.Duration, bool) {
+	rate, ok := mq.drain.perSecond(now)
+	if !ok {
+		return 0, false
+	}
+	ahead := 0
+	for _, b := range mq.bands {
+		if b.priority >= p {
+			ahead += b.count
+		}
+	}
+	return time.Duration(float64(ahead+1) / rate * float64(time.Second)), true
+}
+
+// retryAfter is how long the whole queue takes to drain: when a shed client may find room.
+func (mq *modelQueue) retryAfter(now time.Time) time.Duration {
+	rate, ok := mq.drain.perSecond(now)
+	if !ok {
+		return time.Second
+	}
+	d := time.Duration(float64(mq.length+1) / rate * float64(time.Second))
+	return min(max(d, 100*time.Millisecond), time.Minute)
+}

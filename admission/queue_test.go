@@ -1,0 +1,309 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/fakeclock"
+	"github.com/infergate/infergate/test/wait"
+)
+
+// room is room for a number of requests, which the test frees one at a time.
+type room struct {
+	mu    sync.Mutex
+	slots int
+	order []string // the names of the entries that got room, in order
+}
+
+func (r *room) try(name string) func() bool {
+	return func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.slots == 0 {
+			return false
+		}
+		r.slots--
+		r.order = append(r.order, name)
+		return true
+	}
+}
+
+func (r *room) free(n int) { r.mu.Lock(); r.slots += n; r.mu.Unlock() }
+
+func (r *room) started() []string { r.mu.Lock(); defer r.mu.Unlock(); return slices.Clone(r.order) }
+
+type harness struct {
+	t     *testing.T
+	clock *fakeclock.Clock
+	q     *Queue
+	room  *room
+	lim   Limits
+	mu    sync.Mutex
+	out   map[string]Outcome
+	wg    sync.WaitGroup
+}
+
+func newHarness(t *testing.T) *harness {
+	c := fakeclock.New()
+	return &harness{t: t, clock: c, q: New(c, nil), room: &room{}, lim: Limits{Length: 100, Bytes: 1 << 20},
+		out: map[string]Outcome{}}
+}
+
+type entry struct {
+	name, tenant string
+	class        policies.QueueClass
+	cost, bytes  int64
+	wait         time.Duration
+	ctx          context.Context
+}
+
+// enqueue starts a waiter and returns once it is queued (or refused at the door).
+func (h *harness) enqueue(e entry) {
+	h.t.Helper()
+	if e.class.Weight == 0 {
+		e.class.Weight = 1
+	}
+	if e.class.Tier == "" {
+		e.class.Tier = "t"
+	}
+	if e.wait == 0 {
+		e.wait = time.Hour
+	}
+	if e.ctx == nil {
+		e.ctx = context.Background()
+	}
+	before := h.q.Joined("m") + uint64(h.settled())
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		out := h.q.Wait(e.ctx, &Entry{Model: "m", Tenant: e.tenant, Class: e.class, Cost: e.cost, Bytes: e.bytes,
+			Deadline: h.clock.Now().Add(e.wait), Try: h.room.try(e.name)}, h.lim)
+		h.mu.Lock()
+		h.out[e.name] = out
+		h.mu.Unlock()
+	}()
+	wait.For(h.t, e.name+" queued", func() bool { return h.q.Joined("m")+uint64(h.settled()) > before })
+}
+
+func (h *harness) settled() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.out) }
+
+func (h *harness) result(name string) Result {
+	h.t.Helper()
+	wait.For(h.t, name+" to finish waiting", func() bool { h.mu.Lock(); defer h.mu.Unlock(); _, ok := h.out[name]; return ok })
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.out[name].Result
+}
+
+// drain frees one slot at a time, kicking the queue, until n have started.
+func (h *harness) drain(n int) []string {
+	h.t.Helper()
+	for range n {
+		h.room.free(1)
+		h.q.Kick("m")
+	}
+	return h.room.started()
+}
+
+func TestPriorityFairnessAndFIFO(t *testing.T) {
+	enterprise := policies.QueueClass{Tier: "enterprise", Priority: 10}
+	free := policies.QueueClass{Tier: "free", Priority: 0}
+	tests := []struct {
+		name    string
+		entries []entry
+		want    []string
+	}{
+		{"a higher priority always starts first", []entry{
+			{name: "free-1", tenant: "f", class: free}, {name: "ent-1", tenant: "e", class: enterprise},
+			{name: "free-2", tenant: "f", class: free}, {name: "ent-2", tenant: "e", class: enterprise},
+		}, []string{"ent-1", "ent-2", "free-1", "free-2"}},
+		{"one tenant's burst does not starve another of its tier", []entry{
+			{name: "a1", tenant: "a", cost: 100}, {name: "a2", tenant: "a", cost: 100}, {name: "a3", tenant: "a", cost: 100},
+			{name: "a4", tenant: "a", cost: 100}, {name: "b1", tenant: "b", cost: 100}, {name: "b2", tenant: "b", cost: 100},
+		}, []string{"a1", "b1", "a2", "b2", "a3", "a4"}},
+		{"weights share by tokens", []entry{
+			{name: "heavy1", tenant: "h", cost: 100, class: policies.QueueClass{Weight: 3}},
+			{name: "heavy2", tenant: "h", cost: 100, class: policies.QueueClass{Weight: 3}},
+			{name: "heavy3", tenant: "h", cost: 100, class: policies.QueueClass{Weight: 3}},
+			{name: "light1", tenant: "l", cost: 100}, {name: "light2", tenant: "l", cost: 100},
+		}, []string{"heavy1", "heavy2", "heavy3", "light1", "light2"}},
+		{"within a tenant, first come first served", []entry{
+			{name: "x1", tenant: "x", cost: 500}, {name: "x2", tenant: "x", cost: 1}, {name: "x3", tenant: "x", cost: 1},
+		}, []string{"x1", "x2", "x3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			for _, e := range tc.entries {
+				h.enqueue(e)
+				h.clock.Advance(time.Millisecond)
+			}
+			if got := h.drain(len(tc.want)); !slices.Equal(got, tc.want) {
+				t.Errorf("started %v, want %v", got, tc.want)
+			}
+			for _, name := range tc.want {
+				if r := h.result(name); r != Started {
+					t.Errorf("%s: %v", name, r)
+				}
+			}
+			h.wg.Wait()
+		})
+	}
+}
+
+// A tier with a minimum share keeps it while a higher one has a backlog: strict priority otherwise.
+func TestMinimumShare(t *testing.T) {
+	for _, share := range []float64{0, 0.25} {
+		h := newHarness(t)
+		for i := range 40 {
+			h.enqueue(entry{name: fmt.Sprintf("ent%d", i), tenant: "e", class: policies.QueueClass{Tier: "enterprise", Priority: 10}})
+		}
+		for i := range 20 {
+			h.enqueue(entry{name: fmt.Sprintf("free%d", i), tenant: "f", class: policies.QueueClass{Tier: "free", MinShare: share}})
+		}
+		got := h.drain(40)
+		free := 0
+		for _, n := range got {
+			if strings.HasPrefix(n, "free") {
+				free++
+			}
+		}
+		want := 0
+		if share > 0 {
+			want = 9 // a quarter of the forty starts, less the first few that earn the credit
+		}
+		if free < want || (share == 0 && free != 0) || free > 10 {
+			t.Errorf("minShare %v: %d of 40 starts went to the free tier (%v), want %d to 10", share, free, got, want)
+		}
+		h.drain(20)
+		h.wg.Wait()
+	}
+}
+
+func TestDeadlineExpiresTheWait(t *testing.T) {
+	h := newHarness(t)
+	h.enqueue(entry{name: "short", tenant: "a", wait: 100 * time.Millisecond})
+	h.enqueue(entry{name: "long", tenant: "a", wait: time.Second})
+	h.clock.Advance(150 * time.Millisecond)
+	if r := h.result("short"); r != Expired {
+		t.Fatalf("short: %v, want expired", r)
+	}
+	if h.q.Len("m") != 1 {
+		t.Fatalf("%d waiting, want the long one still", h.q.Len("m"))
+	}
+	h.drain(1)
+	if r := h.result("long"); r != Started {
+		t.Errorf("long: %v", r)
+	}
+	h.wg.Wait()
+}
+
+// Once the queue has measured its drain rate, a request that could not start before its deadline behind
+// those ahead of it expires at once, and the retry-after it is given is the time the queue takes to drain.
+func TestPredictedWaitExpiresAtOnce(t *testing.T) {
+	h := newHarness(t)
+	for i := range 10 { // ten starts, 100 ms apart: 10 a second
+		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
+		h.clock.Advance(100 * time.Millisecond)
+		h.drain(1)
+	}
+	for i := range 5 {
+		h.enqueue(entry{name: fmt.Sprintf("ahead%d", i), tenant: "a"})
+	}
+	h.enqueue(entry{name: "hopeless", tenant: "b", wait: 200 * time.Millisecond}) // 6 ahead at 10/s: 600 ms
+	if r := h.result("hopeless"); r != Expired {
+		t.Fatalf("hopeless: %v, want expired at once", r)
+	}
+	h.mu.Lock()
+	retry := h.out["hopeless"].RetryAfter
+	h.mu.Unlock()
+	if retry < 400*time.Millisecond || retry > 800*time.Millisecond {
+		t.Errorf("retry-after %v, want about the 600 ms the queue takes to drain", retry)
+	}
+	h.enqueue(entry{name: "patient", tenant: "b", wait: 2 * time.Second})
+	if h.q.Len("m") != 6 {
+		t.Errorf("%d waiting, want the five and the patient one", h.q.Len("m"))
+	}
+	h.drain(6)
+	h.wg.Wait()
+}
+
+func TestFullQueueEvictsLowerPriority(t *testing.T) {
+	h := newHarness(t)
+	h.lim = Limits{Length: 2, Bytes: 1 << 20}
+	free := policies.QueueClass{Tier: "free"}
+	ent := policies.QueueClass{Tier: "enterprise", Priority: 10}
+	h.enqueue(entry{name: "free1", tenant: "f", class: free})
+	h.enqueue(entry{name: "free2", tenant: "f", class: free})
+	h.enqueue(entry{name: "free3", tenant: "f", class: free}) // full of its own priority: refused
+	if r := h.result("free3"); r != Full {
+		t.Fatalf("free3: %v, want full", r)
+	}
+	h.enqueue(entry{name: "ent1", tenant: "e", class: ent}) // evicts the newest free one
+	if r := h.result("free2"); r != Full {
+		t.Fatalf("free2: %v, want evicted", r)
+	}
+	if got := h.drain(2); !slices.Equal(got, []string{"ent1", "free1"}) {
+		t.Errorf("started %v", got)
+	}
+	h.wg.Wait()
+}
+
+func TestBytesBoundTheQueue(t *testing.T) {
+	h := newHarness(t)
+	h.lim = Limits{Length: 100, Bytes: 10_000}
+	h.enqueue(entry{name: "big", tenant: "a", bytes: 8_000})
+	h.enqueue(entry{name: "bigger", tenant: "a", bytes: 4_000})
+	if r := h.result("bigger"); r != Full {
+		t.Fatalf("bigger: %v, want full (12 kB beyond the 10 kB bound)", r)
+	}
+	h.enqueue(entry{name: "small", tenant: "a", bytes: 1_000})
+	if h.q.Len("m") != 2 {
+		t.Errorf("%d waiting", h.q.Len("m"))
+	}
+	h.drain(2)
+	h.wg.Wait()
+}
+
+// A client that goes away while queued leaves at once and is never tried again.
+func TestAbortLeavesTheQueue(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.enqueue(entry{name: "gone", tenant: "a", ctx: ctx})
+	h.enqueue(entry{name: "stays", tenant: "a"})
+	cancel()
+	if r := h.result("gone"); r != Aborted {
+		t.Fatalf("gone: %v", r)
+	}
+	if got := h.drain(1); !slices.Equal(got, []string{"stays"}) {
+		t.Errorf("started %v: the aborted request must never get room", got)
+	}
+	h.wg.Wait()
+}
+
+func TestRetainRemovesAModelsWaiters(t *testing.T) {
+	h := newHarness(t)
+	h.enqueue(entry{name: "w", tenant: "a"})
+	h.q.Retain(func(model string) bool { return model != "m" })
+	if r := h.result("w"); r != Removed {
+		t.Fatalf("w: %v, want removed", r)
+	}
+	h.wg.Wait()
+}
+
+// A request that arrives while the fleet has room starts at once without ever waiting.
+func TestRoomAtTheDoor(t *testing.T) {
+	h := newHarness(t)
+	h.room.free(1)
+	h.enqueue(entry{name: "lucky", tenant: "a"})
+	if r := h.result("lucky"); r != Started {
+		t.Fatalf("lucky: %v", r)
+	}
+	h.wg.Wait()
+}

@@ -1,0 +1,96 @@
+package director
+
+import (
+	"context"
+
+	"github.com/infergate/infergate/admission"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+)
+
+// queueing says whether a request to snap's models waits for room rather than being shed at once.
+func (d *Director) queueing(snap *policies.Snapshot) bool {
+	return d.opts.Queue != nil && snap.Admission().Enabled
+}
+
+// wait holds a request that no endpoint has room for in the admission queue until one has (the request is then
+// placed and counted in flight, started reports it), and degrades or sheds it when it cannot start in time.
+func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.Input, tokens int64) (dec picker.Decision, started bool, r *Refusal) {
+	snap, q := req.Snapshot, d.opts.Queue
+	set := snap.Admission()
+	maxWait := snap.MaxQueueWait(req.Tenant, rt.Model)
+	if req.MaxQueueWait > 0 {
+		maxWait = min(maxWait, req.MaxQueueWait)
+	}
+	arrived := req.Started
+	if arrived.IsZero() {
+		arrived = d.opts.Now()
+	}
+	class := snap.QueueClass(req.Tenant)
+	name := rt.Model.Name
+	var placed *policies.Model
+	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
+		Deadline: arrived.Add(maxWait), Try: func() bool {
+			cur, tin := d.current(snap, in)
+			m, ok := cur.Model(name)
+			if !ok || tin.Tenant == nil {
+				return false
+			}
+			tin.Model = m
+			got, err := d.opts.Picker.Pick(cur, tin)
+			if err != nil {
+				return false
+			}
+			dec, placed = got, m
+			d.opts.InFlight.Start(got.Target(m.Name))
+			return true
+		}}
+	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
+	rt.queued = out.Waited
+	switch out.Result {
+	case admission.Started:
+		rt.Model = placed
+		return dec, true, nil
+	case admission.Aborted:
+		return picker.Decision{}, false, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
+	case admission.Removed:
+		return picker.Decision{}, false, &Refusal{Reason: ModelNotFound, Model: name, Tenant: req.Tenant.Name}
+	}
+	return d.degrade(req, rt, in, out)
+}
+
+// current is the snapshot a queued request is placed under: the live one, with the tenant as it now reads
+// (nil when a reload removed it), so a reload's pools apply to requests already waiting.
+func (d *Director) current(snap *policies.Snapshot, in picker.Input) (*policies.Snapshot, picker.Input) {
+	cur := d.opts.Policies.Current()
+	if cur == snap || cur == nil {
+		return snap, in
+	}
+	t, _ := cur.Tenant(in.Tenant.Name)
+	in.Tenant = t
+	return cur, in
+}
+
+// degrade finds a request that cannot start in time somewhere else to go: the cheaper model its tier names for
+// this one, when that has room; the model's managed fallback, when the policy lets it take saturation;
+// otherwise it is shed with a 429 whose retry-after is the queue's drain time.
+func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome) (picker.Decision, bool, *Refusal) {
+	snap, model, tier := req.Snapshot, rt.Model, policies.TierOf(req.Tenant)
+	metrics, why := d.opts.Queue.Metrics(), out.Result.String()
+	if to, ok := snap.DegradeTo(req.Tenant, model); ok {
+		tin := in
+		tin.Model, tin.Adapter = to, ""
+		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
+			metrics.Result(model.Name, tier, "degraded", why)
+			rt.Model = to
+			return dec, false, nil
+		}
+	}
+	if dec, ok := picker.SaturatedFallback(model, in.Adapter); ok {
+		metrics.Result(model.Name, tier, "degraded", why)
+		return dec, false, nil
+	}
+	metrics.Result(model.Name, tier, "shed", why)
+	return picker.Decision{}, false, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name,
+		Err: &picker.NoCapacity{Model: model.Name, Saturated: true, RetryAfter: out.RetryAfter}}
+}

@@ -1,0 +1,375 @@
+package director
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/admission"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/test/fakeclock"
+	"github.com/infergate/infergate/test/wait"
+)
+
+// engines is a fleet whose engine queues the test sets, each reading stamped like a scrape.
+type engines struct {
+	mu    sync.Mutex
+	clock *fakeclock.Clock
+	m     map[string]fleet.EngineMetrics
+}
+
+func (e *engines) Metrics(ep string) (fleet.EngineMetrics, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m, ok := e.m[ep]
+	return m, ok
+}
+
+// set is a fresh reading of an endpoint's waiting requests.
+func (e *engines) set(ep string, waiting float64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m == nil {
+		e.m = map[string]fleet.EngineMetrics{}
+	}
+	at := e.clock.Now()
+	if old, ok := e.m[ep]; ok && !old.At.Before(at) {
+		at = old.At.Add(time.Nanosecond) // a new reading, even within one instant of the fake clock
+	}
+	e.m[ep] = fleet.EngineMetrics{Waiting: waiting, At: at}
+}
+
+// reservations counts what an admission stage reserved and released.
+type reservations struct {
+	mu                 sync.Mutex
+	admitted, released int
+}
+
+func (r *reservations) Admit(context.Context, quota.Request) (*quota.Ticket, *quota.Rejection, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.admitted++
+	return &quota.Ticket{}, nil, nil
+}
+
+func (r *reservations) Settle(*quota.Ticket, int64, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.released++
+}
+
+func (r *reservations) open() int { r.mu.Lock(); defer r.mu.Unlock(); return r.admitted - r.released }
+
+type queueRig struct {
+	t        *testing.T
+	clock    *fakeclock.Clock
+	store    *policies.Store
+	engines  *engines
+	queue    *admission.Queue
+	inflight *fleet.InFlight
+	quotas   *reservations
+	d        *Director
+}
+
+const (
+	big1, big2, small1 = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.1.1:8000"
+)
+
+// newQueueRig is a director over director/testdata/admission.yaml (copied, so a test may rewrite it), with
+// every endpoint's engine reporting the waiting requests given.
+func newQueueRig(t *testing.T, waiting float64) *queueRig {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/admission.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := policies.NewStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := fakeclock.New()
+	r := &queueRig{t: t, clock: clock, store: store, engines: &engines{clock: clock}, inflight: &fleet.InFlight{},
+		quotas: &reservations{}}
+	for _, ep := range []string{big1, big2, small1} {
+		r.engines.set(ep, waiting)
+	}
+	r.queue = admission.New(clock, nil)
+	r.d = New(Options{Policies: store, InFlight: r.inflight, Engines: r.engines, Queue: r.queue, Admission: r.quotas,
+		Now: clock.Now})
+	return r
+}
+
+// routed is one Route call's result.
+type routed struct {
+	rt  *Route
+	err error
+}
+
+// route runs Route in the background, as the ext_proc stream does, and returns where its result will be.
+func (r *queueRig) route(ctx context.Context, key, model string) <-chan routed {
+	r.t.Helper()
+	snap := r.store.Current()
+	tenant, ok := snap.TenantForKey(key)
+	if !ok {
+		r.t.Fatalf("no tenant for %s", key)
+	}
+	body, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"`+model+`","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := make(chan routed, 1)
+	go func() {
+		defer body.Release()
+		rt := &Route{}
+		err := r.d.Route(ctx, Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body,
+			Started: r.clock.Now(), BodyBytes: 100}, rt)
+		out <- routed{rt, err}
+	}()
+	return out
+}
+
+// queued routes a request that must wait, and returns once it does.
+func (r *queueRig) queued(ctx context.Context, key, model string) <-chan routed {
+	r.t.Helper()
+	name := model
+	if m, ok := r.store.Current().Model(model); ok {
+		name = m.Name
+	}
+	before := r.queue.Joined(name)
+	out := r.route(ctx, key, model)
+	wait.For(r.t, key+" to queue", func() bool { return r.queue.Joined(name) > before || len(out) > 0 })
+	return out
+}
+
+func get(t *testing.T, c <-chan routed) routed {
+	t.Helper()
+	select {
+	case res := <-c:
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatal("Route never returned")
+	}
+	return routed{}
+}
+
+func refusalOf(err error) *Refusal {
+	var r *Refusal
+	errors.As(err, &r)
+	return r
+}
+
+// A full fleet queues the request; a request that finishes on an endpoint makes room for it at once.
+func TestQueuedRequestStartsWhenAnEndpointFrees(t *testing.T) {
+	r := newQueueRig(t, 3) // one below maxWaiting 4
+	r.engines.set(big2, 4)
+	first := get(t, r.route(context.Background(), "sk-ent", "big"))
+	if first.err != nil || first.rt.Decision.Endpoints[0] != big1 {
+		t.Fatalf("first request: %v %+v", first.err, first.rt)
+	}
+	waiting := r.queued(context.Background(), "sk-ent2", "big") // big1 now holds 3 + 1 sent since its reading
+	r.d.Settle(first.rt, Outcome{Status: 200})
+	res := get(t, waiting)
+	if res.err != nil || res.rt.Decision.Endpoints[0] != big1 {
+		t.Fatalf("queued request: %v", res.err)
+	}
+	if r.inflight.Count(big1) != 1 {
+		t.Errorf("big1 has %d in flight, want the one that waited", r.inflight.Count(big1))
+	}
+}
+
+// Fresh engine metrics that show room start the queue too.
+func TestFreshMetricsStartTheQueue(t *testing.T) {
+	r := newQueueRig(t, 4)
+	waiting := r.queued(context.Background(), "sk-ent", "big")
+	r.engines.set(big2, 1)
+	r.queue.KickAll() // what the scraper does after each round
+	if res := get(t, waiting); res.err != nil || res.rt.Decision.Endpoints[0] != big2 {
+		t.Fatalf("queued request: %v", res.err)
+	}
+}
+
+// Room that frees goes to the waiting enterprise request, not to a free one that came later, and a request
+// that arrives while others wait joins the queue even when it could have started.
+func TestRoomGoesByPriority(t *testing.T) {
+	r := newQueueRig(t, 4)
+	free := r.queued(context.Background(), "sk-free", "small")
+	ent := r.queued(context.Background(), "sk-ent", "small")
+	r.engines.set(small1, 3) // room for one
+	r.queue.KickAll()
+	if res := get(t, ent); res.err != nil {
+		t.Fatalf("enterprise: %v", res.err)
+	}
+	if r.queue.Len("small") != 1 {
+		t.Fatalf("%d waiting, want the free request still", r.queue.Len("small"))
+	}
+	// Room for one free request (the free tier's headroom is half of maxWaiting: 2), and a second free request
+	// arrives: the one that waited gets it.
+	r.engines.set(small1, 1)
+	late := r.queued(context.Background(), "sk-free2", "small")
+	if res := get(t, free); res.err != nil {
+		t.Fatalf("the free request that waited: %v", res.err)
+	}
+	if r.queue.Len("small") != 1 {
+		t.Fatalf("%d waiting, want the late free request", r.queue.Len("small"))
+	}
+	r.engines.set(small1, 0)
+	r.queue.KickAll()
+	if res := get(t, late); res.err != nil {
+		t.Errorf("the late free request: %v", res.err)
+	}
+}
+
+func TestDeadlineDegradesOrSheds(t *testing.T) {
+	tests := []struct {
+		name, key, model string
+		wait             time.Duration // the tier's: its maxQueueWait, its TTFT target, spec.admission.maxQueueWait
+		check            func(t *testing.T, res routed)
+	}{
+		{"pro degrades to the cheaper model its tier names", "sk-pro", "big", 200 * time.Millisecond, func(t *testing.T, res routed) {
+			if res.err != nil || res.rt.Model.Name != "small" || res.rt.Decision.Endpoints[0] != small1 || res.rt.Edits.Model != "small" {
+				t.Errorf("got %v %+v, want the request on small", res.err, res.rt)
+			}
+		}},
+		{"enterprise overflows to the managed API", "sk-ent", "big", 300 * time.Millisecond, func(t *testing.T, res routed) {
+			if res.err != nil || res.rt.Decision.Fallback == nil || res.rt.Edits.Model != "big-turbo" {
+				t.Errorf("got %v %+v, want the managed fallback", res.err, res.rt)
+			}
+		}},
+		{"free is shed with the queue's retry-after", "sk-free", "small", time.Second, func(t *testing.T, res routed) {
+			rf := refusalOf(res.err)
+			var nc *picker.NoCapacity
+			if rf == nil || rf.Reason != NoCapacity || !errors.As(rf.Err, &nc) || !nc.Saturated || nc.RetryAfter <= 0 {
+				t.Errorf("got %v, want shed as saturated with a retry-after", res.err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newQueueRig(t, 4)
+			if tc.model == "big" {
+				r.engines.set(small1, 0) // the cheaper model has room
+			}
+			c := r.queued(context.Background(), tc.key, tc.model)
+			r.clock.Advance(tc.wait - time.Millisecond)
+			select {
+			case res := <-c:
+				t.Fatalf("left the queue before its deadline: %v", res.err)
+			default:
+			}
+			r.clock.Advance(time.Millisecond)
+			tc.check(t, get(t, c))
+			if r.queue.Len(tc.model) != 0 {
+				t.Errorf("%d still waiting", r.queue.Len(tc.model))
+			}
+		})
+	}
+}
+
+// A client that goes away while queued leaves the queue, releases its quota reservation and never counts in
+// flight anywhere.
+func TestAbortWhileQueuedReleasesTheReservation(t *testing.T) {
+	r := newQueueRig(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := r.queued(ctx, "sk-ent", "big")
+	if r.quotas.open() != 1 {
+		t.Fatalf("%d reservations open while queued, want 1", r.quotas.open())
+	}
+	cancel()
+	res := get(t, c)
+	if rf := refusalOf(res.err); rf == nil || rf.Reason != ClientGone || rf.outcome() != OutcomeReset {
+		t.Fatalf("got %v, want ClientGone", res.err)
+	}
+	if r.quotas.open() != 0 || r.inflight.Total() != 0 || r.queue.Len("big") != 0 {
+		t.Errorf("after the abort: %d reservations, %d in flight, %d queued", r.quotas.open(), r.inflight.Total(), r.queue.Len("big"))
+	}
+	r.engines.set(big1, 0)
+	r.queue.KickAll()
+	if r.inflight.Total() != 0 {
+		t.Error("the aborted request was placed after all")
+	}
+}
+
+// A reload keeps waiting requests and places them under the new policy; one that removes their model answers
+// them with model_not_found at once.
+func TestReloadWhileQueued(t *testing.T) {
+	r := newQueueRig(t, 4)
+	c := r.queued(context.Background(), "sk-ent", "big")
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reload adds a third replica to big: the waiting request goes there.
+	grown := strings.Replace(string(raw), `endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]`, `endpoints: ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]`, 1)
+	r.engines.set("10.0.0.3:8000", 0)
+	reload(t, r.store, path, grown)
+	res := get(t, c)
+	if res.err != nil || res.rt.Decision.Endpoints[0] != "10.0.0.3:8000" {
+		t.Fatalf("after the reload: %v %+v, want the new replica", res.err, res.rt)
+	}
+	c = r.queued(context.Background(), "sk-ent", "small")
+	// The reload removes small (and the tiers and tenants that name it).
+	shrunk := strings.Replace(grown, "  - name: small\n", "  - name: gone\n", 1)
+	shrunk = strings.ReplaceAll(shrunk, "models: [small]", "models: [gone]")
+	shrunk = strings.Replace(shrunk, "to: small", "to: gone", 1)
+	reload(t, r.store, path, shrunk)
+	res = get(t, c)
+	if rf := refusalOf(res.err); rf == nil || rf.Reason != ModelNotFound {
+		t.Fatalf("got %v, want model not found", res.err)
+	}
+	if r.quotas.open() != 1 { // the first request is still in flight; the removed one released its reservation
+		t.Errorf("%d reservations open, want 1", r.quotas.open())
+	}
+}
+
+func reload(t *testing.T, store *policies.Store, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two gateway replicas, each with its own queue and in-flight counts, read the same engine queues. The free
+// tier may fill only half of maxWaiting, so free traffic on one replica cannot take the room an enterprise
+// request on the other needs: priority holds across replicas without them talking to each other.
+func TestHeadroomHoldsPriorityAcrossReplicas(t *testing.T) {
+	a := newQueueRig(t, 0)
+	b := &queueRig{t: t, clock: a.clock, store: a.store, engines: a.engines, inflight: &fleet.InFlight{}, quotas: &reservations{},
+		queue: admission.New(a.clock, nil)}
+	b.d = New(Options{Policies: b.store, InFlight: b.inflight, Engines: b.engines, Queue: b.queue, Admission: b.quotas, Now: b.clock.Now})
+	// Free traffic on replica A fills small1 to the free tier's half of maxWaiting (the engine reports 2).
+	for range 2 {
+		if res := get(t, a.route(context.Background(), "sk-free", "small")); res.err != nil {
+			t.Fatal(res.err)
+		}
+	}
+	a.engines.set(small1, 2)
+	freeA := a.queued(context.Background(), "sk-free2", "small")
+	freeB := b.queued(context.Background(), "sk-free", "small")
+	// Replica B's enterprise request still finds room on the same engine.
+	if res := get(t, b.route(context.Background(), "sk-ent", "small")); res.err != nil || res.rt.Decision.Endpoints[0] != small1 {
+		t.Fatalf("enterprise on replica B: %v", res.err)
+	}
+	a.clock.Advance(time.Second) // the free requests' deadline
+	for _, c := range []<-chan routed{freeA, freeB} {
+		if rf := refusalOf(get(t, c).err); rf == nil || rf.Reason != NoCapacity {
+			t.Errorf("a free request was not shed: %v", rf)
+		}
+	}
+}
