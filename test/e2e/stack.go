@@ -136,9 +136,11 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	procAddr := o.ExtprocAddr
-	var g *gateway.Gateway
-	if procAddr == "" {
+	listen := o.ListenAddr
+	if o.FreePorts || listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	if o.ExtprocAddr == "" {
 		// The production graph, as infergate serve builds it.
 		scrape := o.ScrapeInterval
 		switch {
@@ -147,7 +149,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		case scrape < 0:
 			scrape = 0
 		}
-		g, err = gateway.Build(ctx, gateway.Config{PolicyPath: policyPath, ScrapeInterval: scrape, Logger: o.Logger,
+		rep, err := StartReplica(ctx, ecfg, gateway.Config{PolicyPath: policyPath, ScrapeInterval: scrape, Logger: o.Logger,
 			RedisAddrs: o.RedisAddrs, AuditLog: o.AuditLog, Tracing: o.Tracing,
 			SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
 			OnSettle: func(s extproc.Settlement) {
@@ -155,72 +157,98 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 				case st.Settled <- s:
 				default:
 				}
-			}})
+			}}, real, listen)
 		if err != nil {
 			return nil, err
 		}
-		go func() { <-ctx.Done(); g.Close() }()
-		st.Policies = g.Policies
-		gs := grpc.NewServer(extproc.ServerOptions()...)
-		g.ExtProc.Register(gs)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		go func() { _ = gs.Serve(lis) }()
-		go func() { <-ctx.Done(); gs.Stop() }()
-		procAddr = lis.Addr().String()
-		if st.MetricsURL, err = serveMetrics(ctx, g); err != nil {
-			return nil, err
-		}
+		st.URL, st.ExtProcAddr, st.MetricsURL, st.Policies = rep.URL, rep.ExtProcAddr, rep.MetricsURL, rep.Gateway.Policies
+		return st, nil
 	}
-	st.ExtProcAddr = procAddr
-
+	st.ExtProcAddr = o.ExtprocAddr
 	if ecfg.RDSName != "" {
-		// The bootstrap takes clusters and routes over ADS: run infergate's control plane for the same policy
-		// on a free port and let the data plane fetch them, as Envoy does at startup.
-		xdsAddr := o.XDSAddr
-		switch {
-		case g != nil:
-			xgs := grpc.NewServer()
-			g.XDS.Register(ctx, xgs)
-			xlis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return nil, err
-			}
-			go func() { _ = xgs.Serve(xlis) }()
-			go func() { <-ctx.Done(); xgs.Stop() }()
-			xdsAddr = xlis.Addr().String()
-		case xdsAddr == "":
+		if o.XDSAddr == "" {
 			return nil, fmt.Errorf("%s needs infergate's control plane: the stack's own, or Options.XDSAddr", o.EnvoyFile)
 		}
-		if g == nil {
-			// Envoy keeps its ADS stream and sees endpoints turn healthy; the test data plane fetches once. An
-			// external control plane started before the fleet reports its endpoints unhealthy until it has
-			// scraped them: fetch until it reports them healthy, as Envoy would see them a moment later.
-			if ecfg, err = fetchHealthy(ctx, filepath.Join(o.Root, o.EnvoyFile), xdsAddr); err != nil {
-				return nil, err
-			}
-		} else if err := fetchADS(ctx, ecfg, xdsAddr); err != nil {
+		// Envoy keeps its ADS stream and sees endpoints turn healthy; the test data plane fetches once. An
+		// external control plane started before the fleet reports its endpoints unhealthy until it has
+		// scraped them: fetch until it reports them healthy, as Envoy would see them a moment later.
+		if ecfg, err = fetchHealthy(ctx, filepath.Join(o.Root, o.EnvoyFile), o.XDSAddr); err != nil {
 			return nil, err
 		}
 	}
-	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: real, Logger: o.Logger})
+	if st.URL, err = serveDataPlane(ctx, ecfg, o.ExtprocAddr, real, listen, o.Logger); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Replica is one gateway replica: infergate in process, as infergate serve builds it, and the data plane in
+// front of it.
+type Replica struct {
+	URL, ExtProcAddr, MetricsURL string
+	Gateway                      *gateway.Gateway
+}
+
+// StartReplica builds a gateway from cfg with its ext_proc server, control plane and /metrics on free
+// loopback ports, and serves the data plane ecfg describes on listen in front of it (a bootstrap that takes
+// its clusters and routes over ADS fetches them from this gateway). upstreams maps addresses in the policy to
+// those bound (nil: as written). Everything stops when ctx ends.
+func StartReplica(ctx context.Context, ecfg *envoysim.Config, cfg gateway.Config, upstreams map[string]string, listen string) (*Replica, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	g, err := gateway.Build(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	listen := o.ListenAddr
-	if o.FreePorts || listen == "" {
-		listen = "127.0.0.1:0"
+	go func() { <-ctx.Done(); g.Close() }()
+	rep := &Replica{Gateway: g}
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	g.ExtProc.Register(gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = gs.Serve(lis) }()
+	go func() { <-ctx.Done(); gs.Stop() }()
+	rep.ExtProcAddr = lis.Addr().String()
+	if rep.MetricsURL, err = serveMetrics(ctx, g); err != nil {
+		return nil, err
+	}
+	if ecfg.RDSName != "" {
+		// The bootstrap takes clusters and routes over ADS: serve this gateway's control plane on a free port
+		// and let the data plane fetch them, as Envoy does at startup.
+		xgs := grpc.NewServer()
+		g.XDS.Register(ctx, xgs)
+		xlis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		go func() { _ = xgs.Serve(xlis) }()
+		go func() { <-ctx.Done(); xgs.Stop() }()
+		if err := fetchADS(ctx, ecfg, xlis.Addr().String()); err != nil {
+			return nil, err
+		}
+	}
+	if rep.URL, err = serveDataPlane(ctx, ecfg, rep.ExtProcAddr, upstreams, listen, cfg.Logger); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// serveDataPlane serves the Envoy-faithful data plane on listen until ctx ends, and returns its base URL.
+func serveDataPlane(ctx context.Context, ecfg *envoysim.Config, procAddr string, upstreams map[string]string, listen string, log *slog.Logger) (string, error) {
+	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: upstreams, Logger: log})
+	if err != nil {
+		return "", err
 	}
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		dp.Close()
-		return nil, fmt.Errorf("data plane: %w", err)
+		return "", fmt.Errorf("data plane: %w", err)
 	}
 	go func() { _ = dp.Serve(ctx, lis); dp.Close() }()
-	st.URL = "http://" + lis.Addr().String()
-	return st, nil
+	return "http://" + lis.Addr().String(), nil
 }
 
 // fetchADS takes the bootstrap's clusters and routes from addr, as Envoy does at startup.
