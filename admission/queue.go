@@ -155,6 +155,9 @@ func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Out
 		}
 		q.finish(mq, victim, Full)
 	}
+	if !e.Deadline.After(now) {
+		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
+	}
 	if wait, ok := mq.predictedWait(e.Class.Priority, now); ok && now.Add(wait).After(e.Deadline) {
 		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
 	}

@@ -62,6 +62,7 @@ type Options struct {
 type Director struct {
 	opts     Options
 	warnings *upstreamWarnings
+	starts   startLatency
 }
 
 // New builds a Director; Policies is required, everything else has a default.

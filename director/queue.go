@@ -17,17 +17,20 @@ func (d *Director) queueing(snap *policies.Snapshot) bool {
 // placed and counted in flight, started reports it), and degrades or sheds it when it cannot start in time.
 func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.Input, tokens int64) (dec picker.Decision, started bool, r *Refusal) {
 	snap, q := req.Snapshot, d.opts.Queue
-	set := snap.Admission()
-	maxWait := snap.MaxQueueWait(req.Tenant, rt.Model)
+	set, name := snap.Admission(), rt.Model.Name
+	maxWait := snap.MaxQueueWait(req.Tenant)
 	if req.MaxQueueWait > 0 {
 		maxWait = min(maxWait, req.MaxQueueWait)
+	}
+	if ttft := rt.targets.TTFT; ttft > 0 {
+		// Started later than this, the request would reach its first token too late to be good.
+		maxWait = min(maxWait, max(0, ttft-d.starts.bound(name)))
 	}
 	arrived := req.Started
 	if arrived.IsZero() {
 		arrived = d.opts.Now()
 	}
 	class := snap.QueueClass(req.Tenant)
-	name := rt.Model.Name
 	var placed *policies.Model
 	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
 		Deadline: arrived.Add(maxWait), Try: func() bool {

@@ -137,6 +137,9 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	st.Usage, st.Reported, st.CostUSD = usage, o.Reported, cost
 	st.Timing = timingOf(rt, o, usage)
 	st.Good = good(st)
+	if d.opts.Queue != nil && st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 && rt.Decision.Fallback == nil {
+		d.starts.observe(model.Name, st.Timing.TTFT-st.Timing.Queued)
+	}
 	st.PromptSHA256, st.OutputSHA256, st.TraceID = o.PromptSHA256, o.OutputSHA256, o.TraceID
 	if est := rt.Decision.EstimatedPromptTokens; est > 0 {
 		st.PrefixShare = min(1, float64(rt.Decision.ExpectedCachedTokens)/float64(est))

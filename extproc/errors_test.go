@@ -33,6 +33,7 @@ func TestClientErrors(t *testing.T) {
 		{"quota store failed", refusal(director.QuotaFailed, fmt.Errorf("boom")), 500, ""},
 		{"spend", refusal(director.OverQuota, &quota.Rejection{Kind: quota.KindSpend, Scope: "tenant", Limit: 1000}), 429, "insufficient_quota"},
 		{"conversation", refusal(director.OverQuota, &quota.Rejection{Kind: quota.KindConversation, Scope: "tenant"}), 429, "conversation_token_limit"},
+		{"client gone while queued", refusal(director.ClientGone, nil), 499, "client_closed_request"},
 		{"unknown", fmt.Errorf("something else"), 500, ""},
 	}
 	for _, tc := range tests {
@@ -42,6 +43,23 @@ func TestClientErrors(t *testing.T) {
 				t.Errorf("got %d %q, want %d %q", e.Status, e.Code, tc.status, tc.code)
 			}
 		})
+	}
+}
+
+// A request shed by the admission queue is told to come back when the queue has drained, not in a second.
+func TestShedRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		retry     time.Duration
+		after, ms string
+	}{
+		{0, "1", "500"},
+		{2300 * time.Millisecond, "3", "2300"},
+	} {
+		e := clientError(&director.Refusal{Reason: director.NoCapacity, Model: "m",
+			Err: &picker.NoCapacity{Model: "m", Saturated: true, RetryAfter: tc.retry}})
+		if e.Status != 429 || e.Header["retry-after"] != tc.after || e.Header["retry-after-ms"] != tc.ms {
+			t.Errorf("retry %v: %d, retry-after %q, retry-after-ms %q", tc.retry, e.Status, e.Header["retry-after"], e.Header["retry-after-ms"])
+		}
 	}
 }
 

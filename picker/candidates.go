@@ -3,6 +3,7 @@ package picker
 import (
 	"slices"
 
+	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -12,9 +13,9 @@ import (
 // overflow, and returns the engine's KV block size when one reports it (0 otherwise).
 func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored, saturated, unavailable, blockTokens int) {
 	routing := snap.Routing()
-	limit := float64(routing.MaxWaiting)
+	headroom, replicas := 1.0, float64(max(1, snap.QuotaSettings().GatewayReplicas))
 	if in.Queueing {
-		limit = max(1, limit*snap.QueueClass(in.Tenant).Headroom)
+		headroom = snap.QueueClass(in.Tenant).Headroom
 	}
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]
@@ -26,15 +27,11 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: tps, cost: cost}
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
-				waiting := m.Waiting
-				if in.Queueing && fresh {
-					waiting = max(0, waiting+float64(p.InFlight.SinceReading(ep, m.At)))
-				}
 				switch {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
 					continue
-				case waiting >= limit:
+				case !p.hasRoom(ep, m, pool.MaxConcurrency, routing.MaxWaiting, headroom, replicas, in.Queueing):
 					saturated++
 					continue
 				}
@@ -87,4 +84,21 @@ func fallbackFor(model *policies.Model, adapter, cond string) (Decision, bool) {
 		}
 	}
 	return Decision{}, false
+}
+
+// hasRoom says whether an endpoint may take a request: while its engine's queue is below maxWaiting. With the
+// admission queue, the engine's load is what it last reported plus what the gateway replicas sent it since
+// (less what finished) — this process's own count times the replicas (spec.quotas.gatewayReplicas), which fill
+// the same engines alike — and a tier may fill it to headroom × (the pool's maxConcurrency + maxWaiting)
+// running and waiting requests, or, when the pool does not say its batch size, to headroom × maxWaiting
+// waiting ones: lower tiers leave room that every gateway replica sees in the same engine metrics.
+func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, slots, maxWaiting int, headroom, replicas float64, queueing bool) bool {
+	if !queueing {
+		return m.Waiting < float64(maxWaiting)
+	}
+	since := replicas * float64(p.InFlight.SinceReading(ep, m.At))
+	if slots > 0 {
+		return max(0, m.Running+m.Waiting+since) < headroom*float64(slots+maxWaiting)
+	}
+	return max(0, m.Waiting+since) < headroom*float64(maxWaiting)
 }

@@ -41,16 +41,14 @@ func (s *Snapshot) QueueClass(t *Tenant) QueueClass {
 	return QueueClass{Tier: TierOf(t), Weight: 1, Headroom: 1}
 }
 
-// MaxQueueWait is the longest a tenant's request to a model may wait for room before it is degraded or shed:
-// the tier's maxQueueWait, else its TTFT target (a request that has not started by then cannot meet it), never
-// more than spec.admission.maxQueueWait.
-func (s *Snapshot) MaxQueueWait(t *Tenant, m *Model) time.Duration {
+// MaxQueueWait is the longest a tenant's request may wait for room before it is degraded or shed: the tier's
+// maxQueueWait, never more than spec.admission.maxQueueWait. The director also ends the wait once what is left
+// of the request's TTFT target is no more than the model's requests take from leaving the queue to their
+// first token.
+func (s *Snapshot) MaxQueueWait(t *Tenant) time.Duration {
 	limit := s.admission.MaxQueueWait
 	if r, ok := s.queueRules[t]; ok && r.maxWait > 0 {
 		return min(r.maxWait, limit)
-	}
-	if tg := s.SLO(t, m); tg.TTFT > 0 {
-		return min(tg.TTFT, limit)
 	}
 	return limit
 }

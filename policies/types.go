@@ -188,6 +188,11 @@ type Pool struct {
 	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
 	// Endpoints are the replicas as ip:port; they become EDS endpoints and x-gateway-destination-endpoint values.
 	Endpoints []string `yaml:"endpoints" json:"endpoints" jsonschema:"minItems=1"`
+	// MaxConcurrency is how many requests one replica runs at once (vLLM --max-num-seqs, SGLang
+	// --max-running-requests). With spec.admission, it lets a tier whose headroom is below 1 leave batch slots
+	// free for higher tiers, so their requests start at once instead of behind a lower tier's in the engine's
+	// queue; without it, headroom applies to routing.maxWaiting alone.
+	MaxConcurrency int `yaml:"maxConcurrency,omitempty" json:"maxConcurrency,omitempty" jsonschema:"minimum=0"`
 }
 
 // Fallback conditions: when the self-hosted pools cannot take a request.

@@ -391,6 +391,9 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 		if len(pl.Endpoints) == 0 {
 			v.fail(append(pb, "endpoints"), "at least one endpoint is required")
 		}
+		if pl.MaxConcurrency < 0 {
+			v.fail(append(slices.Clone(pb), "maxConcurrency"), "must not be negative, got %d", pl.MaxConcurrency)
+		}
 		for k, ep := range pl.Endpoints {
 			ap, err := netip.ParseAddrPort(ep)
 			switch {

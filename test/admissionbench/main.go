@@ -1,0 +1,210 @@
+// Command admissionbench measures what the admission queue does for goodput under overload, end to end: the
+// simulated fleet, infergate in process (as infergate serve builds it) and the Envoy-faithful data plane
+// (deploy/envoy/envoy-xds.yaml), driven by open-loop Poisson traffic from three tiers. It first measures the
+// fleet's capacity, then runs each variant at its load (3× capacity, and 1× for the baseline) followed by
+// 0.5×, and reports medians of -runs with the targets met or not.
+//
+//	go run ./test/admissionbench            (make bench-admission)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/infergate/infergate/fleetsim"
+	"github.com/infergate/infergate/gateway"
+	"github.com/infergate/infergate/test/e2e"
+	"github.com/infergate/infergate/test/envoysim"
+)
+
+func main() {
+	runs := flag.Int("runs", 3, "runs per variant (the table shows medians)")
+	overload := flag.Duration("overload", 20*time.Second, "how long the overload lasts")
+	after := flag.Duration("after", 10*time.Second, "how long the 0.5× load lasts after it")
+	timeScale := flag.Float64("timescale", 1, "real seconds per simulated second of the fleet")
+	only := flag.String("only", "", "run only the variants whose name contains this")
+	verbose := flag.Bool("v", false, "print the gateways' admission series after each run")
+	flag.Parse()
+	log.SetFlags(0)
+	root, err := e2e.FindRoot()
+	if err != nil {
+		log.Fatal(err)
+	}
+	b := &bench{root: root, timeScale: *timeScale, overload: *overload, after: *after, only: *only, verbose: *verbose}
+	if err := b.run(*runs); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type bench struct {
+	root            string
+	timeScale       float64
+	overload, after time.Duration
+	only            string
+	verbose         bool
+	// capacity is the requests per second the large model's fleet completes when saturated.
+	capacity    float64
+	uncontended time.Duration // TTFT p95 of an idle fleet
+}
+
+// The fleet: the model every tier asks for on two H200 replicas with small batches (so that a few dozen
+// requests a second saturate it, and the machine running the benchmark does not saturate first), and the
+// cheaper model the pro tier degrades to on one L40S.
+const (
+	batch     = 16
+	maxTokens = 64
+)
+
+func fleetConfig(timeScale float64) fleetsim.Config {
+	cfg := fleetsim.Config{TimeScale: timeScale}
+	for _, r := range []struct{ name, model, hw string }{
+		{"big-0", "big-served", "h200"}, {"big-1", "big-served", "h200"}, {"small-0", "small-served", "l40s"},
+	} {
+		cfg.Replicas = append(cfg.Replicas, fleetsim.ReplicaConfig{Name: r.name, Addr: "127.0.0.1:0", Model: r.model,
+			Hardware: r.hw, NumGPUBlocks: 8192, MaxNumSeqs: batch, MaxTokensDefault: maxTokens})
+	}
+	cfg.Replicas[2].MaxNumSeqs = 2 * batch
+	return cfg
+}
+
+// run measures the capacity, then every variant -runs times (interleaved), and prints the table.
+func (b *bench) run(runs int) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := b.calibrate(ctx); err != nil {
+		return fmt.Errorf("calibration: %w", err)
+	}
+	results := map[string][]result{}
+	for r := range runs {
+		for _, v := range variants {
+			if !v.selected(b.only) {
+				continue
+			}
+			res, err := b.measure(ctx, v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			results[v.name] = append(results[v.name], res)
+			fmt.Fprintf(os.Stderr, "run %d  %-44s %s\n", r+1, v.name, res.summary())
+		}
+	}
+	b.report(os.Stdout, results)
+	return nil
+}
+
+// stackFor starts a fleet and the variant's gateway replicas, each with its own data plane; all stop with ctx.
+func (b *bench) stackFor(ctx context.Context, v variant) ([]*e2e.Replica, error) {
+	fleet, err := fleetsim.Start(ctx, fleetConfig(b.timeScale))
+	if err != nil {
+		return nil, err
+	}
+	addrs := map[string]string{}
+	for _, r := range fleet.Replicas {
+		addrs[r.Name()] = r.Addr()
+	}
+	dir, err := os.MkdirTemp("", "admissionbench")
+	if err != nil {
+		return nil, err
+	}
+	go func() { <-ctx.Done(); _ = os.RemoveAll(dir) }()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(v.policy(addrs, b.timeScale)), 0o600); err != nil {
+		return nil, err
+	}
+	var reps []*e2e.Replica
+	for range max(1, v.replicas) {
+		ecfg, err := envoysim.LoadFile(filepath.Join(b.root, "deploy/envoy/envoy-xds.yaml"))
+		if err != nil {
+			return nil, err
+		}
+		rep, err := e2e.StartReplica(ctx, ecfg, gateway.Config{PolicyPath: path, ScrapeInterval: scrapeEvery}, nil, "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, rep)
+	}
+	return reps, nil
+}
+
+// scrapeEvery is how often the gateways read the engines' metrics (infergate serve's default is 100 ms).
+const scrapeEvery = 50 * time.Millisecond
+
+// calibrate measures the large model's capacity with a closed loop that keeps every batch full with a queue
+// behind it, and the TTFT of an idle fleet.
+func (b *bench) calibrate(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reps, err := b.stackFor(ctx, variantCalibration)
+	if err != nil {
+		return err
+	}
+	lg := newLoad(reps, false)
+	idle := lg.closedLoop(ctx, 1, 3*time.Second)
+	b.uncontended = percentile(ttfts(idle), 0.95)
+	const busyFor = 10 * time.Second
+	busy := lg.closedLoop(ctx, 4*batch, busyFor)
+	done := 0
+	for _, s := range busy {
+		if s.status == 200 {
+			done++
+		}
+	}
+	if done == 0 {
+		return fmt.Errorf("no request completed")
+	}
+	b.capacity = float64(done) / busyFor.Seconds()
+	fmt.Fprintf(os.Stderr, "capacity %.1f requests/s, idle TTFT p95 %v\n", b.capacity, b.uncontended)
+	return nil
+}
+
+// measure runs one variant: its load for b.overload, then 0.5× capacity for b.after.
+func (b *bench) measure(ctx context.Context, v variant) (result, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reps, err := b.stackFor(ctx, v)
+	if err != nil {
+		return result{}, err
+	}
+	lg := newLoad(reps, v.singleTenant)
+	peaks := watchPeaks(ctx, reps)
+	start := time.Now()
+	lg.open(ctx, v.load*b.capacity, b.overload)
+	calmFrom := time.Now()
+	lg.open(ctx, 0.5*b.capacity, b.after)
+	samples := lg.wait()
+	if b.verbose {
+		dumpAdmission(reps)
+	}
+	return b.summarise(samples, start, calmFrom, peaks.stop()), nil
+}
+
+// dumpAdmission prints what the gateways' admission queues counted.
+func dumpAdmission(reps []*e2e.Replica) {
+	for i, r := range reps {
+		fams, _ := r.Gateway.Registry.Gather()
+		for _, f := range fams {
+			if !strings.HasPrefix(f.GetName(), "infergate_admission_results") && f.GetName() != "infergate_admission_wait_seconds" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				var labels []string
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				v := m.GetCounter().GetValue()
+				if h := m.GetHistogram(); h != nil {
+					v = h.GetSampleSum() / math.Max(1, float64(h.GetSampleCount()))
+					labels = append(labels, fmt.Sprintf("n=%d", h.GetSampleCount()))
+				}
+				fmt.Fprintf(os.Stderr, "  replica %d %s{%s} %.3f\n", i, f.GetName(), strings.Join(labels, ","), v)
+			}
+		}
+	}
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"runtime/metrics"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/test/e2e"
+	"github.com/infergate/infergate/test/loadgen"
+)
+
+// result is one run of one variant.
+type result struct {
+	sent, good, served, degraded [3]float64 // per class, during the overload; good, served and degraded as shares of sent
+	goodput                      float64    // good requests per second of the overload (simulated seconds)
+	lost                         int        // requests that ended in neither a response nor a clear error
+	ttftP95                      [3]time.Duration
+	recovery                     time.Duration // after the overload, until TTFT p95 is back near the idle fleet's
+	peakHeap                     uint64
+	peakQueue, peakQueueBytes    float64
+}
+
+func percentile(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[min(len(v)-1, max(0, int(math.Ceil(p*float64(len(v))))-1))]
+}
+
+func ttfts(ss []sample) []time.Duration {
+	var out []time.Duration
+	for _, s := range ss {
+		if s.status == 200 {
+			out = append(out, s.ttft)
+		}
+	}
+	return out
+}
+
+// summarise turns a run's samples into its result: the overload's shares and goodput by arrival, then how
+// long after it TTFT came back.
+func (b *bench) summarise(samples []sample, start, calmFrom time.Time, p peak) result {
+	r := result{peakHeap: p.heap, peakQueue: p.queue, peakQueueBytes: p.bytes}
+	var counts, good, served, degraded [3]int
+	var lat [3][]time.Duration
+	for _, s := range samples {
+		if s.status == 0 || (s.status == 200 && !s.usage) {
+			r.lost++
+		}
+		if s.sent.After(calmFrom) {
+			continue
+		}
+		counts[s.class]++
+		if s.status != 200 {
+			continue
+		}
+		served[s.class]++
+		lat[s.class] = append(lat[s.class], s.ttft)
+		if strings.HasPrefix(s.replica, "small") {
+			degraded[s.class]++
+		}
+		if b.sim(s.ttft) <= classes[s.class].ttft {
+			good[s.class]++
+		}
+	}
+	total := 0
+	for i := range classes {
+		n := float64(max(1, counts[i]))
+		r.sent[i] = float64(counts[i])
+		r.good[i], r.served[i], r.degraded[i] = float64(good[i])/n, float64(served[i])/n, float64(degraded[i])/n
+		r.ttftP95[i] = time.Duration(float64(percentile(lat[i], 0.95)) / b.timeScale)
+		total += good[i]
+	}
+	r.goodput = float64(total) / (calmFrom.Sub(start).Seconds() / b.timeScale)
+	r.recovery = b.recovery(samples, calmFrom)
+	return r
+}
+
+func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float64(d) / b.timeScale) }
+
+// recovery is how long after the overload the TTFT p95 of the requests sent in a 1 s window is within twice
+// the idle fleet's (at least 100 ms): the queue has drained. The end of the run when it never is.
+func (b *bench) recovery(samples []sample, calmFrom time.Time) time.Duration {
+	limit := max(2*b.uncontended, 100*time.Millisecond)
+	const window, step = time.Second, 250 * time.Millisecond
+	for at := calmFrom; at.Before(calmFrom.Add(b.after - window)); at = at.Add(step) {
+		var w []time.Duration
+		for _, s := range samples {
+			if s.status == 200 && !s.sent.Before(at) && s.sent.Before(at.Add(window)) {
+				w = append(w, s.ttft)
+			}
+		}
+		if len(w) >= 3 && percentile(w, 0.95) <= limit {
+			return b.sim(at.Sub(calmFrom))
+		}
+	}
+	return b.sim(b.after)
+}
+
+func (r result) summary() string {
+	var s strings.Builder
+	for i, c := range classes {
+		fmt.Fprintf(&s, "%s good %.0f%% served %.0f%% · ", c.tier, 100*r.good[i], 100*r.served[i])
+	}
+	fmt.Fprintf(&s, "goodput %.1f/s, lost %d, recovery %v", r.goodput, r.lost, r.recovery)
+	return s.String()
+}
+
+// peak is the most the process's heap and the gateways' queues held during a run.
+type peak struct {
+	heap         uint64
+	queue, bytes float64
+}
+
+type peakWatch struct {
+	mu   sync.Mutex
+	p    peak
+	stop func() peak
+}
+
+// watchPeaks samples the heap and the queues' gauges every 100 ms until stop.
+func watchPeaks(ctx context.Context, reps []*e2e.Replica) *peakWatch {
+	w := &peakWatch{}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		heap := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		for {
+			metrics.Read(heap)
+			var q, qb float64
+			for _, r := range reps {
+				fams, _ := r.Gateway.Registry.Gather()
+				for _, f := range fams {
+					for _, m := range f.GetMetric() {
+						switch f.GetName() {
+						case "infergate_admission_queue_requests":
+							q += m.GetGauge().GetValue()
+						case "infergate_admission_queue_bytes":
+							qb += m.GetGauge().GetValue()
+						}
+					}
+				}
+			}
+			w.mu.Lock()
+			w.p.heap, w.p.queue, w.p.bytes = max(w.p.heap, heap[0].Value.Uint64()), max(w.p.queue, q), max(w.p.bytes, qb)
+			w.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	w.stop = func() peak {
+		cancel()
+		<-done
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.p
+	}
+	return w
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
+
+// report prints the medians of each variant and the targets.
+func (b *bench) report(out io.Writer, results map[string][]result) {
+	fmt.Fprintf(out, "Fleet: 2 H200 replicas of the large model (batch %d, %d output tokens), 1 L40S replica of the small one; "+
+		"capacity %.1f requests/s of the large model (simulated), idle TTFT p95 %v. Tiers: enterprise %.0f%%, pro %.0f%%, "+
+		"free %.0f%% of the load; TTFT targets %v, %v, %v. Medians of %d runs.\n\n",
+		batch, maxTokens, b.capacity*b.timeScale, b.sim(b.uncontended), 100*classes[0].share, 100*classes[1].share,
+		100*classes[2].share, classes[0].ttft, classes[1].ttft, classes[2].ttft, len(results[variantAdmission.name]))
+	fmt.Fprintln(out, "| variant | enterprise good | pro served (degraded) | free served | TTFT p95 ent / pro / free | goodput | lost | recovery | peak queue | peak heap |")
+	fmt.Fprintln(out, "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+	med := func(name string, f func(result) float64) float64 {
+		if len(results[name]) == 0 {
+			return 0
+		}
+		return loadgen.Median(results[name], f)
+	}
+	for _, v := range variants {
+		rs := results[v.name]
+		if len(rs) == 0 {
+			continue
+		}
+		n := v.name
+		fmt.Fprintf(out, "| %s | %.1f%% | %.1f%% (%.1f%%) | %.1f%% | %v / %v / %v | %.1f/s | %.0f | %v | %.0f (%.1f MiB) | %.0f MiB |\n", n,
+			100*med(n, func(r result) float64 { return r.good[0] }),
+			100*med(n, func(r result) float64 { return r.served[1] }), 100*med(n, func(r result) float64 { return r.degraded[1] }),
+			100*med(n, func(r result) float64 { return r.served[2] }),
+			time.Duration(med(n, func(r result) float64 { return float64(r.ttftP95[0]) })).Round(time.Millisecond),
+			time.Duration(med(n, func(r result) float64 { return float64(r.ttftP95[1]) })).Round(time.Millisecond),
+			time.Duration(med(n, func(r result) float64 { return float64(r.ttftP95[2]) })).Round(time.Millisecond),
+			med(n, func(r result) float64 { return r.goodput }), med(n, func(r result) float64 { return float64(r.lost) }),
+			time.Duration(med(n, func(r result) float64 { return float64(r.recovery) })).Round(10*time.Millisecond),
+			med(n, func(r result) float64 { return r.peakQueue }), med(n, func(r result) float64 { return r.peakQueueBytes })/(1<<20),
+			med(n, func(r result) float64 { return float64(r.peakHeap) })/(1<<20))
+	}
+	b.targets(out, results, med)
+}
+
+// targets prints each of the targets with the figures it compares.
+func (b *bench) targets(out io.Writer, results map[string][]result, med func(string, func(result) float64) float64) {
+	if len(results[variantAdmission.name]) == 0 {
+		return
+	}
+	a, two := variantAdmission.name, variantTwo.name
+	goodput := func(name string) float64 { return med(name, func(r result) float64 { return r.goodput }) }
+	entGood := med(a, func(r result) float64 { return r.good[0] })
+	proServed := med(a, func(r result) float64 { return r.served[1] })
+	shed := func(i int) float64 { return 1 - med(a, func(r result) float64 { return r.served[i] }) }
+	fmt.Fprintln(out, "\nTargets (3× capacity, admission):")
+	fmt.Fprintf(out, "- enterprise goodput %.1f%% ≥ 95%%: %s\n", 100*entGood, verdict(entGood >= 0.95))
+	fmt.Fprintf(out, "- pro served %.1f%% ≥ 60%%: %s\n", 100*proServed, verdict(proServed >= 0.6))
+	fmt.Fprintf(out, "- free shed first (shed: free %.1f%%, pro %.1f%%, enterprise %.1f%%): %s\n", 100*shed(2), 100*shed(1), 100*shed(0),
+		verdict(shed(2) >= shed(1) && shed(1) >= shed(0)))
+	if g1 := goodput(variantBaseline.name); len(results[variantBaseline.name]) > 0 {
+		fmt.Fprintf(out, "- goodput at 3× %.1f/s ≥ 0.9 × at 1× %.1f/s (%.2f): %s\n", goodput(a), g1, goodput(a)/g1, verdict(goodput(a) >= 0.9*g1))
+	}
+	for _, other := range []string{variantDefault.name, variantFIFO.name} {
+		if g := goodput(other); len(results[other]) > 0 {
+			ratio := goodput(a) / math.Max(g, 1e-9)
+			fmt.Fprintf(out, "- goodput %.1f/s ≥ 1.3 × %q %.1f/s (%.2f): %s\n", goodput(a), other, g, ratio, verdict(ratio >= 1.3))
+		}
+	}
+	lost := 0.0
+	for _, rs := range results {
+		for _, r := range rs {
+			lost = max(lost, float64(r.lost))
+		}
+	}
+	fmt.Fprintf(out, "- no request lost (most in any run: %.0f): %s\n", lost, verdict(lost == 0))
+	rec := time.Duration(med(a, func(r result) float64 { return float64(r.recovery) }))
+	fmt.Fprintf(out, "- TTFT p95 back within 2× idle (at least 100 ms) %v after the overload, ≤ 5s: %s\n", rec.Round(10*time.Millisecond), verdict(rec <= 5*time.Second))
+	if len(results[two]) > 0 {
+		e2 := med(two, func(r result) float64 { return r.good[0] })
+		fmt.Fprintf(out, "- two gateway replicas: enterprise goodput %.1f%% ≥ 95%%: %s\n", 100*e2, verdict(e2 >= 0.95))
+	}
+}

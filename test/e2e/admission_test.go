@@ -1,0 +1,241 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/envoysim"
+	"github.com/infergate/infergate/test/loadgen"
+	"github.com/infergate/infergate/test/wait"
+)
+
+// busyEngine is a stand-in vLLM replica whose /metrics reports the queue the test sets, and which answers every
+// chat request it receives at once.
+type busyEngine struct {
+	*httptest.Server
+	waiting  atomic.Int64
+	received atomic.Int64
+}
+
+func newBusyEngine(t *testing.T) *busyEngine {
+	e := &busyEngine{}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			_, _ = fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\n"+
+				"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 8\n", e.waiting.Load())
+		case "/health":
+		default:
+			e.received.Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("content-type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+		}
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *busyEngine) addr() string { return strings.TrimPrefix(e.URL, "http://") }
+
+// admissionStack is the data plane configured by envoyFile (a copy of a shipped one, edited by edit) in front
+// of an in-process gateway whose policy queues requests for model m on one busy engine.
+func admissionStack(t *testing.T, e *busyEngine, edit func(string) string, quota string, redis []string) *Stack {
+	t.Helper()
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	envoy, err := os.ReadFile(filepath.Join(root, "deploy/envoy/envoy-xds.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := fmt.Sprintf(`apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  routing: {maxWaiting: 1}
+  admission: {maxQueueWait: 4s}
+  hardwareClasses: {h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}}
+  models:
+  - name: m
+    pools:
+    - {name: p, hardwareClass: h200, engine: vllm, endpoints: [%q]}
+  tenants:
+  - {name: acme, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]%s}
+`, e.addr(), quota)
+	dir := stackFiles(t, map[string]string{"envoy.yaml": edit(string(envoy)), "policy.yaml": policy, "fleet.yaml": "replicas: []\n"})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
+		ScrapeInterval: 20 * time.Millisecond, RedisAddrs: redis})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// asBuffered turns the shipped FULL_DUPLEX_STREAMED bootstrap into the BUFFERED one's processing modes, with
+// the message timeout the shipped BUFFERED configs set.
+func asBuffered(t *testing.T) func(string) string {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := envoysim.LoadFile(filepath.Join(root, "deploy/envoy/envoy-buffered.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeout := cfg.ExtProc.GetMessageTimeout().AsDuration()
+	return func(s string) string {
+		s = strings.Replace(s, "request_body_mode: FULL_DUPLEX_STREAMED", "request_body_mode: BUFFERED", 1)
+		s = strings.Replace(s, "request_trailer_mode: SEND", "request_trailer_mode: SKIP", 1)
+		s = strings.Replace(s, "response_body_mode: FULL_DUPLEX_STREAMED", "response_body_mode: STREAMED", 1)
+		s = strings.Replace(s, "response_trailer_mode: SEND", "response_trailer_mode: SKIP", 1)
+		return strings.Replace(s, "message_timeout: 10s", "message_timeout: "+timeout.String(), 1)
+	}
+}
+
+// queued reads the gateway's admission queue length for m.
+func queued(t *testing.T, st *Stack) float64 {
+	t.Helper()
+	resp, err := http.Get(st.MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, m := range fams["infergate_admission_queue_requests"].GetMetric() {
+		total += m.GetGauge().GetValue()
+	}
+	return total
+}
+
+const admissionChat = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+// Every shipped config that sends bodies BUFFERED (or STREAMED) arms Envoy's message timeout: it must be the
+// timeout the policy's admission default assumes, or queued requests would meet Envoy's 504.
+func TestShippedBufferedTimeoutsMatchThePolicyDefault(t *testing.T) {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := envoysim.LoadFile(filepath.Join(root, "deploy/envoy/envoy-buffered.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.ExtProc.GetMessageTimeout().AsDuration(); got != policies.DefaultBufferedMessageTimeout {
+		t.Errorf("envoy-buffered.yaml message_timeout %v, spec.admission.bufferedMessageTimeout defaults to %v", got, policies.DefaultBufferedMessageTimeout)
+	}
+	istio, err := os.ReadFile(filepath.Join(root, "deploy/istio/envoyfilter.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(istio), "request_body_mode: BUFFERED") || !strings.Contains(string(istio), "message_timeout: "+policies.DefaultBufferedMessageTimeout.String()) {
+		t.Errorf("deploy/istio/envoyfilter.yaml: BUFFERED without message_timeout: %v", policies.DefaultBufferedMessageTimeout)
+	}
+}
+
+// In BUFFERED mode Envoy's message timeout bounds how long the processor may hold the routing answer: a
+// request still queued when it nears is shed with the gateway's own 429, never Envoy's 504.
+func TestBufferedQueueWaitEndsBeforeEnvoysTimeout(t *testing.T) {
+	e := newBusyEngine(t)
+	e.waiting.Store(5)
+	st := admissionStack(t, e, asBuffered(t), "", nil)
+	start := time.Now()
+	resp, body := postChat(t, st, admissionChat)
+	elapsed := time.Since(start)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "model_overloaded") || resp.Header.Get("retry-after") == "" {
+		t.Fatalf("got %d %s (retry-after %q), want the gateway's 429", resp.StatusCode, body, resp.Header.Get("retry-after"))
+	}
+	limit := policies.DefaultBufferedMessageTimeout
+	if elapsed >= limit || elapsed < limit-policies.BufferedWaitMargin-100*time.Millisecond {
+		t.Errorf("answered after %v: want the queue to hold it until %v before Envoy's %v", elapsed, limit-policies.BufferedWaitMargin, limit)
+	}
+	if e.received.Load() != 0 {
+		t.Errorf("the engine got %d requests", e.received.Load())
+	}
+}
+
+// In FULL_DUPLEX_STREAMED mode Envoy arms no message timeout: a request waits longer than any message timeout
+// would allow and is served once the engine has room.
+func TestFullDuplexQueueWaitOutlastsAMessageTimeout(t *testing.T) {
+	e := newBusyEngine(t)
+	e.waiting.Store(5)
+	st := admissionStack(t, e, func(s string) string { return strings.Replace(s, "message_timeout: 10s", "message_timeout: 0.5s", 1) }, "", nil)
+	type answer struct {
+		status int
+		body   string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, body := postChat(t, st, admissionChat)
+		done <- answer{resp.StatusCode, body}
+	}()
+	wait.For(t, "the request to queue", func() bool { return queued(t, st) == 1 })
+	time.Sleep(time.Second) // the time passing is what is tested: twice the message timeout
+	e.waiting.Store(0)
+	select {
+	case a := <-done:
+		if a.status != http.StatusOK || e.received.Load() != 1 {
+			t.Fatalf("got %d %s (engine saw %d), want it served after the wait", a.status, a.body, e.received.Load())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued request was never answered")
+	}
+}
+
+// A client that goes away while its request waits frees its concurrency slot in Redis at once, and the
+// request never reaches the engine.
+func TestAbortWhileQueuedFreesTheQuota(t *testing.T) {
+	addr, stop, err := loadgen.StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	e := newBusyEngine(t)
+	e.waiting.Store(5)
+	st := admissionStack(t, e, func(s string) string { return s }, ", quota: {maxConcurrent: 1}", []string{addr})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, st.URL+"/v1/chat/completions", strings.NewReader(admissionChat))
+	req.Header.Set("Authorization", "Bearer sk-demo-acme")
+	req.Header.Set("Content-Type", "application/json")
+	gone := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gone <- err
+	}()
+	wait.For(t, "the request to queue", func() bool { return queued(t, st) == 1 })
+	cancel()
+	<-gone
+	wait.For(t, "the queue to let it go", func() bool { return queued(t, st) == 0 })
+	e.waiting.Store(0)
+	// The one concurrency slot is free again: the next request is served, not refused.
+	resp, body := postChat(t, st, admissionChat)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the abort: %d %s, want 200 (the aborted request still holds its concurrency slot?)", resp.StatusCode, body)
+	}
+	if n := e.received.Load(); n != 1 {
+		t.Errorf("the engine got %d requests, want only the second", n)
+	}
+}
