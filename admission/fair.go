@@ -49,7 +49,7 @@ func (b *band) next() *Entry {
 			continue
 		}
 		h := tq.entries[0]
-		if best == nil || h.finish < best.finish || (h.finish == best.finish && h.enqueued.Before(best.enqueued)) {
+		if best == nil || h.finish < best.finish || (h.finish == best.finish && h.seq < best.seq) {
 			best = h
 		}
 	}
@@ -60,7 +60,7 @@ func (b *band) next() *Entry {
 func (b *band) newest() *Entry {
 	var last *Entry
 	for _, tq := range b.tenants {
-		if n := len(tq.entries); n > 0 && (last == nil || tq.entries[n-1].enqueued.After(last.enqueued)) {
+		if n := len(tq.entries); n > 0 && (last == nil || tq.entries[n-1].seq > last.seq) {
 			last = tq.entries[n-1]
 		}
 	}

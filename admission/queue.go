@@ -47,6 +47,7 @@ type Entry struct {
 	result   Result
 	done     chan struct{}
 	enqueued time.Time
+	seq      uint64  // arrival order in its queue (a clock may give two arrivals one instant)
 	start    float64 // fair-queuing tags, in the band's virtual time
 	finish   float64
 	stop     func() bool
@@ -258,6 +259,7 @@ type modelQueue struct {
 }
 
 func (mq *modelQueue) push(e *Entry) {
+	e.seq = mq.joined + 1
 	b := mq.band(e.Class.Priority)
 	b.minShare = max(b.minShare, e.Class.MinShare)
 	b.push(e)

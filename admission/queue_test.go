@@ -307,3 +307,18 @@ func TestRoomAtTheDoor(t *testing.T) {
 	}
 	h.wg.Wait()
 }
+
+// Two tenants' requests of equal cost that arrive at one instant of the clock start in arrival order, whatever
+// order the tenants are kept in.
+func TestTiesGoByArrival(t *testing.T) {
+	for range 20 {
+		h := newHarness(t)
+		for i := range 4 {
+			h.enqueue(entry{name: fmt.Sprintf("r%d", i), tenant: fmt.Sprintf("t%d", i), cost: 10})
+		}
+		if got := h.drain(4); !slices.Equal(got, []string{"r0", "r1", "r2", "r3"}) {
+			t.Fatalf("started %v", got)
+		}
+		h.wg.Wait()
+	}
+}
