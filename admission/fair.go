@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -41,19 +42,26 @@ func (b *band) push(e *Entry) {
 	b.count++
 }
 
-// next is the head with the smallest finish tag (ties: the earlier arrival).
-func (b *band) next() *Entry {
-	var best *Entry
+// heads are the tenants' first entries, the smallest finish tag first (ties: the earlier arrival).
+func (b *band) heads() []*Entry {
+	if b.count == 0 {
+		return nil
+	}
+	out := make([]*Entry, 0, len(b.tenants))
 	for _, tq := range b.tenants {
-		if len(tq.entries) == 0 {
-			continue
-		}
-		h := tq.entries[0]
-		if best == nil || h.finish < best.finish || (h.finish == best.finish && h.seq < best.seq) {
-			best = h
+		if len(tq.entries) > 0 {
+			out = append(out, tq.entries[0])
 		}
 	}
-	return best
+	slices.SortFunc(out, func(x, y *Entry) int {
+		switch {
+		case x.finish != y.finish:
+			return cmp.Compare(x.finish, y.finish)
+		default:
+			return cmp.Compare(x.seq, y.seq)
+		}
+	})
+	return out
 }
 
 // newest is the band's most recently queued entry.
@@ -79,11 +87,21 @@ func (b *band) remove(e *Entry) bool {
 	}
 	tq.entries = slices.Delete(tq.entries, i, i+1)
 	b.count--
+	if !e.started && i == len(tq.entries) {
+		// The tenant's newest request left without being served: it is not charged for it.
+		tq.lastFinish = e.start
+		if n := len(tq.entries); n > 0 {
+			tq.lastFinish = tq.entries[n-1].finish
+		}
+	}
 	if len(tq.entries) == 0 && tq.lastFinish <= b.vclock {
 		delete(b.tenants, e.Tenant) // an idle tenant keeps no state
 	}
 	return true
 }
+
+// drainWindow is how far back the drain rate looks: starts older than this say nothing of the queue now.
+const drainWindow = 10 * time.Second
 
 // drainRate measures how fast a queue starts requests: the last starts' times.
 type drainRate struct {
@@ -101,16 +119,24 @@ func (d *drainRate) record(now time.Time) {
 	d.n = min(d.n+1, len(d.times))
 }
 
-// perSecond is the starts per second over the recorded window, counted up to now so that a queue that
-// stopped draining is seen to have slowed.
+// perSecond is the starts per second over the recorded starts of the last drainWindow, counted up to now so
+// that a queue that stopped draining is seen to have slowed; unknown with fewer than minDrainSamples of them.
 func (d *drainRate) perSecond(now time.Time) (float64, bool) {
-	if d.n < minDrainSamples {
+	recent := 0
+	var oldest time.Time
+	for i := range d.n { // newest first
+		t := d.times[(d.next-1-i+2*len(d.times))%len(d.times)]
+		if now.Sub(t) > drainWindow {
+			break
+		}
+		recent, oldest = recent+1, t
+	}
+	if recent < minDrainSamples {
 		return 0, false
 	}
-	oldest := d.times[(d.next-d.n+len(d.times))%len(d.times)]
 	span := now.Sub(oldest).Seconds()
 	if span <= 0 {
 		return 0, false
 	}
-	return float64(d.n) / span, true
+	return float64(recent) / span, true
 }

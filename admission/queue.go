@@ -40,9 +40,10 @@ type Entry struct {
 	// Bytes is the body the gateway holds while it waits.
 	Bytes    int64
 	Deadline time.Time
-	// Try places the request if some endpoint has room now, and says whether it did. The queue calls it with
-	// its lock held, one entry at a time in queue order, so it must be quick and must not call the queue.
-	Try func() bool
+	// Try places the request if some endpoint has room now, and says whether it did (Placed), could not yet
+	// (NoRoom) or never will (Gone: what it was allowed to use is no longer there). The queue calls it with its
+	// lock held, one entry at a time in queue order, so it must be quick and must not call the queue.
+	Try func() TryResult
 
 	result   Result
 	done     chan struct{}
@@ -52,7 +53,18 @@ type Entry struct {
 	finish   float64
 	stop     func() bool
 	band     *band
+	started  bool
 }
+
+// TryResult is what an entry's Try found.
+type TryResult int
+
+// What Try finds.
+const (
+	NoRoom TryResult = iota
+	Placed
+	Gone
+)
 
 // Outcome is what Wait reports.
 type Outcome struct {
@@ -149,18 +161,18 @@ func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
 // refuse decides, before e joins the queue, whether it cannot: the queue is full of requests of its priority
 // or higher (a lower one is evicted to make room), or at the drain rate it could not start in time.
 func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Outcome, bool) {
-	for mq.length+1 > lim.Length || mq.bytes+e.Bytes > lim.Bytes {
-		victim := mq.lowest()
-		if victim == nil || victim.Class.Priority >= e.Class.Priority {
-			return Outcome{Result: Full, RetryAfter: mq.retryAfter(now)}, false
-		}
-		q.finish(mq, victim, Full)
-	}
 	if !e.Deadline.After(now) {
 		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
 	}
 	if wait, ok := mq.predictedWait(e.Class.Priority, now); ok && now.Add(wait).After(e.Deadline) {
 		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
+	}
+	full := func() bool { return mq.length+1 > lim.Length || mq.bytes+e.Bytes > lim.Bytes }
+	if e.Bytes > lim.Bytes || (full() && !mq.canEvictFor(e, lim)) {
+		return Outcome{Result: Full, RetryAfter: mq.retryAfter(now)}, false
+	}
+	for full() { // the lower-priority requests evicted for e are enough to take it: canEvictFor said so
+		q.finish(mq, mq.lowest(), Full)
 	}
 	return Outcome{}, true
 }
@@ -285,41 +297,81 @@ func (mq *modelQueue) remove(e *Entry) {
 	mq.bytes -= e.Bytes
 }
 
-// next is the entry to start next: the lowest band owed its minimum share, else the highest band's.
-func (mq *modelQueue) next() *Entry {
-	for i := len(mq.bands) - 1; i >= 0; i-- {
-		if b := mq.bands[i]; b.count > 0 && b.credit >= 1 {
-			return b.next()
-		}
+// dispatch starts entries while some find room, in queue order: the band owed its minimum share first, then
+// the bands by priority; within a band, tenants by their fair-queuing tags. An entry that finds no room stops
+// the others of its tier for this round (they would find none either) but not the other tiers, whose room may
+// differ (headroom, hardware classes); one whose Try says it never will is answered at once.
+func (mq *modelQueue) dispatch(q *Queue, now time.Time) {
+	for mq.startOne(q, now) {
 	}
-	for _, b := range mq.bands {
-		if b.count > 0 {
-			return b.next()
-		}
-	}
-	return nil
 }
 
-// dispatch starts entries in order while they find room.
-func (mq *modelQueue) dispatch(q *Queue, now time.Time) {
-	for {
-		e := mq.next()
-		if e == nil || !e.Try() {
-			return
+// startOne starts the first entry in queue order that finds room, reporting whether one did.
+func (mq *modelQueue) startOne(q *Queue, now time.Time) bool {
+	var blocked map[string]bool // tiers that found no room this round
+	for _, b := range mq.order() {
+		for _, e := range b.heads() {
+			if blocked[e.Class.Tier] {
+				continue
+			}
+			switch e.Try() {
+			case Placed:
+				mq.started(b, e, now)
+				q.finish(mq, e, Started)
+				return true
+			case Gone:
+				q.finish(mq, e, Removed)
+				return true
+			}
+			if blocked == nil {
+				blocked = map[string]bool{}
+			}
+			blocked[e.Class.Tier] = true
 		}
-		b := e.band
-		if b.credit >= 1 {
-			b.credit--
+	}
+	return false
+}
+
+// order is the bands to try: one owed its minimum share (the lowest such) first, then all by priority.
+func (mq *modelQueue) order() []*band {
+	for i := len(mq.bands) - 1; i >= 0; i-- {
+		if b := mq.bands[i]; b.count > 0 && b.credit >= 1 {
+			return append([]*band{b}, mq.bands...)
 		}
-		b.vclock = e.start
-		mq.drain.record(now)
-		for _, w := range mq.bands { // every start earns each waiting band its share of one
-			if w.minShare > 0 && w.count > 0 {
-				w.credit = min(w.credit+w.minShare, 1+w.minShare)
+	}
+	return mq.bands
+}
+
+// started accounts for e's start: its band's virtual time and share credit, the drain rate.
+func (mq *modelQueue) started(b *band, e *Entry, now time.Time) {
+	if b.credit >= 1 {
+		b.credit--
+	}
+	b.vclock = max(b.vclock, e.start)
+	e.started = true
+	mq.drain.record(now)
+	for _, w := range mq.bands { // every start earns each waiting band its share of one
+		if w.minShare > 0 && w.count > 0 {
+			w.credit = min(w.credit+w.minShare, 1+w.minShare)
+		}
+	}
+}
+
+// canEvictFor says whether evicting lower-priority requests than e frees enough of lim for it.
+func (mq *modelQueue) canEvictFor(e *Entry, lim Limits) bool {
+	length, bytes := mq.length, mq.bytes
+	for i := len(mq.bands) - 1; i >= 0 && (length+1 > lim.Length || bytes+e.Bytes > lim.Bytes); i-- {
+		b := mq.bands[i]
+		if b.priority >= e.Class.Priority {
+			return false
+		}
+		for _, tq := range b.tenants {
+			for _, w := range tq.entries {
+				length, bytes = length-1, bytes-w.Bytes
 			}
 		}
-		q.finish(mq, e, Started)
 	}
+	return length+1 <= lim.Length && bytes+e.Bytes <= lim.Bytes
 }
 
 // lowest is the entry to give up first: the newest of the lowest band's most recent tenant.
@@ -344,6 +396,9 @@ func (mq *modelQueue) predictedWait(p int, now time.Time) (time.Duration, bool) 
 		if b.priority >= p {
 			ahead += b.count
 		}
+	}
+	if ahead == 0 {
+		return 0, false // next in line: it starts with the next room, however slowly the queue drained before
 	}
 	return time.Duration(float64(ahead+1) / rate * float64(time.Second)), true
 }

@@ -16,21 +16,26 @@ import (
 
 // room is room for a number of requests, which the test frees one at a time.
 type room struct {
-	mu    sync.Mutex
-	slots int
-	order []string // the names of the entries that got room, in order
+	mu     sync.Mutex
+	slots  int
+	order  []string        // the names of the entries that got room, in order
+	closed map[string]bool // entries that find no room whatever is free (another tier's pools, say)
+	gone   map[string]bool // entries whose Try says they never will
 }
 
-func (r *room) try(name string) func() bool {
-	return func() bool {
+func (r *room) try(name string) func() TryResult {
+	return func() TryResult {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.slots == 0 {
-			return false
+		if r.gone[name] {
+			return Gone
+		}
+		if r.slots == 0 || r.closed[name] {
+			return NoRoom
 		}
 		r.slots--
 		r.order = append(r.order, name)
-		return true
+		return Placed
 	}
 }
 
@@ -321,4 +326,127 @@ func TestTiesGoByArrival(t *testing.T) {
 		}
 		h.wg.Wait()
 	}
+}
+
+// A queue that drained once and then sat idle does not judge a newcomer by its old rate: the rate looks back
+// drainWindow only, and a request with nothing ahead of it is next in line however slow the queue was.
+func TestAnIdleQueueForgetsItsDrainRate(t *testing.T) {
+	h := newHarness(t)
+	for i := range 10 {
+		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
+		h.clock.Advance(10 * time.Millisecond)
+		h.drain(1)
+	}
+	h.clock.Advance(10 * time.Minute)
+	h.enqueue(entry{name: "after", tenant: "a", wait: 5 * time.Second})
+	h.enqueue(entry{name: "behind", tenant: "b", wait: 5 * time.Second})
+	if h.q.Len("m") != 2 {
+		t.Fatalf("%d waiting, want both: the old rate must not expire them at the door", h.q.Len("m"))
+	}
+	h.drain(2)
+	for _, n := range []string{"after", "behind"} {
+		if r := h.result(n); r != Started {
+			t.Errorf("%s: %v", n, r)
+		}
+	}
+	h.wg.Wait()
+}
+
+// An entry that finds no room (its tier's headroom, its pools) stops its tier for the round, not the others;
+// one whose Try says it never will is answered at once instead of blocking the queue until its deadline.
+func TestAHeadWithoutRoomDoesNotBlockOthers(t *testing.T) {
+	tests := []struct {
+		name    string
+		entries []entry
+		closed  []string
+		gone    []string
+		want    []string
+		results map[string]Result
+	}{
+		{"a higher tier without room lets a lower one start", []entry{
+			{name: "gold", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}},
+			{name: "tin", tenant: "t", class: policies.QueueClass{Tier: "tin"}},
+		}, []string{"gold"}, nil, []string{"tin"}, nil},
+		{"a minimum share's band without room does not stop the higher one", []entry{
+			{name: "g1", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}},
+			{name: "g2", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}},
+			{name: "g3", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}},
+			{name: "tin", tenant: "t", class: policies.QueueClass{Tier: "tin", MinShare: 0.5}},
+		}, []string{"tin"}, nil, []string{"g1", "g2", "g3"}, nil},
+		{"a tier of one priority without room lets another of that priority start", []entry{
+			{name: "x", tenant: "x", class: policies.QueueClass{Tier: "narrow"}},
+			{name: "y", tenant: "y", class: policies.QueueClass{Tier: "wide"}},
+		}, []string{"x"}, nil, []string{"y"}, nil},
+		{"an entry that never will is removed", []entry{
+			{name: "orphan", tenant: "o"}, {name: "next", tenant: "n"},
+		}, nil, []string{"orphan"}, []string{"next"}, map[string]Result{"orphan": Removed}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.room.closed, h.room.gone = map[string]bool{}, map[string]bool{}
+			for _, n := range tc.closed {
+				h.room.closed[n] = true
+			}
+			for _, n := range tc.gone {
+				h.room.gone[n] = true
+			}
+			for _, e := range tc.entries {
+				h.enqueue(e)
+			}
+			if got := h.drain(len(tc.want)); !slices.Equal(got, tc.want) {
+				t.Errorf("started %v, want %v", got, tc.want)
+			}
+			for n, r := range tc.results {
+				if got := h.result(n); got != r {
+					t.Errorf("%s: %v, want %v", n, got, r)
+				}
+			}
+			h.room.mu.Lock()
+			clear(h.room.closed)
+			h.room.mu.Unlock()
+			h.drain(len(tc.entries))
+			h.wg.Wait()
+		})
+	}
+}
+
+// A newcomer evicts lower-priority requests only when it will be kept: not when it would expire at the door,
+// nor when its body alone is larger than the queue may hold.
+func TestEvictionOnlyForAKeptNewcomer(t *testing.T) {
+	h := newHarness(t)
+	h.lim = Limits{Length: 1, Bytes: 1000}
+	h.enqueue(entry{name: "tin", tenant: "t", class: policies.QueueClass{Tier: "tin"}, bytes: 100})
+	h.enqueue(entry{name: "huge", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}, bytes: 5000})
+	h.enqueue(entry{name: "late", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}, wait: -time.Second})
+	if r := h.result("huge"); r != Full {
+		t.Errorf("huge: %v, want full", r)
+	}
+	if r := h.result("late"); r != Expired {
+		t.Errorf("late: %v, want expired", r)
+	}
+	if h.q.Len("m") != 1 {
+		t.Fatalf("the tin request was evicted for newcomers that were not kept")
+	}
+	h.enqueue(entry{name: "gold", tenant: "g", class: policies.QueueClass{Tier: "gold", Priority: 10}, bytes: 100})
+	if r := h.result("tin"); r != Full {
+		t.Errorf("tin: %v, want evicted for the kept gold request", r)
+	}
+	h.drain(1)
+	h.wg.Wait()
+}
+
+// A tenant whose request left without being served is not charged for it against the others.
+func TestUnservedRequestsAreNotCharged(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.enqueue(entry{name: "a-gone", tenant: "a", cost: 1000, ctx: ctx})
+	cancel()
+	h.result("a-gone")
+	h.enqueue(entry{name: "a1", tenant: "a", cost: 100})
+	h.enqueue(entry{name: "b1", tenant: "b", cost: 100})
+	if got := h.drain(2); !slices.Equal(got, []string{"a1", "b1"}) {
+		t.Errorf("started %v: a's tag still counts the request it never got", got)
+	}
+	h.wg.Wait()
 }

@@ -33,25 +33,31 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	class := snap.QueueClass(req.Tenant)
 	var placed *policies.Model
 	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
-		Deadline: arrived.Add(maxWait), Try: func() bool {
+		Deadline: arrived.Add(maxWait), Try: func() admission.TryResult {
 			cur, tin := d.current(snap, in)
 			m, ok := cur.Model(name)
-			if !ok || tin.Tenant == nil {
-				return false
+			if !ok || tin.Tenant == nil || !cur.AllowsName(tin.Tenant, in.Request.Model) {
+				return admission.Gone // a reload took the model or the tenant's right to it
 			}
 			tin.Model = m
 			got, err := d.opts.Picker.Pick(cur, tin)
 			if err != nil {
-				return false
+				return admission.NoRoom
 			}
 			dec, placed = got, m
 			d.opts.InFlight.Start(got.Target(m.Name))
-			return true
+			return admission.Placed
 		}}
 	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
 	rt.queued = out.Waited
 	switch out.Result {
 	case admission.Started:
+		if ctx.Err() != nil {
+			// The client went away as its request was placed: it is not sent, and its room goes to the next.
+			d.opts.InFlight.Done(dec.Target(placed.Name))
+			q.Kick(name)
+			return picker.Decision{}, false, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
+		}
 		rt.Model = placed
 		return dec, true, nil
 	case admission.Aborted:

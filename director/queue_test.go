@@ -373,3 +373,23 @@ func TestHeadroomHoldsPriorityAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// A client that goes away just as room comes is not routed: whichever the queue saw first, the request ends
+// as ClientGone, holds no reservation and counts nowhere in flight.
+func TestAbortRacingAStart(t *testing.T) {
+	for range 20 {
+		r := newQueueRig(t, 4)
+		ctx, cancel := context.WithCancel(context.Background())
+		c := r.queued(ctx, "sk-ent", "big")
+		r.engines.set(big1, 0)
+		cancel()
+		r.queue.KickAll()
+		res := get(t, c)
+		if rf := refusalOf(res.err); rf == nil || rf.Reason != ClientGone {
+			t.Fatalf("got %v, want ClientGone", res.err)
+		}
+		if r.inflight.Total() != 0 || r.quotas.open() != 0 {
+			t.Fatalf("%d in flight, %d reservations after the abort", r.inflight.Total(), r.quotas.open())
+		}
+	}
+}

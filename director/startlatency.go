@@ -18,7 +18,7 @@ type startLatency struct {
 type latencyEstimate struct{ mean, dev float64 } // seconds
 
 func (s *startLatency) observe(model string, d time.Duration) {
-	x := d.Seconds()
+	x := max(0, d.Seconds())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.models == nil {

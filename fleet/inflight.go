@@ -20,8 +20,9 @@ type endpointLoad struct {
 	count     atomic.Int64
 	lastStart atomic.Uint64
 	// readingAt and atReading: the engine reading SinceReading last saw, and the count when it saw it.
-	readingAt atomic.Int64
-	atReading atomic.Int64
+	readingMu sync.Mutex
+	readingAt int64
+	atReading int64
 }
 
 func (f *InFlight) endpoint(endpoint string) *endpointLoad {
@@ -68,14 +69,15 @@ func (f *InFlight) LastStarted(endpoint string) uint64 {
 // knows. A new reading starts the count again from zero.
 func (f *InFlight) SinceReading(endpoint string, at time.Time) int64 {
 	e := f.endpoint(endpoint)
-	stamp, now := at.UnixNano(), e.count.Load()
-	if seen := e.readingAt.Load(); seen != stamp {
-		if e.readingAt.CompareAndSwap(seen, stamp) {
-			e.atReading.Store(now)
-		}
+	stamp := at.UnixNano()
+	e.readingMu.Lock()
+	defer e.readingMu.Unlock()
+	now := e.count.Load()
+	if e.readingAt != stamp {
+		e.readingAt, e.atReading = stamp, now
 		return 0
 	}
-	return now - e.atReading.Load()
+	return now - e.atReading
 }
 
 // Total returns the unfinished requests across all endpoints.

@@ -87,6 +87,7 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		}
 		limit := int(math.Ceil((1 + eps) * float64(groups+1) / float64(len(all))))
 		for _, c := range eligible {
+			c.groups = held[c.endpoint]
 			if held[c.endpoint] < limit {
 				band = append(band, c)
 			} else {
@@ -116,6 +117,12 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		}
 		if a.cost != b.cost {
 			return cmpFloat(a.cost, b.cost)
+		}
+		if ea, eb := a.groups == 0, b.groups == 0; ea != eb { // an endpoint holding no group takes a new one first
+			if ea {
+				return -1
+			}
+			return 1
 		}
 		if a.lastStarted != b.lastStarted {
 			return cmpAsc(a.lastStarted, b.lastStarted)

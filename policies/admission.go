@@ -2,6 +2,9 @@ package policies
 
 import "time"
 
+// MinQueueWeight is the smallest tenant queueWeight: below it a tenant's fair-queuing tags would overflow.
+const MinQueueWeight = 0.001
+
 // AdmissionSettings is spec.admission with its defaults; Enabled is false when the policy has none, and then a
 // request no endpoint has room for is shed (or overflows) at once.
 type AdmissionSettings struct {

@@ -125,8 +125,8 @@ func (v *validator) policy(pol *Policy) {
 	v.tenants(s, modelNames)
 	v.admission(s.Admission)
 	for i, t := range s.Tenants {
-		if t.QueueWeight < 0 {
-			v.fail(p("spec", "tenants", i, "queueWeight"), "must not be negative, got %v", t.QueueWeight)
+		if t.QueueWeight < 0 || (t.QueueWeight > 0 && t.QueueWeight < MinQueueWeight) {
+			v.fail(p("spec", "tenants", i, "queueWeight"), "must be 0 (the default, 1) or at least %v, got %v", MinQueueWeight, t.QueueWeight)
 		}
 	}
 	v.quotaSettings(&s.Quotas)
