@@ -1,0 +1,46 @@
+package picker
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/policies"
+)
+
+// The quickstart demo's traffic (eight shared system prompts over the quickstart policy) used to leave one
+// healthy L40S replica of the 70B model without a single request: the faster H200s took the first groups, and
+// the two groups left for the L40S pool could both hash to one replica. A replica holding no group now takes
+// the next one its class would get, so every replica serves.
+func TestEveryReplicaGetsAGroup(t *testing.T) {
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := []string{"retail returns", "travel bookings", "tax questions", "IT helpdesk", "insurance claims", "recipes", "car rentals", "school timetables"}
+	for _, model := range []string{"llama-3.3-70b", "qwen2.5-7b"} {
+		m, _ := snap.Model(model)
+		for seed := range 8 { // the groups' prompts, and so their rendezvous ranks, differ from demo to demo
+			inflight := &fleet.InFlight{}
+			p := NewAffinity(inflight, nil)
+			served := map[string]int{}
+			for i := range 160 {
+				g := i % len(topics)
+				system := strings.Repeat(fmt.Sprintf("You are the %s assistant (%d); follow the policy handbook section %d exactly and cite it. ", topics[g], seed, g), 30)
+				d, err := p.Pick(snap, Input{Model: m, Request: request(t, system, fmt.Sprintf("Question %d: what applies here?", i))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				served[d.Endpoints[0]]++
+			}
+			for _, pool := range m.Pools {
+				for _, ep := range pool.Endpoints {
+					if served[ep] == 0 {
+						t.Errorf("%s, seed %d: %s (%s) served nothing: %v", model, seed, ep, pool.Name, served)
+					}
+				}
+			}
+		}
+	}
+}
