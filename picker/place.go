@@ -75,7 +75,9 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // dozen groups. When prompts do not come back, agreement is worth nothing and balance is all: the least
 // loaded endpoint (this gateway's requests in flight plus the engine's queue), and among equals the one sent a
 // request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
-// tieTolerance) and then the cheapest come first.
+// tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
+// group at all before the rendezvous rank: otherwise the few groups a slower class gets could all hash to one
+// of its replicas and leave the other idle.
 func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64) []scored {
 	var band, rest []scored
 	if consistent {
