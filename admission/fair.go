@@ -53,15 +53,26 @@ func (b *band) heads() []*Entry {
 			out = append(out, tq.entries[0])
 		}
 	}
-	slices.SortFunc(out, func(x, y *Entry) int {
-		switch {
-		case x.finish != y.finish:
-			return cmp.Compare(x.finish, y.finish)
-		default:
-			return cmp.Compare(x.seq, y.seq)
-		}
-	})
+	slices.SortFunc(out, byTag)
 	return out
+}
+
+// inOrder is every waiting entry of the band in the order fair queuing would start them if none arrived:
+// the smallest finish tag first (ties: the earlier arrival).
+func (b *band) inOrder() []*Entry {
+	out := make([]*Entry, 0, b.count)
+	for _, tq := range b.tenants {
+		out = append(out, tq.entries...)
+	}
+	slices.SortFunc(out, byTag)
+	return out
+}
+
+func byTag(x, y *Entry) int {
+	if x.finish != y.finish {
+		return cmp.Compare(x.finish, y.finish)
+	}
+	return cmp.Compare(x.seq, y.seq)
 }
 
 // newest is the band's most recently queued entry.

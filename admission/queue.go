@@ -268,6 +268,7 @@ type modelQueue struct {
 	bytes  int64
 	joined uint64
 	drain  drainRate
+	swept  time.Time // the last shedHopeless
 }
 
 func (mq *modelQueue) push(e *Entry) {
@@ -303,6 +304,41 @@ func (mq *modelQueue) remove(e *Entry) {
 // differ (headroom, hardware classes); one whose Try says it never will is answered at once.
 func (mq *modelQueue) dispatch(q *Queue, now time.Time) {
 	for mq.startOne(q, now) {
+	}
+	mq.shedHopeless(q, now)
+}
+
+// sweepEvery is how often a model's queue looks for requests that can no longer start in time.
+const sweepEvery = 100 * time.Millisecond
+
+// shedHopeless expires, at most every sweepEvery, the waiting requests that could not start before their
+// deadline behind those ahead of them in queue order at the measured drain rate — a lower bound of their wait,
+// since later arrivals of higher priority may still pass them. They would only wait out their deadline and
+// keep the requests behind them of their tenant waiting too (after an overload, the queue drains that much
+// sooner). The first in line is always kept.
+func (mq *modelQueue) shedHopeless(q *Queue, now time.Time) {
+	if mq.length < 2 || now.Sub(mq.swept) < sweepEvery {
+		return
+	}
+	mq.swept = now
+	rate, ok := mq.drain.perSecond(now)
+	if !ok {
+		return
+	}
+	var hopeless []*Entry
+	ahead := 0
+	for _, b := range mq.bands {
+		for _, e := range b.inOrder() {
+			wait := time.Duration(float64(ahead+1) / rate * float64(time.Second))
+			if ahead > 0 && now.Add(wait).After(e.Deadline) {
+				hopeless = append(hopeless, e)
+				continue
+			}
+			ahead++
+		}
+	}
+	for _, e := range hopeless {
+		q.finish(mq, e, Expired)
 	}
 }
 

@@ -450,3 +450,38 @@ func TestUnservedRequestsAreNotCharged(t *testing.T) {
 	}
 	h.wg.Wait()
 }
+
+// Requests that can no longer start in time behind those ahead of them, at the rate the queue drains, leave it
+// as the queue is kicked rather than waiting out their deadline; the first in line stays.
+func TestHopelessWaitersLeaveEarly(t *testing.T) {
+	h := newHarness(t)
+	for i := range 10 { // ten starts 100 ms apart: 10 a second
+		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
+		h.clock.Advance(100 * time.Millisecond)
+		h.drain(1)
+	}
+	for i := range 6 { // at 10/s the sixth starts after 600 ms: all are let in
+		h.enqueue(entry{name: fmt.Sprintf("w%d", i), tenant: "b", wait: time.Second})
+	}
+	if h.q.Len("m") != 6 {
+		t.Fatalf("%d waiting, want 6", h.q.Len("m"))
+	}
+	// Nothing starts for 600 ms: the rate falls to 10 starts in 1.5 s (6.7/s), and with 400 ms left the second
+	// in line can still start (300 ms), the third cannot (450 ms).
+	h.clock.Advance(600 * time.Millisecond)
+	h.q.Kick("m")
+	for i, want := range []Result{0, 0, Expired, Expired, Expired, Expired} {
+		name := fmt.Sprintf("w%d", i)
+		if want == 0 {
+			continue
+		}
+		if r := h.result(name); r != want {
+			t.Errorf("%s: %v, want %v", name, r, want)
+		}
+	}
+	if h.q.Len("m") != 2 {
+		t.Errorf("%d waiting, want the first two", h.q.Len("m"))
+	}
+	h.drain(2)
+	h.wg.Wait()
+}
