@@ -133,6 +133,9 @@ func (b *bench) stackFor(ctx context.Context, v variant) ([]*e2e.Replica, error)
 	return reps, nil
 }
 
+// beforeFor is how long each run takes 0.5× capacity before its overload, to learn the TTFT it returns to.
+const beforeFor = 6 * time.Second
+
 // scrapeEvery is how often the gateways read the engines' metrics (infergate serve's default is 100 ms).
 const scrapeEvery = 50 * time.Millisecond
 
@@ -172,6 +175,16 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
+	// Before the overload, the calm load the run returns to: the TTFT it has with this configuration.
+	before := newLoad(reps, v.singleTenant)
+	warmFrom := time.Now().Add(beforeFor / 2)
+	before.open(ctx, 0.5*b.capacity, beforeFor)
+	var calm []time.Duration
+	for _, s := range before.wait() {
+		if s.status == 200 && s.sent.After(warmFrom) {
+			calm = append(calm, s.ttft)
+		}
+	}
 	lg := newLoad(reps, v.singleTenant)
 	peaks := watchPeaks(ctx, reps)
 	start := time.Now()
@@ -182,7 +195,7 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	if b.verbose {
 		dumpAdmission(reps)
 	}
-	return b.summarise(samples, start, calmFrom, peaks.stop()), nil
+	return b.summarise(samples, start, calmFrom, percentile(calm, 0.95), peaks.stop()), nil
 }
 
 // dumpAdmission prints what the gateways' admission queues counted.
