@@ -180,7 +180,7 @@ func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Out
 func (q *Queue) model(name string) *modelQueue {
 	mq, ok := q.models[name]
 	if !ok {
-		mq = &modelQueue{name: name}
+		mq = &modelQueue{}
 		q.models[name] = mq
 	}
 	return mq
@@ -262,7 +262,6 @@ func (q *Queue) Joined(model string) uint64 {
 
 // modelQueue is one model's waiting requests: a band per priority, highest first.
 type modelQueue struct {
-	name   string
 	bands  []*band // by priority, highest first
 	length int
 	bytes  int64

@@ -106,6 +106,16 @@ func (h *harness) result(name string) Result {
 	return h.out[name].Result
 }
 
+// warm gives the queue a measured drain rate: ten requests of tenant "a", each started every apart.
+func (h *harness) warm(every time.Duration) {
+	h.t.Helper()
+	for i := range 10 {
+		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
+		h.clock.Advance(every)
+		h.drain(1)
+	}
+}
+
 // drain frees one slot at a time, kicking the queue, until n have started.
 func (h *harness) drain(n int) []string {
 	h.t.Helper()
@@ -213,11 +223,7 @@ func TestDeadlineExpiresTheWait(t *testing.T) {
 // those ahead of it expires at once, and the retry-after it is given is the time the queue takes to drain.
 func TestPredictedWaitExpiresAtOnce(t *testing.T) {
 	h := newHarness(t)
-	for i := range 10 { // ten starts, 100 ms apart: 10 a second
-		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
-		h.clock.Advance(100 * time.Millisecond)
-		h.drain(1)
-	}
+	h.warm(100 * time.Millisecond) // 10 a second
 	for i := range 5 {
 		h.enqueue(entry{name: fmt.Sprintf("ahead%d", i), tenant: "a"})
 	}
@@ -332,11 +338,7 @@ func TestTiesGoByArrival(t *testing.T) {
 // drainWindow only, and a request with nothing ahead of it is next in line however slow the queue was.
 func TestAnIdleQueueForgetsItsDrainRate(t *testing.T) {
 	h := newHarness(t)
-	for i := range 10 {
-		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
-		h.clock.Advance(10 * time.Millisecond)
-		h.drain(1)
-	}
+	h.warm(10 * time.Millisecond)
 	h.clock.Advance(10 * time.Minute)
 	h.enqueue(entry{name: "after", tenant: "a", wait: 5 * time.Second})
 	h.enqueue(entry{name: "behind", tenant: "b", wait: 5 * time.Second})
@@ -455,11 +457,7 @@ func TestUnservedRequestsAreNotCharged(t *testing.T) {
 // as the queue is kicked rather than waiting out their deadline; the first in line stays.
 func TestHopelessWaitersLeaveEarly(t *testing.T) {
 	h := newHarness(t)
-	for i := range 10 { // ten starts 100 ms apart: 10 a second
-		h.enqueue(entry{name: fmt.Sprintf("warm%d", i), tenant: "a"})
-		h.clock.Advance(100 * time.Millisecond)
-		h.drain(1)
-	}
+	h.warm(100 * time.Millisecond) // 10 a second
 	for i := range 6 { // at 10/s the sixth starts after 600 ms: all are let in
 		h.enqueue(entry{name: fmt.Sprintf("w%d", i), tenant: "b", wait: time.Second})
 	}

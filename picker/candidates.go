@@ -13,9 +13,9 @@ import (
 // overflow, and returns the engine's KV block size when one reports it (0 otherwise).
 func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored, saturated, unavailable, blockTokens int) {
 	routing := snap.Routing()
-	headroom, replicas := 1.0, float64(max(1, snap.QuotaSettings().GatewayReplicas))
+	var headroom, replicas float64 // read only with the admission queue
 	if in.Queueing {
-		headroom = snap.QueueClass(in.Tenant).Headroom
+		headroom, replicas = snap.QueueClass(in.Tenant).Headroom, float64(max(1, snap.QuotaSettings().GatewayReplicas))
 	}
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]

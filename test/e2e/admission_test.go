@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 	"github.com/infergate/infergate/test/loadgen"
@@ -55,11 +52,7 @@ func (e *busyEngine) addr() string { return strings.TrimPrefix(e.URL, "http://")
 // of an in-process gateway whose policy queues requests for model m on one busy engine.
 func admissionStack(t *testing.T, e *busyEngine, edit func(string) string, quota string, redis []string) *Stack {
 	t.Helper()
-	root, err := FindRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	envoy, err := os.ReadFile(filepath.Join(root, "deploy/envoy/envoy-xds.yaml"))
+	envoy, err := os.ReadFile(repoPath(t, "deploy/envoy/envoy-xds.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,18 +80,30 @@ spec:
 	return st
 }
 
-// asBuffered turns the shipped FULL_DUPLEX_STREAMED bootstrap into the BUFFERED one's processing modes, with
-// the message timeout the shipped BUFFERED configs set.
-func asBuffered(t *testing.T) func(string) string {
+// repoPath is a file of the repository, by its path from the root.
+func repoPath(t *testing.T, rel string) string {
+	t.Helper()
 	root, err := FindRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := envoysim.LoadFile(filepath.Join(root, "deploy/envoy/envoy-buffered.yaml"))
+	return filepath.Join(root, rel)
+}
+
+// shippedBufferedTimeout is the ext_proc message timeout of deploy/envoy/envoy-buffered.yaml.
+func shippedBufferedTimeout(t *testing.T) time.Duration {
+	t.Helper()
+	cfg, err := envoysim.LoadFile(repoPath(t, "deploy/envoy/envoy-buffered.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	timeout := cfg.ExtProc.GetMessageTimeout().AsDuration()
+	return cfg.ExtProc.GetMessageTimeout().AsDuration()
+}
+
+// asBuffered turns the shipped FULL_DUPLEX_STREAMED bootstrap into the BUFFERED one's processing modes, with
+// the message timeout the shipped BUFFERED configs set.
+func asBuffered(t *testing.T) func(string) string {
+	timeout := shippedBufferedTimeout(t)
 	return func(s string) string {
 		s = strings.Replace(s, "request_body_mode: FULL_DUPLEX_STREAMED", "request_body_mode: BUFFERED", 1)
 		s = strings.Replace(s, "request_trailer_mode: SEND", "request_trailer_mode: SKIP", 1)
@@ -111,18 +116,8 @@ func asBuffered(t *testing.T) func(string) string {
 // queued reads the gateway's admission queue length for m.
 func queued(t *testing.T, st *Stack) float64 {
 	t.Helper()
-	resp, err := http.Get(st.MetricsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	total := 0.0
-	for _, m := range fams["infergate_admission_queue_requests"].GetMetric() {
+	for _, m := range scrape(t, st.MetricsURL)["infergate_admission_queue_requests"].GetMetric() {
 		total += m.GetGauge().GetValue()
 	}
 	return total
@@ -133,18 +128,10 @@ const admissionChat = `{"model":"m","messages":[{"role":"user","content":"hi"}]}
 // Every shipped config that sends bodies BUFFERED (or STREAMED) arms Envoy's message timeout: it must be the
 // timeout the policy's admission default assumes, or queued requests would meet Envoy's 504.
 func TestShippedBufferedTimeoutsMatchThePolicyDefault(t *testing.T) {
-	root, err := FindRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := envoysim.LoadFile(filepath.Join(root, "deploy/envoy/envoy-buffered.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := cfg.ExtProc.GetMessageTimeout().AsDuration(); got != policies.DefaultBufferedMessageTimeout {
+	if got := shippedBufferedTimeout(t); got != policies.DefaultBufferedMessageTimeout {
 		t.Errorf("envoy-buffered.yaml message_timeout %v, spec.admission.bufferedMessageTimeout defaults to %v", got, policies.DefaultBufferedMessageTimeout)
 	}
-	istio, err := os.ReadFile(filepath.Join(root, "deploy/istio/envoyfilter.yaml"))
+	istio, err := os.ReadFile(repoPath(t, "deploy/istio/envoyfilter.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
