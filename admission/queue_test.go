@@ -458,7 +458,8 @@ func TestUnservedRequestsAreNotCharged(t *testing.T) {
 func TestHopelessWaitersLeaveEarly(t *testing.T) {
 	h := newHarness(t)
 	h.warm(100 * time.Millisecond) // 10 a second
-	for i := range 6 {             // at 10/s the sixth starts after 600 ms: all are let in
+	// At 10/s the sixth starts after 600 ms: all are let in.
+	for i := range 6 {
 		h.enqueue(entry{name: fmt.Sprintf("w%d", i), tenant: "b", wait: time.Second})
 	}
 	if h.q.Len("m") != 6 {
