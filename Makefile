@@ -37,6 +37,10 @@ bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go m
 bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO (≈ 14 min; table for BENCHMARKS.md)
 	$(GO) run ./test/admissionbench -runs 3
 
+.PHONY: bench-fleet
+bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output tokens, four policies (≈ 20 min; table for BENCHMARKS.md)
+	$(GO) run ./test/fleetbench -runs 3
+
 .PHONY: bench-routing
 bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench

@@ -87,8 +87,5 @@ func FallbackClusterName(model, fallback string) string { return "fallback/" + m
 // FailoverClusterName is the aggregate of a pool and its model's managed API: "failover/<model>/<pool>".
 func FailoverClusterName(model, pool string) string { return "failover/" + model + "/" + pool }
 
-// ModelRouteName is the capacity-weighted route of a model: "model/<model>".
-func ModelRouteName(model string) string { return "model/" + model }
-
 // SecretName is the SDS generic secret holding a managed API's credential: "fallback-key/<model>/<fallback>".
 func SecretName(model, fallback string) string { return "fallback-key/" + model + "/" + fallback }

@@ -17,7 +17,7 @@ func TestPoolValues(t *testing.T) {
 	}
 	names := map[string]bool{}
 	for _, n := range []string{ClusterName("m", "p"), FallbackClusterName("m", "p"), FailoverClusterName("m", "p"),
-		ModelRouteName("m"), SecretName("m", "p")} {
+		SecretName("m", "p")} {
 		if names[n] {
 			t.Errorf("name %q built twice", n)
 		}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -184,5 +187,41 @@ func TestUnknownModelIsNotReported(t *testing.T) {
 	_ = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &req}, &Route{})
 	if len(heard) != 1 || heard[0].Model != UnknownModel || heard[0].Outcome != OutcomeClientError {
 		t.Errorf("observers heard %+v", heard)
+	}
+}
+
+// timingPicker records what Settle teaches a TimingObserver.
+type timingPicker struct {
+	picker.Picker
+	heard []time.Duration // ttft, tpot pairs
+}
+
+func (p *timingPicker) ObserveTiming(model string, d picker.Decision, ttft, tpot time.Duration) {
+	p.heard = append(p.heard, ttft, tpot)
+}
+
+// Settle hands the picker the time from routing to the first token and the TPOT of a streamed success, and
+// nothing for a response it did not see chunk by chunk.
+func TestSettleTeachesThePickerTiming(t *testing.T) {
+	snap := quickstart(t)
+	tp := &timingPicker{Picker: &picker.LeastInFlight{InFlight: &fleet.InFlight{}}}
+	d := New(Options{Policies: policies.NewStaticStore(snap), Picker: tp, InFlight: &fleet.InFlight{}})
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	t0 := time.Unix(1000, 0)
+	for _, chunked := range []bool{true, false} {
+		body, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"qwen-7b","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &Route{}
+		if err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body, Started: t0}, rt); err != nil {
+			t.Fatal(err)
+		}
+		d.Settle(rt, Outcome{Status: 200, Usage: openai.Usage{PromptTokens: 5, CompletionTokens: 11}, Reported: true, Chunked: chunked,
+			FirstContent: t0.Add(150 * time.Millisecond), LastContent: t0.Add(450 * time.Millisecond), Ended: t0.Add(460 * time.Millisecond)})
+		body.Release()
+	}
+	if want := []time.Duration{150 * time.Millisecond, 30 * time.Millisecond}; !slices.Equal(tp.heard, want) {
+		t.Fatalf("the picker heard %v, want %v (the chunked response only)", tp.heard, want)
 	}
 }

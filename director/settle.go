@@ -151,6 +151,11 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	if rt.ticket != nil {
 		d.opts.Admission.Settle(rt.ticket, usage.Total(), quota.MicroUSD(model, usage.PromptTokens, usage.CompletionTokens))
 	}
+	if obs, ok := d.opts.Picker.(picker.TimingObserver); ok && st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 {
+		dec := rt.Decision
+		dec.ServedBy = o.Served
+		obs.ObserveTiming(model.Name, dec, st.Timing.TTFT-st.Timing.Queued, st.Timing.TPOT)
+	}
 	if obs, ok := d.opts.Picker.(picker.Observer); ok && o.Reported && rt.Decision.Fallback == nil {
 		dec := rt.Decision
 		dec.ServedBy = o.Served

@@ -147,6 +147,9 @@ func formatScores(scores []picker.Score) string {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, "%s;total=%.3f;prefix=%.3f;load=%.3f;prefill=%.3f;lora=%.0f", s.Endpoint, s.Total, s.Prefix, s.Load, s.Prefill, s.LoRA)
+		if s.TTFT > 0 || s.CostUSD > 0 {
+			fmt.Fprintf(&b, ";ttft_ms=%.1f;tpot_ms=%.1f;cost_usd=%.3g;meets_slo=%t", float64(s.TTFT)/1e6, float64(s.TPOT)/1e6, s.CostUSD, s.MeetsSLO)
+		}
 	}
 	return b.String()
 }

@@ -8,10 +8,10 @@ import (
 
 // Hardware is a GPU class's speed for one model, in simulated time.
 type Hardware struct {
-	PrefillTokensPerSecond float64       // whole-replica prefill throughput, shared by concurrent prefills
-	DecodeStep             time.Duration // time per output token with one sequence running
-	DecodeStepPerSeq       time.Duration // added to each decode step per running sequence
-	StepOverhead           time.Duration // fixed scheduler/CPU cost per engine step
+	PrefillTokensPerSecond float64       `yaml:"prefillTokensPerSecond"` // whole-replica prefill throughput, shared by concurrent prefills
+	DecodeStep             time.Duration `yaml:"decodeStep"`             // time per output token with one sequence running
+	DecodeStepPerSeq       time.Duration `yaml:"decodeStepPerSeq"`       // added to each decode step per running sequence
+	StepOverhead           time.Duration `yaml:"stepOverhead"`           // fixed scheduler/CPU cost per engine step
 }
 
 // Profiles are ballparks for a 70B-class model at FP8; the simulator's point is
@@ -64,7 +64,8 @@ type engine struct {
 
 	// counters for metrics (tokens and requests)
 	promptTokens, genTokens, cacheQueries, cacheHits, finished int64
-	ttfts                                                      []float64 // simulated seconds, drained by metrics
+	ttfts                                                      []float64     // simulated seconds, drained by metrics
+	busy                                                       time.Duration // simulated time spent in steps
 }
 
 func newEngine(cfg EngineConfig) *engine {
@@ -185,7 +186,9 @@ func (e *engine) step() (time.Duration, bool) {
 		d += hw.DecodeStep + time.Duration(len(plan.decode))*hw.DecodeStepPerSeq
 	}
 	e.current = plan
-	return time.Duration(float64(d) * e.slow), true
+	d = time.Duration(float64(d) * e.slow)
+	e.busy += d
+	return d, true
 }
 
 // finishStep applies the step's prefill and decode progress and retires finished sequences.
@@ -260,6 +263,14 @@ func (e *engine) snapshot() engineSnapshot {
 	}
 	e.ttfts = nil
 	return s
+}
+
+// busyTime is the simulated time the engine has spent stepping: what a fleet that scales to its load pays
+// GPU-hours for.
+func (e *engine) busyTime() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.busy
 }
 
 func (e *engine) setSlowdown(f float64) {

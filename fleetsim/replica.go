@@ -44,6 +44,9 @@ type ReplicaConfig struct {
 	LoRAs        []string `yaml:"loras"`
 	// MaxTokensDefault is the output length for requests that set no max_tokens.
 	MaxTokensDefault int `yaml:"maxTokensDefault"`
+	// Speed, when set, replaces the hardware profile's speeds: the profiles are for a 70B-class model, and a
+	// 7B one on the same GPU runs several times faster.
+	Speed *Hardware `yaml:"speed"`
 }
 
 // Replica is one simulated vLLM- or SGLang-compatible server.
@@ -75,6 +78,12 @@ func NewReplica(cfg ReplicaConfig, timeScale float64) (*Replica, error) {
 	hw, ok := Profiles[cfg.Hardware]
 	if !ok {
 		return nil, fmt.Errorf("replica %s: unknown hardware %q", cfg.Name, cfg.Hardware)
+	}
+	if cfg.Speed != nil {
+		if cfg.Speed.PrefillTokensPerSecond <= 0 || cfg.Speed.DecodeStep <= 0 {
+			return nil, fmt.Errorf("replica %s: speed needs prefillTokensPerSecond and decodeStep above zero", cfg.Name)
+		}
+		hw = *cfg.Speed
 	}
 	return newReplica(cfg, hw, timeScale), nil
 }
@@ -120,6 +129,14 @@ func (r *Replica) Name() string { return r.cfg.Name }
 func (r *Replica) Received() int64 { return r.received.Load() }
 
 func (r *Replica) Addr() string { r.mu.Lock(); defer r.mu.Unlock(); return r.addr }
+
+// BusyTime is the simulated time the replica's engine has spent computing (0 for a managed API).
+func (r *Replica) BusyTime() time.Duration {
+	if r.eng == nil {
+		return 0
+	}
+	return r.eng.busyTime()
+}
 
 // Start binds the listener and runs the engine until ctx ends.
 func (r *Replica) Start(ctx context.Context) error {

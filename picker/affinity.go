@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
@@ -40,7 +41,8 @@ type Affinity struct {
 	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
 
-	pool    sync.Pool     // []uint64 hash buffers
+	pool    sync.Pool // []uint64 hash buffers
+	pred    predictor
 	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
 }
@@ -148,6 +150,10 @@ type scored struct {
 	capacity   int   // the engine's KV blocks, 0 when unknown
 	prefillTPS float64
 	cost       float64 // USD per token of the hardware class
+	speed      policies.PoolSpeed
+	running    float64    // the engine's running sequences, from its metrics (SLO placement)
+	since      float64    // what this gateway sent it since that reading, less what finished (SLO placement)
+	pred       Prediction // SLO placement
 	matched    int
 	lora       float64
 	kvFull     bool // the engine's KV cache is over the policy's threshold while requests wait
@@ -169,20 +175,33 @@ func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
 		}
 	}
 	p.Index.Retain(func(ep string) bool { return live[ep] })
+	for i := range snap.Policy.Spec.Models {
+		m := &snap.Policy.Spec.Models[i]
+		for _, f := range m.Fallbacks {
+			live[contract.FallbackClusterName(m.Name, f.Name)] = true
+		}
+	}
+	p.pred.forget(func(ep string) bool { return live[ep] })
 }
 
 // Pick implements Picker: candidates, scores, order, decision.
+// With routing.placement slo and a TTFT target for the request, candidates are predicted and placed by
+// placeBySLO; otherwise by score.
 func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
-	cands, saturated, unavailable, engineBlock := p.candidates(snap, in)
+	targets, slo := sloTargets(snap, in)
+	cands, saturated, unavailable, engineBlock := p.candidates(snap, in, slo)
 	if len(cands) == 0 {
 		return overflow(in.Model, in, saturated, unavailable)
 	}
 	pr := p.hashPrompt(in, engineBlock)
 	defer p.releasePrompt(&pr)
 	w := p.weightsFor(snap.Routing())
-	eligible, anyMatch, kvFull := p.eligible(cands, pr, w)
+	eligible, anyMatch, kvFull := p.eligible(cands, pr, w, slo)
 	if len(eligible) == 0 {
 		return overflow(in.Model, in, saturated+kvFull, unavailable)
+	}
+	if slo {
+		return p.placeBySLO(snap, in, eligible, pr, w, targets), nil
 	}
 	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
 }

@@ -11,7 +11,8 @@ import (
 // less the endpoints whose engine is saturated (queue at the policy's threshold) or unheard of (no fresh
 // metrics), each with its load, queue, KV state, hardware speed and cost. It counts what it left out, for
 // overflow, and returns the engine's KV block size when one reports it (0 otherwise).
-func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored, saturated, unavailable, blockTokens int) {
+// With slo, each candidate also carries the engine's running batch and what this gateway sent it since.
+func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cands []scored, saturated, unavailable, blockTokens int) {
 	routing := snap.Routing()
 	var headroom, replicas float64 // read only with the admission queue
 	if in.Queueing {
@@ -22,9 +23,10 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
 			continue
 		}
-		tps, cost := snap.PrefillTokensPerSecond(pool.HardwareClass), snap.CostPerToken(pool.HardwareClass)
+		speed := snap.Speed(pool)
 		for _, ep := range pool.Endpoints {
-			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: tps, cost: cost}
+			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: speed.PrefillTokensPerSecond,
+				cost: speed.CostPerToken(), speed: speed}
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
 				switch {
@@ -39,12 +41,18 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input) (cands []scored
 				// when scoring): a cache hit needs few new blocks, a miss needs them all.
 				c.kvFull = m.KVUtil >= routing.MaxKVUtilisation && m.Waiting > 0
 				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
+				if slo {
+					c.running, c.since = m.Running, float64(p.InFlight.SinceReading(ep, m.At))
+				}
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize
 				}
 				if in.Adapter != "" && slices.Contains(m.LoRAs, in.Adapter) {
 					c.lora = 1
 				}
+			}
+			if slo && p.Engines == nil {
+				c.since = float64(c.load) // no engine metrics: this gateway's own requests are the queue
 			}
 			cands = append(cands, c)
 		}

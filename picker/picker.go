@@ -36,6 +36,8 @@ type Decision struct {
 	// ServedBy is the endpoint Envoy reports it used, set on the way back when Envoy reports it: a retry may
 	// have moved the request past Endpoints[0].
 	ServedBy string
+	// Predicted is what SLO placement expected of the destination (zero otherwise).
+	Predicted Prediction
 }
 
 // Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens
@@ -45,10 +47,16 @@ type Observer interface {
 	Observe(d Decision, u openai.Usage)
 }
 
-// Score is one candidate's normalised scores (each in [0,1]) and their weighted total.
+// Score is one candidate's normalised scores (each in [0,1]) and their weighted total, and with SLO
+// placement its predicted timing and cost.
 type Score struct {
 	Endpoint                           string
 	Total, Prefix, Load, Prefill, LoRA float64
+	// TTFT and TPOT are predicted (0 TPOT: not yet predictable); CostUSD is the request's estimated cost there.
+	TTFT, TPOT time.Duration
+	CostUSD    float64
+	// MeetsSLO says whether the prediction is within the request's targets (SLO placement only).
+	MeetsSLO bool
 }
 
 // Input is what one decision is about.

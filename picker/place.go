@@ -55,6 +55,10 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 	if len(pr.hashes) > 0 {
 		d.FirstBlock, d.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
 	}
+	if best.pred.set {
+		d.Predicted = best.pred
+		p.pred.sent(best.endpoint, best.pred)
+	}
 	if snap.Routing().DebugScores {
 		d.Scores = make([]Score, len(ordered))
 		for i, c := range ordered {

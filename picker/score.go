@@ -58,13 +58,25 @@ func (p *Affinity) weightsFor(routing policies.Routing) weights {
 // their choices, while the engines' queues, which all replicas see alike, weigh in the load score. A candidate
 // whose KV cache is full and holds none of the prompt is out (counted in kvFull). When the bound leaves no one
 // it is dropped. anyMatch reports whether some candidate holds a prefix of the prompt.
-func (p *Affinity) eligible(cands []scored, pr prompt, w weights) (out []scored, anyMatch bool, kvFull int) {
+//
+// With perPool (SLO placement) the bound is each pool's own mean: pools on different hardware are not meant
+// to carry the same load, and the SLO prediction decides between them.
+func (p *Affinity) eligible(cands []scored, pr prompt, w weights, perPool bool) (out []scored, anyMatch bool, kvFull int) {
 	var total, maxLoad int64
 	for _, c := range cands {
 		total += c.load
 		maxLoad = max(maxLoad, c.load+c.queue)
 	}
-	bound := (1+w.eps)*float64(total)/float64(len(cands)) + 1
+	mean := float64(total) / float64(len(cands))
+	boundOf := func(c *scored) float64 { return (1+w.eps)*mean + 1 }
+	if perPool {
+		loads := map[*policies.Pool][2]int64{} // total, count
+		for _, c := range cands {
+			l := loads[c.pool]
+			loads[c.pool] = [2]int64{l[0] + c.load, l[1] + 1}
+		}
+		boundOf = func(c *scored) float64 { l := loads[c.pool]; return (1+w.eps)*float64(l[0])/float64(l[1]) + 1 }
+	}
 	var key uint64
 	if len(pr.hashes) > 0 {
 		key = GroupKey(pr.hashes)
@@ -81,7 +93,7 @@ func (p *Affinity) eligible(cands []scored, pr prompt, w weights) (out []scored,
 				kvFull++
 				continue
 			}
-			if bounded && float64(c.load) > bound {
+			if bounded && float64(c.load) > boundOf(c) {
 				continue
 			}
 			anyMatch = anyMatch || c.matched > 0

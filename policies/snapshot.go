@@ -77,6 +77,12 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		w := float64(DefaultLoRAWeight)
 		r.LoRAWeight = &w
 	}
+	if r.Placement == "" {
+		r.Placement = PlacementSLO
+	}
+	if r.SLOMargin == 0 {
+		r.SLOMargin = DefaultSLOMargin
+	}
 	if s.quotas.FailMode == "" {
 		s.quotas.FailMode = FailOpen
 	}
@@ -292,18 +298,31 @@ func (s *Snapshot) tierAllows(t *Tenant, m *Model) bool {
 	return false // the tier may use none of the model's hardware
 }
 
-// CostPerToken is a hardware class's price per generated token in USD, the routing tie-break.
-func (s *Snapshot) CostPerToken(class string) float64 {
-	hc, ok := s.Policy.Spec.HardwareClasses[class]
-	if !ok || hc.DecodeTokensPerSecond <= 0 {
-		return 0
-	}
-	return hc.CostPerHour / 3600 / hc.DecodeTokensPerSecond
+// PoolSpeed is how fast one replica of a pool runs its model: the pool's own figures where it states them,
+// else its hardware class's, with the class's price.
+type PoolSpeed struct {
+	PrefillTokensPerSecond, DecodeTokensPerSecond, CostPerHour float64
 }
 
-// PrefillTokensPerSecond is a hardware class's prefill speed, for the prefill scorer.
-func (s *Snapshot) PrefillTokensPerSecond(class string) float64 {
-	return s.Policy.Spec.HardwareClasses[class].PrefillTokensPerSecond
+// CostPerToken is the price of one generated token in USD at full decode throughput (the routing tie-break).
+func (p PoolSpeed) CostPerToken() float64 {
+	if p.DecodeTokensPerSecond <= 0 {
+		return 0
+	}
+	return p.CostPerHour / 3600 / p.DecodeTokensPerSecond
+}
+
+// Speed returns a pool's speeds and price.
+func (s *Snapshot) Speed(pool *Pool) PoolSpeed {
+	hc := s.Policy.Spec.HardwareClasses[pool.HardwareClass]
+	sp := PoolSpeed{PrefillTokensPerSecond: hc.PrefillTokensPerSecond, DecodeTokensPerSecond: hc.DecodeTokensPerSecond, CostPerHour: hc.CostPerHour}
+	if pool.PrefillTokensPerSecond > 0 {
+		sp.PrefillTokensPerSecond = pool.PrefillTokensPerSecond
+	}
+	if pool.DecodeTokensPerSecond > 0 {
+		sp.DecodeTokensPerSecond = pool.DecodeTokensPerSecond
+	}
+	return sp
 }
 
 // HashKey returns the policy form ("sha256:<hex>") of a plaintext API key.

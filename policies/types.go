@@ -101,7 +101,20 @@ type Routing struct {
 	// DebugScores returns every candidate's scores to the client in the x-infergate-scores response header.
 	// For tuning; it shows endpoint addresses, so keep it off where clients are not trusted.
 	DebugScores bool `yaml:"debugScores,omitempty" json:"debugScores,omitempty"`
+	// Placement is how a request with a TTFT target chooses among endpoints: "slo" (the default) keeps those
+	// predicted to meet the target and takes the cheapest of them, prefix affinity counted in the cost; "affinity"
+	// ranks by the scores alone, cost only breaking ties (what infergate did before SLO placement).
+	Placement string `yaml:"placement,omitempty" json:"placement,omitempty" jsonschema:"enum=slo,enum=affinity"`
+	// SLOMargin is the share of the TTFT target a prediction may use and still count as meeting it (default
+	// 0.8): predictions are means, and the target bounds a high percentile.
+	SLOMargin float64 `yaml:"sloMargin,omitempty" json:"sloMargin,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
 }
+
+// Placement modes (routing.placement).
+const (
+	PlacementSLO      = "slo"
+	PlacementAffinity = "affinity"
+)
 
 // Routing defaults.
 const (
@@ -112,6 +125,7 @@ const (
 	DefaultBoundedLoadEpsilon = 0.5
 	DefaultPrefillWeight      = 1
 	DefaultLoRAWeight         = 1
+	DefaultSLOMargin          = 0.8
 )
 
 // QuotaSettings say how quotas are enforced across gateway replicas.
@@ -193,12 +207,20 @@ type Pool struct {
 	// free for higher tiers, so their requests start at once instead of behind a lower tier's in the engine's
 	// queue; without it, headroom applies to routing.maxWaiting alone.
 	MaxConcurrency int `yaml:"maxConcurrency,omitempty" json:"maxConcurrency,omitempty" jsonschema:"minimum=0"`
+	// PrefillTokensPerSecond and DecodeTokensPerSecond are this model's speeds on the pool's hardware when they
+	// differ from the class's (which are stated for the class's usual model): a 7B model prefills several times
+	// faster than a 70B one on the same GPU. They feed the TTFT prediction and the cost per token.
+	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond,omitempty" json:"prefillTokensPerSecond,omitempty" jsonschema:"minimum=0"`
+	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond,omitempty" json:"decodeTokensPerSecond,omitempty" jsonschema:"minimum=0"`
 }
 
 // Fallback conditions: when the self-hosted pools cannot take a request.
 const (
 	WhenSaturated   = "saturated"
 	WhenUnavailable = "unavailable"
+	// WhenSLO sends a request to the fallback when no self-hosted endpoint is predicted to meet its TTFT
+	// target (routing.placement slo), though some could still take it.
+	WhenSLO = "slo"
 )
 
 // Fallback is a managed API (Together, Fireworks, …) that takes a model's overflow.
@@ -209,7 +231,10 @@ type Fallback struct {
 	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
 	// APIKeyFrom says where the provider key lives ("env:NAME" or "file:/path"); the key itself is never in the policy.
 	APIKeyFrom string   `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
-	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable"`
+	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable,enum=slo"`
+	// Pricing is what the provider charges the platform per million tokens: the cost of overflow, which
+	// placement weighs against the fleet's and reports.
+	Pricing Pricing `yaml:"pricing,omitempty" json:"pricing,omitempty"`
 	// CAFile is the PEM bundle, on Envoy's host, that an https baseURL's certificate must chain to (default
 	// DefaultProviderCAFile, the system bundle): Envoy verifies the provider before it sends the key.
 	CAFile string `yaml:"caFile,omitempty" json:"caFile,omitempty" jsonschema:"pattern=^/"`

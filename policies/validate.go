@@ -153,6 +153,12 @@ func (v *validator) routing(r *Routing) {
 	if w := r.LoRAWeight; w != nil && *w < 0 {
 		v.fail(append(base, "loraWeight"), "must not be negative, got %v", *w)
 	}
+	if r.Placement != "" && r.Placement != PlacementSLO && r.Placement != PlacementAffinity {
+		v.fail(append(base, "placement"), "must be %q or %q, got %q", PlacementSLO, PlacementAffinity, r.Placement)
+	}
+	if r.SLOMargin < 0 || r.SLOMargin > 1 {
+		v.fail(append(base, "sloMargin"), "must be between 0 and 1, got %v", r.SLOMargin)
+	}
 }
 
 func (v *validator) tiers(s *Spec, models map[string]bool) {
@@ -394,6 +400,12 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 		if pl.MaxConcurrency < 0 {
 			v.fail(append(slices.Clone(pb), "maxConcurrency"), "must not be negative, got %d", pl.MaxConcurrency)
 		}
+		if pl.PrefillTokensPerSecond < 0 {
+			v.fail(append(slices.Clone(pb), "prefillTokensPerSecond"), "must not be negative, got %v", pl.PrefillTokensPerSecond)
+		}
+		if pl.DecodeTokensPerSecond < 0 {
+			v.fail(append(slices.Clone(pb), "decodeTokensPerSecond"), "must not be negative, got %v", pl.DecodeTokensPerSecond)
+		}
 		for k, ep := range pl.Endpoints {
 			ap, err := netip.ParseAddrPort(ep)
 			switch {
@@ -433,12 +445,15 @@ func (v *validator) fallbacks(m *Model, base []seg) {
 			v.fail(append(fb, "apiKeyFrom"), "must be env:NAME or file:/path, got %q", f.APIKeyFrom)
 		}
 		if len(f.When) == 0 {
-			v.fail(append(fb, "when"), "at least one condition is required (%s, %s)", WhenSaturated, WhenUnavailable)
+			v.fail(append(fb, "when"), "at least one condition is required (%s, %s, %s)", WhenSaturated, WhenUnavailable, WhenSLO)
 		}
 		for k, w := range f.When {
-			if w != WhenSaturated && w != WhenUnavailable {
-				v.fail(append(fb, "when", k), "must be %q or %q, got %q", WhenSaturated, WhenUnavailable, w)
+			if w != WhenSaturated && w != WhenUnavailable && w != WhenSLO {
+				v.fail(append(fb, "when", k), "must be %q, %q or %q, got %q", WhenSaturated, WhenUnavailable, WhenSLO, w)
 			}
+		}
+		if f.Pricing.InputPerMTok < 0 || f.Pricing.OutputPerMTok < 0 {
+			v.fail(append(fb, "pricing"), "prices must not be negative")
 		}
 	}
 }

@@ -68,6 +68,10 @@ type Resources struct {
 	Secrets []types.Resource
 	// Weights are the per-model pool weights used in the routes, for hysteresis on the next build.
 	Weights map[string]uint32
+	// modelActions are each model's capacity-weighted route action, for the proxyless gRPC clients, which
+	// have no ext_proc to choose a pool (BuildGRPC). Envoy's route configuration has none: every request
+	// infergate routes names its pool, and with failure_mode_allow false Envoy routes no other.
+	modelActions map[string]*routev3.RouteAction
 	// Warnings say what the build could not do (a fallback whose key is missing), without secrets.
 	Warnings []string
 }
@@ -75,9 +79,8 @@ type Resources struct {
 // Build turns a policy and the fleet's state into clusters, endpoints and routes. previous, when not nil,
 // holds the last weights: a pool's weight only changes when it moved by more than 10 %, so routes do not flap.
 func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32) (*Resources, error) {
-	out := &Resources{Weights: map[string]uint32{}}
+	out := &Resources{Weights: map[string]uint32{}, modelActions: map[string]*routev3.RouteAction{}}
 	vh := &routev3.VirtualHost{Name: "llm", Domains: []string{"*"}}
-	var modelRoutes []*routev3.Route
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
 		var weighted []*routev3.WeightedCluster_ClusterWeight
@@ -151,12 +154,8 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		} else {
 			continue
 		}
-		modelRoutes = append(modelRoutes, &routev3.Route{
-			Name: contract.ModelRouteName(m.Name), Match: headerMatch(contract.HeaderModel, m.Name),
-			Action: &routev3.Route_Route{Route: routeAction(action, snap.UpstreamIdleTimeout())},
-		})
+		out.modelActions[m.Name] = routeAction(action, snap.UpstreamIdleTimeout())
 	}
-	vh.Routes = append(vh.Routes, modelRoutes...)
 	vh.Routes = append(vh.Routes, &routev3.Route{
 		Name:  "default",
 		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},

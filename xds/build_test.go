@@ -91,13 +91,11 @@ func (f fakeFleet) Endpoint(addr string) (EndpointState, bool) { s, ok := f[addr
 
 func modelRoute(t *testing.T, res *Resources, model string) *routev3.RouteAction {
 	t.Helper()
-	for _, r := range res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes() {
-		if r.GetName() == "model/"+model {
-			return r.GetRoute()
-		}
+	ra, ok := res.modelActions[model]
+	if !ok {
+		t.Fatalf("no route for %s", model)
 	}
-	t.Fatalf("no route for %s", model)
-	return nil
+	return ra
 }
 
 func weightsOf(ra *routev3.RouteAction) map[string]uint32 {
@@ -244,5 +242,52 @@ func TestProviderTLSVerifies(t *testing.T) {
 		if vc.GetTrustedCa().GetFilename() != tc.wantCA || len(m) != 1 || m[0].GetSanType() != tc.san || m[0].GetMatcher().GetExact() != tc.host {
 			t.Errorf("%s: validation context %v", tc.host, vc)
 		}
+	}
+}
+
+// TestEnvoyRoutesNeedAPoolDecision: every route Envoy gets, except the 503 default, matches the pool header
+// infergate sets on every request it routes — Envoy runs ext_proc with failure_mode_allow false, so a route
+// keyed on anything else would be configuration no request reaches. The capacity weights live on in the
+// proxyless gRPC clients' routes, which have no ext_proc to choose a pool.
+func TestEnvoyRoutesNeedAPoolDecision(t *testing.T) {
+	snap := quickstart(t)
+	res, err := Build(snap, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes() {
+		if r.GetName() == "default" {
+			if r.GetDirectResponse().GetStatus() != 503 {
+				t.Errorf("default route: %v, want a 503", r.GetAction())
+			}
+			continue
+		}
+		pool := false
+		for _, h := range r.GetMatch().GetHeaders() {
+			pool = pool || h.GetName() == contract.HeaderPool
+		}
+		if !pool {
+			t.Errorf("route %s matches no %s: Envoy never routes a request there", r.GetName(), contract.HeaderPool)
+		}
+		if len(r.GetRoute().GetWeightedClusters().GetClusters()) > 0 {
+			t.Errorf("route %s is weighted: a pool decision names one cluster", r.GetName())
+		}
+	}
+	grpcRes, _, err := BuildGRPC(snap, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weighted := 0
+	for _, r := range grpcRes.Routes {
+		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if len(rt.GetRoute().GetWeightedClusters().GetClusters()) > 0 {
+					weighted++
+				}
+			}
+		}
+	}
+	if weighted != len(snap.Policy.Spec.Models) {
+		t.Errorf("%d weighted gRPC routes, want one per model (%d)", weighted, len(snap.Policy.Spec.Models))
 	}
 }

@@ -48,19 +48,14 @@ func BuildGRPC(snap *policies.Snapshot, fleet FleetState, previous map[string]ui
 	for _, r := range clusters {
 		kept[r.(*clusterv3.Cluster).GetName()] = true
 	}
-	envoyRoutes := res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()
 	var routes, listeners []types.Resource
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
-		var action *routev3.RouteAction
-		for _, r := range envoyRoutes {
-			if r.GetName() == "model/"+m.Name {
-				action = proto.Clone(r.GetRoute()).(*routev3.RouteAction)
-			}
-		}
-		if action == nil || (action.GetCluster() != "" && !kept[action.GetCluster()]) {
+		built, ok := res.modelActions[m.Name]
+		if !ok || (built.GetCluster() != "" && !kept[built.GetCluster()]) {
 			continue
 		}
+		action := proto.Clone(built).(*routev3.RouteAction)
 		// grpc-go retries on gRPC status codes only.
 		action.RetryPolicy = &routev3.RetryPolicy{RetryOn: "unavailable", NumRetries: wrapperspb.UInt32(2)}
 		action.Timeout = nil

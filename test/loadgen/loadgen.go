@@ -19,9 +19,11 @@ import (
 
 // Result is one streaming request as the client saw it.
 type Result struct {
-	Status     int
-	Replica    string // x-simulated-replica, when the simulated fleet answered
-	TTFT       time.Duration
+	Status  int
+	Replica string // x-simulated-replica, when the simulated fleet answered
+	TTFT    time.Duration
+	// Last is when the last chunk carrying content arrived, from the request's start.
+	Last       time.Duration
 	Prompt     int64
 	Cached     int64
 	Completion int64
@@ -70,8 +72,11 @@ func StreamChat(ctx context.Context, client *http.Client, url string, header htt
 		if json.Unmarshal([]byte(line), &chunk) != nil {
 			continue
 		}
-		if r.TTFT == 0 && len(chunk.Choices) > 0 {
-			r.TTFT = time.Since(start)
+		if len(chunk.Choices) > 0 {
+			r.Last = time.Since(start)
+			if r.TTFT == 0 {
+				r.TTFT = r.Last
+			}
 		}
 		if u := chunk.Usage; u != nil {
 			r.Prompt, r.Completion, r.Cached, r.Usage = u.PromptTokens, u.CompletionTokens, u.PromptTokensDetails.CachedTokens, true

@@ -40,7 +40,7 @@ type request struct {
 
 type outcome struct {
 	ok             bool
-	ttft           time.Duration // simulated
+	ttft, tpot     time.Duration // simulated
 	prompt, cached int64
 }
 
@@ -79,6 +79,9 @@ func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 		if obs, ok := p.pickers[i].(picker.Observer); ok && o.ok {
 			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
 		}
+		if obs, ok := p.pickers[i].(picker.TimingObserver); ok && o.ok {
+			obs.ObserveTiming(p.model.Name, d, o.ttft, o.tpot)
+		}
 	}
 }
 
@@ -96,7 +99,11 @@ func send(ctx context.Context, client *http.Client, ep string, r *request) outco
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
 	res := loadgen.StreamChat(ctx, client, "http://"+ep+"/v1/chat/completions", nil, body)
-	return outcome{ok: res.Usage, ttft: time.Duration(float64(res.TTFT) / timeScale), prompt: res.Prompt, cached: res.Cached}
+	o := outcome{ok: res.Usage, ttft: time.Duration(float64(res.TTFT) / timeScale), prompt: res.Prompt, cached: res.Cached}
+	if res.Completion > 1 {
+		o.tpot = time.Duration(float64(res.Last-res.TTFT) / timeScale / float64(res.Completion-1))
+	}
+	return o
 }
 
 type result struct {
@@ -224,7 +231,7 @@ func main() {
 	for i, e := range eps {
 		quoted[i] = fmt.Sprintf("%q", e)
 	}
-	snap, err := policies.Parse("bench.yaml", []byte(`apiVersion: infergate.io/v1alpha1
+	policyText := `apiVersion: infergate.io/v1alpha1
 kind: Policy
 spec:
   gateway: {maxEndpointsPerDecision: 1}
@@ -233,11 +240,18 @@ spec:
   - {name: m, pools: [{name: p, hardwareClass: l40s, engine: vllm, endpoints: [`+strings.Join(quoted, ", ")+`]}]}
   tenants:
   - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
-`))
+`
+	snap, err := policies.Parse("bench.yaml", []byte(policyText))
 	if err != nil {
 		log.Fatal(err)
 	}
 	model, _ := snap.Model("m")
+	// The same policy with an SLO, as policies usually ship: the picker places by predicted TTFT, then cost.
+	sloSnap, err := policies.Parse("bench-slo.yaml", []byte(strings.Replace(policyText, "  models:", "  slo: {ttft: 2s, tpot: 100ms}\n  models:", 1)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	sloModel, _ := sloSnap.Model("m")
 	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms.
 	// Staleness stays in real time: a scheduling hiccup of this shared two-core machine is not a dead engine.
 	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: 250 * time.Millisecond}
@@ -265,6 +279,7 @@ spec:
 		two := []*fleet.InFlight{{}, {}}
 		least := &fleet.InFlight{}
 		pfx := &fleet.InFlight{}
+		sloOne, sloTwo := &fleet.InFlight{}, []*fleet.InFlight{{}, {}}
 		return []struct {
 			name string
 			rt   router
@@ -274,6 +289,8 @@ spec:
 			{"prefix-only", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(pfx, true)}, inflight: []*fleet.InFlight{pfx}}},
 			{"infergate", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(one, false)}, inflight: []*fleet.InFlight{one}}},
 			{"infergate ×2", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(two[0], false), newAffinity(two[1], false)}, inflight: two}},
+			{"infergate SLO", &pickerRouter{snap: sloSnap, model: sloModel, pickers: []picker.Picker{newAffinity(sloOne, false)}, inflight: []*fleet.InFlight{sloOne}}},
+			{"infergate SLO ×2", &pickerRouter{snap: sloSnap, model: sloModel, pickers: []picker.Picker{newAffinity(sloTwo[0], false), newAffinity(sloTwo[1], false)}, inflight: sloTwo}},
 		}
 	}
 	workloads := []struct {
@@ -296,7 +313,7 @@ spec:
 			continue
 		}
 		medians[w.name], ceilings[w.name] = map[string]result{}, ceiling(w.work(), 16)
-		results := make([][]result, 5)
+		results := make([][]result, len(policiesUnder()))
 		for k := range *runs {
 			for i, p := range policiesUnder() {
 				if !selected(*onlyPolicies, p.name) {

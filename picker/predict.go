@@ -1,0 +1,192 @@
+package picker
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// Prediction is what the picker expected of the chosen destination: its time to first token and time per
+// output token, and what serving the request there costs. The director hands it back with the observed
+// timing (ObserveTiming), which is how the predictions learn, and traces and debugScores show it.
+type Prediction struct {
+	// TTFT is the predicted time from routing to the first token.
+	TTFT time.Duration
+	// TPOT is the predicted time per output token; 0 until the endpoint has reported enough to predict it.
+	TPOT time.Duration
+	// CostUSD is the estimated cost of the request at the destination: GPU time for its uncached prompt and
+	// its output at the hardware's price, or the provider's price for a managed API.
+	CostUSD float64
+
+	ttftX, tpotX [fitDims]float64
+	uncached     float64
+	set          bool
+}
+
+// TimingObserver is a Picker that learns from what the gateway measured of a finished request: the time from
+// routing to its first token and its time per output token, against what it predicted.
+type TimingObserver interface {
+	ObserveTiming(model string, d Decision, ttft, tpot time.Duration)
+}
+
+// The TTFT model of one endpoint. Before it has observations, the prediction is
+//
+//	TTFT ≈ step + (queued × ū + uncached) ÷ prefill speed + turnovers × service time
+//
+// where queued is the engine's waiting requests plus what this gateway sent it since that reading, ū the
+// mean uncached prompt tokens of requests this gateway sent there, uncached this prompt's tokens the endpoint
+// does not hold, and the prefill speed the pool's (or its hardware class's). When the pool states its batch
+// size (maxConcurrency, S), a request that finds the batch full waits for sequences to finish: turnovers =
+// max(0, running + queued + 1 − S) ÷ S batches, each lasting about a request's service time, 256 output tokens
+// at the per-sequence decode speed (decodeTokensPerSecond ÷ S). Observed TTFTs then fit
+//
+//	TTFT ≈ a + b × prefill seconds + c × turnovers
+//
+// per endpoint (see fit): a learns the engine's step time, b how much slower than the stated speed prefill
+// really runs, c the real service time. Without a batch size the last feature is running ÷ 32 with no prior
+// (chunked prefill shares each step with the decoding sequences). TPOT is fitted on the running batch
+// (running ÷ 32) and predicted only after minTPOTObservations.
+const (
+	stepPrior           = 0.025 // seconds: one engine step on the GPUs of the hardware table
+	runningScale        = 32.0
+	minTPOTObservations = 8
+	uncachedWeight      = 0.05 // EWMA weight of a request's uncached tokens in ū
+)
+
+// endpointModel is what the picker has learnt of one endpoint's timing.
+type endpointModel struct {
+	ttft, tpot fit
+	tpotSeen   int
+	uncached   float64 // ū, 0 until a request was sent
+}
+
+// predictor holds every endpoint's model (and each managed fallback's, keyed by its cluster name).
+type predictor struct {
+	mu  sync.Mutex
+	eps map[string]*endpointModel
+}
+
+// model returns ep's model, created with a service-time prior of service seconds.
+func (p *predictor) model(ep string, service float64) *endpointModel {
+	if p.eps == nil {
+		p.eps = map[string]*endpointModel{}
+	}
+	m := p.eps[ep]
+	if m == nil {
+		m = &endpointModel{ttft: newFit(stepPrior, 1, service), tpot: newFit(0, 0)}
+		p.eps[ep] = m
+	}
+	return m
+}
+
+// features are a candidate's TTFT features (see the model above) and its service-time prior.
+func features(c *scored, prefill float64) (x [fitDims]float64, service float64) {
+	queued := max(0, float64(c.queue)+c.since)
+	slots := float64(c.pool.MaxConcurrency)
+	if slots <= 0 {
+		return [fitDims]float64{1, prefill, max(0, c.running) / runningScale}, 0
+	}
+	turnovers := max(0, c.running+queued+1-slots) / slots
+	service = defaultOutputTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
+	return [fitDims]float64{1, prefill, turnovers}, service
+}
+
+// predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
+// holds, and whose output is outTokens long. One lock for the whole decision.
+func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	blockTokens := float64(pr.blockTokens) / pr.scale
+	for i := range cands {
+		c := &cands[i]
+		uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
+		_, service := features(c, 0)
+		m := p.model(c.endpoint, service)
+		mean := m.uncached
+		if mean == 0 {
+			mean = uncached
+		}
+		speed := max(c.speed.PrefillTokensPerSecond, 1)
+		x, _ := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
+		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
+		pd.TTFT = seconds(max(0, m.ttft.predict(pd.ttftX)))
+		if m.tpotSeen >= minTPOTObservations {
+			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
+		}
+		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens/max(c.speed.DecodeTokensPerSecond, 1))
+		c.pred = pd
+	}
+}
+
+// sent records the uncached tokens of a request sent to ep, for ū.
+func (p *predictor) sent(ep string, pd Prediction) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.model(ep, 0)
+	if m.uncached == 0 {
+		m.uncached = max(pd.uncached, 1)
+	} else {
+		m.uncached += uncachedWeight * (pd.uncached - m.uncached)
+	}
+}
+
+// observe fits an endpoint's model to one request's measured timing (tpot 0: not measured).
+func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.model(ep, 0)
+	if ttft > 0 {
+		m.ttft.observe(pd.ttftX, ttft.Seconds())
+	}
+	if tpot > 0 {
+		m.tpot.observe(pd.tpotX, tpot.Seconds())
+		m.tpotSeen++
+	}
+}
+
+// managedTTFT is the TTFT the picker expects of a managed fallback: the mean of its observed TTFTs (the
+// provider's own queue is not visible), 0 until one was observed.
+func (p *predictor) managedTTFT(cluster string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.eps[cluster]
+	if m == nil || m.ttft.n == 0 {
+		return 0
+	}
+	return seconds(max(0, m.ttft.predict([fitDims]float64{1})))
+}
+
+func (p *predictor) observeManaged(cluster string, ttft time.Duration) {
+	if ttft <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.eps[cluster]
+	if m == nil {
+		if p.eps == nil {
+			p.eps = map[string]*endpointModel{}
+		}
+		m = &endpointModel{ttft: newFit(ttft.Seconds())}
+		p.eps[cluster] = m
+	}
+	m.ttft.observe([fitDims]float64{1}, ttft.Seconds())
+}
+
+// forget drops the models of endpoints keep rejects.
+func (p *predictor) forget(keep func(string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ep := range p.eps {
+		if !keep(ep) {
+			delete(p.eps, ep)
+		}
+	}
+}
+
+func seconds(s float64) time.Duration {
+	if math.IsNaN(s) || s > 1e6 {
+		return time.Duration(1e6 * float64(time.Second))
+	}
+	return time.Duration(s * float64(time.Second))
+}

@@ -1,0 +1,120 @@
+package picker
+
+import (
+	"slices"
+	"time"
+
+	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/policies"
+)
+
+// costTolerance is how much dearer than the cheapest SLO-meeting candidate another may be and still be
+// placed by affinity and load among the cheapest: replicas of one pool differ only by what their caches
+// hold, and prices in the policy are not exact to the percent.
+const costTolerance = 0.10
+
+// defaultOutputTokens is the output a request that sets no max_tokens is costed for.
+const defaultOutputTokens = 256
+
+// sloTargets returns the request's targets and whether SLO placement applies: routing.placement slo and a
+// TTFT target for the tenant's tier and the model.
+func sloTargets(snap *policies.Snapshot, in Input) (policies.Targets, bool) {
+	if snap.Routing().Placement != policies.PlacementSLO {
+		return policies.Targets{}, false
+	}
+	tg := snap.SLO(in.Tenant, in.Model)
+	return tg, tg.Set && tg.TTFT > 0
+}
+
+// meets says whether a prediction is within targets, each scaled by margin; an unpredicted TPOT passes.
+func meets(pd Prediction, tg policies.Targets, margin float64) bool {
+	limit := func(d time.Duration) time.Duration { return time.Duration(float64(d) * margin) }
+	if pd.TTFT > limit(tg.TTFT) {
+		return false
+	}
+	return tg.TPOT == 0 || pd.TPOT == 0 || pd.TPOT <= limit(tg.TPOT)
+}
+
+// placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
+// predicted. Among those predicted to meet the targets, the cheapest (within costTolerance; a held prefix
+// makes an endpoint both faster and cheaper) are ordered by affinity and load as without an SLO, the other
+// meeting ones follow by cost. When none meets them, the model's fallback takes the request if its when
+// lists slo; otherwise the fastest predicted goes first.
+func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible []scored, pr prompt, w weights, tg policies.Targets) Decision {
+	out := float64(defaultOutputTokens)
+	if in.Request != nil && in.Request.MaxTokens > 0 {
+		out = float64(in.Request.MaxTokens)
+	}
+	p.pred.predictAll(eligible, pr, out)
+	margin := snap.Routing().SLOMargin
+	var good, late []scored
+	cheapest := 0.0
+	for i := range eligible {
+		c := &eligible[i]
+		c.s.TTFT, c.s.TPOT, c.s.CostUSD = c.pred.TTFT, c.pred.TPOT, c.pred.CostUSD
+		c.s.MeetsSLO = meets(c.pred, tg, margin)
+		if c.s.MeetsSLO {
+			if len(good) == 0 || c.pred.CostUSD < cheapest {
+				cheapest = c.pred.CostUSD
+			}
+			good = append(good, *c)
+		} else {
+			late = append(late, *c)
+		}
+	}
+	slices.SortStableFunc(late, func(a, b scored) int { return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT)) })
+	if len(good) == 0 {
+		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
+			p.noteSharing(anyMatched(eligible))
+			return p.managedDecision(dec, in, pr, out)
+		}
+		return p.decide(snap, in, late, pr)
+	}
+	var band, dearer []scored
+	for _, c := range good {
+		if c.pred.CostUSD <= cheapest*(1+costTolerance) {
+			band = append(band, c)
+		} else {
+			dearer = append(dearer, c)
+		}
+	}
+	slices.SortStableFunc(dearer, func(a, b scored) int { return cmpFloat(a.pred.CostUSD, b.pred.CostUSD) })
+	ordered := append(append(p.order(band, band, pr, anyMatched(band), w), dearer...), late...)
+	return p.decide(snap, in, ordered, pr)
+}
+
+// managedDecision is a decision for the model's fallback with its predicted TTFT and cost.
+func (p *Affinity) managedDecision(dec Decision, in Input, pr prompt, out float64) Decision {
+	f := dec.Fallback
+	dec.Adapter = in.Adapter
+	dec.EstimatedPromptTokens = pr.estimated
+	dec.Predicted = Prediction{TTFT: p.pred.managedTTFT(contract.FallbackClusterName(in.Model.Name, f.Name)),
+		CostUSD: (float64(pr.tokens)*f.Pricing.InputPerMTok + out*f.Pricing.OutputPerMTok) / 1e6, set: true}
+	return dec
+}
+
+func anyMatched(cands []scored) bool {
+	for i := range cands {
+		if cands[i].matched > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ObserveTiming implements TimingObserver: the chosen endpoint's model (or the fallback's) is fitted to the
+// measured time from routing to the first token and time per output token. A request Envoy retried elsewhere
+// teaches nothing: it was predicted for another endpoint.
+func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Duration) {
+	if !d.Predicted.set {
+		return
+	}
+	if d.Fallback != nil {
+		p.pred.observeManaged(contract.FallbackClusterName(model, d.Fallback.Name), ttft)
+		return
+	}
+	if len(d.Endpoints) == 0 || (d.ServedBy != "" && d.ServedBy != d.Endpoints[0]) {
+		return
+	}
+	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
+}

@@ -1,0 +1,208 @@
+package picker
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/policies"
+)
+
+// sloPolicy: mixedPolicy's two pools with a TTFT/TPOT target for the tier, batch sizes, and a fallback that
+// takes what no endpoint can serve in time when when lists slo.
+func sloPolicy(placement, when string) string {
+	p := strings.Replace(mixedPolicy, "  routing: {debugScores: true}", "  routing: {debugScores: true, placement: "+placement+"}", 1)
+	p = strings.Replace(p, "    pro: {}", "    pro: {slo: {ttft: 500ms, tpot: 50ms}}", 1)
+	p = strings.Replace(p, "when: [saturated]", "when: ["+when+"], pricing: {inputPerMTok: 0.9, outputPerMTok: 0.9}", 1)
+	p = strings.ReplaceAll(p, "engine: vllm, endpoints", "engine: vllm, maxConcurrency: 16, endpoints")
+	return p
+}
+
+func proTenant(snap *policies.Snapshot) *policies.Tenant { t, _ := snap.Tenant("pro"); return t }
+
+func TestFitLearnsAnAffineModel(t *testing.T) {
+	f := newFit(0.025, 1, 0)
+	if got := f.predict([fitDims]float64{1, 0.1, 0}); math.Abs(got-0.125) > 1e-9 {
+		t.Fatalf("no data: predicted %v, want the prior 0.125", got)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		x := [fitDims]float64{1, rng.Float64(), rng.Float64() * 2}
+		f.observe(x, 0.05+3*x[1]+0.4*x[2]+rng.NormFloat64()*0.001)
+	}
+	for _, x := range [][fitDims]float64{{1, 0, 0}, {1, 0.5, 1}, {1, 1, 2}} {
+		want := 0.05 + 3*x[1] + 0.4*x[2]
+		if got := f.predict(x); math.Abs(got-want) > 0.03 {
+			t.Errorf("predict(%v) = %.4f, want %.4f", x, got, want)
+		}
+	}
+	f.observe([fitDims]float64{1, 0, 0}, math.Inf(1)) // ignored
+	if got := f.predict([fitDims]float64{1, 0, 0}); math.IsInf(got, 0) || math.IsNaN(got) {
+		t.Fatalf("an infinite observation broke the fit: %v", got)
+	}
+}
+
+func TestSLOPlacementPrefersTheCheapestThatMeetsTheTarget(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	tenant := proTenant(snap)
+	in := Input{Tenant: tenant, Model: m, Request: request(t, strings.Repeat("sys ", 200), "q")}
+	d, err := newMixedPicker(idleEngines(nil)).Pick(snap, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Pool.Name != "cheap" {
+		t.Fatalf("idle fleet: chose pool %s, want the cheaper L40S that meets 500 ms", d.Pool.Name)
+	}
+	if d.Predicted.TTFT <= 0 || d.Predicted.TTFT > 400*time.Millisecond || d.Predicted.CostUSD <= 0 {
+		t.Fatalf("prediction %+v: want a TTFT within the 0.8 margin and a cost", d.Predicted)
+	}
+	// The same request under affinity placement ranks by the prefill scorer: the faster H200.
+	snapA, mA := modelOf(t, sloPolicy(policies.PlacementAffinity, policies.WhenSaturated))
+	d, err = newMixedPicker(idleEngines(nil)).Pick(snapA, Input{Tenant: proTenant(snapA), Model: mA, Request: in.Request})
+	if err != nil || d.Pool.Name != "fast" {
+		t.Fatalf("affinity placement chose %v (%v), want the fast pool", d.Pool, err)
+	}
+	if d.Predicted.set {
+		t.Fatal("affinity placement predicted")
+	}
+}
+
+func TestSLOPlacementLeavesAnEndpointPredictedLate(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	// The cheap pool's batches are full and requests wait: two batch turnovers of ~3.4 s each.
+	eng := idleEngines(func(ep string, e *fleet.EngineMetrics) {
+		if strings.HasPrefix(ep, "10.0.1.") {
+			e.Running, e.Waiting = 16, 5
+		}
+	})
+	d, err := newMixedPicker(eng).Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Pool.Name != "fast" {
+		t.Fatalf("chose %s with the cheap pool predicted late; scores %+v", d.Pool.Name, d.Scores)
+	}
+	for _, s := range d.Scores {
+		if late := strings.HasPrefix(s.Endpoint, "10.0.1."); late == s.MeetsSLO {
+			t.Errorf("%s: meets=%v with predicted TTFT %v", s.Endpoint, s.MeetsSLO, s.TTFT)
+		}
+	}
+}
+
+func TestSLOPlacementWhenNoneMeetsTheTarget(t *testing.T) {
+	everyoneBusy := idleEngines(func(ep string, e *fleet.EngineMetrics) {
+		e.Running, e.Waiting = 16, 12
+		if strings.HasPrefix(ep, "10.0.0.") {
+			e.Waiting = 8 // the H200s are late too, but less
+		}
+	})
+	for _, tc := range []struct {
+		when         string
+		wantFallback bool
+	}{
+		{policies.WhenSaturated, false},                         // the fallback is only for saturation: the fastest predicted
+		{policies.WhenSaturated + ", " + policies.WhenSLO, true}, // the fallback takes what no endpoint serves in time
+	} {
+		snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, tc.when))
+		d, err := newMixedPicker(everyoneBusy).Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Fallback != nil; got != tc.wantFallback {
+			t.Fatalf("when [%s]: fallback %v, want %v", tc.when, got, tc.wantFallback)
+		}
+		if tc.wantFallback {
+			if d.Predicted.CostUSD <= 0 {
+				t.Errorf("managed decision without the provider's cost: %+v", d.Predicted)
+			}
+			continue
+		}
+		if d.Pool.Name != "fast" {
+			t.Errorf("when [%s]: chose %s, want the fastest predicted (fast)", tc.when, d.Pool.Name)
+		}
+	}
+}
+
+func TestSLOPlacementKeepsPrefixAffinity(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	sys := strings.Repeat("A long shared system prompt. ", 60)
+	first, err := p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, sys, "q1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		d, err := p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, sys, "q"+string(rune('2'+i)))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Endpoints[0] != first.Endpoints[0] {
+			t.Fatalf("request %d went to %s, away from its prefix on %s; scores %+v", i, d.Endpoints[0], first.Endpoints[0], d.Scores)
+		}
+		if d.Scores[0].CostUSD >= d.Scores[1].CostUSD && d.Scores[1].Endpoint[:8] == d.Scores[0].Endpoint[:8] {
+			t.Errorf("the endpoint holding the prefix is not cheaper than its pool twin: %+v", d.Scores)
+		}
+	}
+}
+
+func TestTTFTPredictionLearnsFromObservations(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, strings.Repeat("x", 4000), "q")}
+	d, err := p.Pick(snap, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prior := d.Predicted.TTFT
+	// The endpoint really takes three times the prior, and its decoding runs at 40 ms per token.
+	for range 200 {
+		p.ObserveTiming(m.Name, d, 3*prior, 40*time.Millisecond)
+	}
+	learnt := func() time.Duration { // the endpoint's prediction for the first request's features
+		p.pred.mu.Lock()
+		defer p.pred.mu.Unlock()
+		return seconds(p.pred.model(d.Endpoints[0], 0).ttft.predict(d.Predicted.ttftX))
+	}
+	if ratio := float64(learnt()) / float64(3*prior); ratio < 0.95 || ratio > 1.05 {
+		t.Fatalf("after 200 observations predicted %v for an observed %v (ratio %.2f)", learnt(), 3*prior, ratio)
+	}
+	again, _ := p.Pick(snap, in)
+	if again.Endpoints[0] != d.Endpoints[0] {
+		t.Fatalf("the second request left its prefix on %s for %s", d.Endpoints[0], again.Endpoints[0])
+	}
+	if tp := again.Predicted.TPOT; tp < 36*time.Millisecond || tp > 44*time.Millisecond {
+		t.Fatalf("predicted TPOT %v, want about 40ms", tp)
+	}
+	// A request Envoy retried elsewhere teaches nothing.
+	moved := again
+	moved.ServedBy = "10.0.0.9:1"
+	for range 100 {
+		p.ObserveTiming(m.Name, moved, 100*prior, 0)
+	}
+	if got := learnt(); got > 4*prior {
+		t.Fatalf("a retried request's timing moved the prediction to %v", got)
+	}
+}
+
+func TestDebugScoresShowPredictionsAndCost(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	d, err := newMixedPicker(idleEngines(nil)).Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Scores) != 4 {
+		t.Fatalf("%d scores, want 4", len(d.Scores))
+	}
+	for _, s := range d.Scores {
+		if s.TTFT <= 0 || s.CostUSD <= 0 || !s.MeetsSLO {
+			t.Errorf("%s: %+v, want a predicted TTFT, a cost and meets on an idle fleet", s.Endpoint, s)
+		}
+	}
+	cheap, dear := d.Scores[0], d.Scores[len(d.Scores)-1]
+	if cheap.CostUSD >= dear.CostUSD {
+		t.Errorf("first candidate costs %v, last %v: want the cheapest first", cheap.CostUSD, dear.CostUSD)
+	}
+}
