@@ -237,7 +237,7 @@ spec:
   gateway: {maxEndpointsPerDecision: 1}
   hardwareClasses: {l40s: {costPerHour: 1.1, prefillTokensPerSecond: 7000, decodeTokensPerSecond: 1200}}
   models:
-  - {name: m, pools: [{name: p, hardwareClass: l40s, engine: vllm, endpoints: [`+strings.Join(quoted, ", ")+`]}]}
+  - {name: m, pools: [{name: p, hardwareClass: l40s, engine: vllm, endpoints: [` + strings.Join(quoted, ", ") + `]}]}
   tenants:
   - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
 `
