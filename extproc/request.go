@@ -328,9 +328,11 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 }
 
 // close runs when the stream ends for any reason: a request that was routed but never saw the end of its
-// response was aborted (client gone, upstream reset, Envoy timeout) and is settled now.
+// response was aborted (client gone, upstream reset, Envoy timeout) and is settled now — unless its event
+// stream's terminal event already passed: a client that closes its connection on `data: [DONE]`, before the
+// body's last empty chunk, had the whole answer.
 func (rs *requestState) close() {
-	rs.settle(true)
+	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
 	if rs.pooledBody != nil {
 		rs.body = nil

@@ -476,7 +476,8 @@ func TestUpstreamErrorSettles(t *testing.T) {
 	}
 }
 
-// Concurrent requests with one prefix go to the endpoint that has it, until bounded load spreads them.
+// Concurrent requests with one prefix go to the endpoint that has it, until bounded load spreads them (an
+// endpoint holding the prefix may carry (1+2ε) × the mean, +1: picker.hitSlackFactor).
 func TestRoutingSpreadsLoadUnderBoundedLoad(t *testing.T) {
 	h := newHarness(t)
 	seen := map[string]int{}
@@ -494,7 +495,7 @@ func TestRoutingSpreadsLoadUnderBoundedLoad(t *testing.T) {
 	for _, n := range seen {
 		most = max(most, n)
 	}
-	if len(seen) < 2 || most > 3 || most < 2 {
+	if len(seen) < 2 || most > 4 || most < 2 {
 		t.Errorf("six concurrent same-prefix requests went to %v; want affinity first, then spreading", seen)
 	}
 	for _, s := range open {
@@ -582,5 +583,30 @@ func TestFullDuplexJSONResponseWithTrailers(t *testing.T) {
 	}
 	if st := h.settlement(); !st.Reported || st.Usage.CompletionTokens != 2 {
 		t.Errorf("settlement %+v", st)
+	}
+}
+
+// A client that closes its connection on `data: [DONE]` had the whole answer: the stream ending before the
+// body's last empty chunk settles as completed, not as a reset.
+func TestStreamClosedAfterDoneIsComplete(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       string
+	}{
+		{"after [DONE]", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", "completed"},
+		{"before [DONE]", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", "aborted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			s := streamChat(t, h, modeStreamed)
+			s.send(respHeaders("200", false))
+			s.recv()
+			s.send(respBody([]byte(tc.body), false))
+			s.recv()
+			s.cancel()
+			if st := h.settlement(); st.Result != tc.want {
+				t.Errorf("result %q, want %q", st.Result, tc.want)
+			}
+		})
 	}
 }

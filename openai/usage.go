@@ -107,7 +107,13 @@ type SSEScanner struct {
 	tooLong  bool   // pending overflowed: the rest of this line passes unparsed
 	held     []byte // a usage-only data line waiting for the blank line that makes it droppable
 	midEvent bool   // a line other than a blank one has been seen since the last event ended
+	complete bool   // the stream's terminal event passed
 }
+
+// Complete reports whether the stream's terminal event passed: `data: [DONE]` (chat and completions) or a
+// Responses API response.completed, response.incomplete or response.failed. After it the client holds the
+// whole answer, so a connection closed before the body's last empty chunk is not a cut-short response.
+func (s *SSEScanner) Complete() bool { return s.complete }
 
 // ContentEvents counts events that carried choices, an estimate of output tokens when usage never came.
 func (s *SSEScanner) ContentEvents() int64 { return s.content }
@@ -225,7 +231,7 @@ func (s *SSEScanner) appendLine(dst, l []byte) []byte {
 	return append(dst, l...)
 }
 
-var dataPrefix = []byte("data:")
+var dataPrefix, doneMarker = []byte("data:"), []byte("[DONE]")
 
 // dataLine reads one line's data payload, if it is a JSON data line, and reports whether it is the
 // usage-only chunk (usage and an empty choices array).
@@ -236,6 +242,7 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 	}
 	payload = bytes.TrimLeft(payload, " ")
 	if len(payload) == 0 || payload[0] != '{' {
+		s.complete = s.complete || bytes.Equal(payload, doneMarker)
 		return false // [DONE] and keep-alives
 	}
 	p := parsers.Get()
@@ -278,6 +285,7 @@ func (s *SSEScanner) responsesEvent(doc *fastjson.Value, typ []byte) {
 			_, _ = s.Text.Write(doc.GetStringBytes("delta"))
 		}
 	case "response.completed", "response.incomplete", "response.failed":
+		s.complete = true
 		if obj := doc.Get("response", "usage"); obj != nil && obj.Type() == fastjson.TypeObject {
 			if u, ok := parseUsageObject(obj); ok {
 				s.usage, s.sawUsage = u, true

@@ -235,3 +235,23 @@ func FuzzUsageFromJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestSSEScannerComplete(t *testing.T) {
+	for _, tc := range []struct {
+		stream string
+		want   bool
+	}{
+		{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", false},
+		{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", true},
+		{"data:[DONE]\n\n", true},
+		{"data: [DONE]x\n\n", false},
+		{"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{}}\n\n", true},
+		{"data: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n", false},
+	} {
+		var s SSEScanner
+		s.Process([]byte(tc.stream), false)
+		if s.Complete() != tc.want {
+			t.Errorf("%q: complete %v, want %v", tc.stream, s.Complete(), tc.want)
+		}
+	}
+}

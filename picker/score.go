@@ -68,14 +68,17 @@ func (p *Affinity) eligible(cands []scored, pr prompt, w weights, perPool bool) 
 		maxLoad = max(maxLoad, c.load+c.queue)
 	}
 	mean := float64(total) / float64(len(cands))
-	boundOf := func(c *scored) float64 { return (1+w.eps)*mean + 1 }
+	boundOf := func(c *scored) float64 { return (1+w.eps*hitSlack(c))*mean + 1 }
 	if perPool {
 		loads := map[*policies.Pool][2]int64{} // total, count
 		for _, c := range cands {
 			l := loads[c.pool]
 			loads[c.pool] = [2]int64{l[0] + c.load, l[1] + 1}
 		}
-		boundOf = func(c *scored) float64 { l := loads[c.pool]; return (1+w.eps)*float64(l[0])/float64(l[1]) + 1 }
+		boundOf = func(c *scored) float64 {
+			l := loads[c.pool]
+			return (1+w.eps*hitSlack(c))*float64(l[0])/float64(l[1]) + 1
+		}
 	}
 	var key uint64
 	if len(pr.hashes) > 0 {
@@ -107,6 +110,18 @@ func (p *Affinity) eligible(cands []scored, pr prompt, w weights, perPool bool) 
 		kvFull = 0 // the bound left no one (it cannot, for the least loaded): take everyone that fits
 	}
 	return out, anyMatch, kvFull
+}
+
+// hitSlackFactor multiplies ε for an endpoint holding a prefix of the prompt: sending the request elsewhere
+// costs a full prefill there and a second copy of the prefix in the fleet's caches, so a held prefix may load
+// its endpoint further before the request spills.
+const hitSlackFactor = 2
+
+func hitSlack(c *scored) float64 {
+	if c.matched > 0 {
+		return hitSlackFactor
+	}
+	return 1
 }
 
 // scoreOf computes a candidate's normalised scores (weights are applied by the caller).
