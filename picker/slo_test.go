@@ -103,7 +103,7 @@ func TestSLOPlacementWhenNoneMeetsTheTarget(t *testing.T) {
 		when         string
 		wantFallback bool
 	}{
-		{policies.WhenSaturated, false},                         // the fallback is only for saturation: the fastest predicted
+		{policies.WhenSaturated, false},                          // the fallback is only for saturation: the fastest predicted
 		{policies.WhenSaturated + ", " + policies.WhenSLO, true}, // the fallback takes what no endpoint serves in time
 	} {
 		snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, tc.when))
