@@ -201,7 +201,7 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 		return overflow(in.Model, in, saturated+kvFull, unavailable)
 	}
 	if slo {
-		return p.placeBySLO(snap, in, eligible, pr, w, targets), nil
+		return p.placeBySLO(snap, in, eligible, cands, pr, w, targets), nil
 	}
 	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
 }

@@ -38,9 +38,14 @@ func meets(pd Prediction, tg policies.Targets, margin float64) bool {
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
 // predicted. Among those predicted to meet the targets, the cheapest (within costTolerance; a held prefix
 // makes an endpoint both faster and cheaper) are ordered by affinity and load as without an SLO, the other
-// meeting ones follow by cost. When none meets them, the model's fallback takes the request if its when
-// lists slo; otherwise the fastest predicted goes first.
-func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible []scored, pr prompt, w weights, tg policies.Targets) Decision {
+// meeting ones follow by cost. When none meets them, the fastest predicted goes first (see fastest) — unless even it is
+// predicted past the targets themselves (not only the margin) and the model's fallback lists slo in its when:
+// then the managed API takes the request.
+//
+// all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
+// the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
+// counts differ, still agree on where a new group starts.
+func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all []scored, pr prompt, w weights, tg policies.Targets) Decision {
 	out := float64(defaultOutputTokens)
 	if in.Request != nil && in.Request.MaxTokens > 0 {
 		out = float64(in.Request.MaxTokens)
@@ -63,12 +68,16 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible []scor
 		}
 	}
 	slices.SortStableFunc(late, func(a, b scored) int { return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT)) })
-	if len(good) == 0 {
+	// The managed API only when even the fastest endpoint is predicted past the target itself: the margin
+	// chooses among endpoints, it does not send requests away the fleet would still serve in time.
+	if len(good) == 0 && !meets(late[0].pred, tg, 1) {
 		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
 			p.noteSharing(anyMatched(eligible))
 			return p.managedDecision(dec, in, pr, out)
 		}
-		return p.decide(snap, in, late, pr)
+	}
+	if len(good) == 0 {
+		return p.decide(snap, in, p.fastest(late, all, pr, w), pr)
 	}
 	var band, dearer []scored
 	for _, c := range good {
@@ -79,8 +88,40 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible []scor
 		}
 	}
 	slices.SortStableFunc(dearer, func(a, b scored) int { return cmpFloat(a.pred.CostUSD, b.pred.CostUSD) })
-	ordered := append(append(p.order(band, band, pr, anyMatched(band), w), dearer...), late...)
+	ordered := append(append(p.order(band, peersOf(band, all), pr, anyMatched(band), w), dearer...), late...)
 	return p.decide(snap, in, ordered, pr)
+}
+
+// lateTolerance is how much slower than the fastest prediction a late candidate may be and still be placed by
+// affinity and load among the fastest: when every endpoint is late, the fleet is over its capacity, the
+// predictions' differences are mostly the staleness of the engines' metrics, and a request sent away from its
+// prefix costs a full prefill that makes everyone later still.
+const lateTolerance = 0.25
+
+// fastest orders late candidates (sorted by predicted TTFT) when none meets the targets: those within
+// lateTolerance of the fastest by affinity and load, then the others by predicted TTFT.
+func (p *Affinity) fastest(late, all []scored, pr prompt, w weights) []scored {
+	n := 1
+	for n < len(late) && float64(late[n].pred.TTFT) <= float64(late[0].pred.TTFT)*(1+lateTolerance) {
+		n++
+	}
+	head := slices.Clone(late[:n])
+	return append(p.order(head, peersOf(head, all), pr, anyMatched(head), w), late[n:]...)
+}
+
+// peersOf is every candidate of all in the pools of cands, for placeNew's group bound.
+func peersOf(cands, all []scored) []scored {
+	pools := map[*policies.Pool]bool{}
+	for _, c := range cands {
+		pools[c.pool] = true
+	}
+	var peers []scored
+	for _, c := range all {
+		if pools[c.pool] {
+			peers = append(peers, c)
+		}
+	}
+	return peers
 }
 
 // managedDecision is a decision for the model's fallback with its predicted TTFT and cost.

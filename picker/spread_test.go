@@ -19,7 +19,15 @@ func TestEveryReplicaGetsAGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	topics := []string{"retail returns", "travel bookings", "tax questions", "IT helpdesk", "insurance claims", "recipes", "car rentals", "school timetables"}
-	for _, model := range []string{"llama-3.3-70b", "qwen2.5-7b"} {
+	// Without a tenant the placement of new groups alone decides (requests finish at once, so no load bound
+	// spreads them); an enterprise tenant's requests are placed by SLO and cost, and stay in flight, so the
+	// cheap pool fills until its predicted TTFT sends the rest to the H200s.
+	acme, _ := snap.TenantForKey("sk-demo-acme")
+	for _, tc := range []struct {
+		tenant *policies.Tenant
+		model  string
+	}{{nil, "llama-3.3-70b"}, {nil, "qwen2.5-7b"}, {acme, "llama-3.3-70b"}, {acme, "qwen2.5-7b"}} {
+		model := tc.model
 		m, _ := snap.Model(model)
 		for seed := range 8 { // the groups' prompts, and so their rendezvous ranks, differ from demo to demo
 			inflight := &fleet.InFlight{}
@@ -28,16 +36,19 @@ func TestEveryReplicaGetsAGroup(t *testing.T) {
 			for i := range 160 {
 				g := i % len(topics)
 				system := strings.Repeat(fmt.Sprintf("You are the %s assistant (%d); follow the policy handbook section %d exactly and cite it. ", topics[g], seed, g), 30)
-				d, err := p.Pick(snap, Input{Model: m, Request: request(t, system, fmt.Sprintf("Question %d: what applies here?", i))})
+				d, err := p.Pick(snap, Input{Tenant: tc.tenant, Model: m, Request: request(t, system, fmt.Sprintf("Question %d: what applies here?", i))})
 				if err != nil {
 					t.Fatal(err)
 				}
 				served[d.Endpoints[0]]++
+				if tc.tenant != nil {
+					inflight.Start(d.Endpoints[0])
+				}
 			}
 			for _, pool := range m.Pools {
 				for _, ep := range pool.Endpoints {
 					if served[ep] == 0 {
-						t.Errorf("%s, seed %d: %s (%s) served nothing: %v", model, seed, ep, pool.Name, served)
+						t.Errorf("%s, tenant %v, seed %d: %s (%s) served nothing: %v", model, tc.tenant != nil, seed, ep, pool.Name, served)
 					}
 				}
 			}

@@ -380,6 +380,26 @@ func printTargets(m map[string]map[string]result, ceilings map[string]float64) {
 				"%.2f×", ratio(float64(ig.p95), float64(ll.p95)))
 		}
 	}
+	// Issue #14's: the cache-hit at the ceiling, two replicas within a point of one, no-shared tail no worse than
+	// round-robin's — for the picker as policies without and with an SLO ship it.
+	for _, name := range []string{"infergate", "infergate SLO"} {
+		if ig, ok := get(moderate, name); ok {
+			check(name+", shared prefix, moderate: cache-hit within 0.5 point of the ceiling", ig.hit >= ceilings[moderate]-0.005,
+				"%.1f%% (ceiling %.1f%%)", 100*ig.hit, 100*ceilings[moderate])
+		}
+		for _, w := range []string{moderate, nearSat} {
+			one, ok1 := get(w, name)
+			two, ok2 := get(w, name+" ×2")
+			if ok1 && ok2 {
+				check(name+", "+w+": two replicas' cache-hit within 1 point of one", two.hit >= one.hit-0.01,
+					"%.1f%% against %.1f%%", 100*two.hit, 100*one.hit)
+			}
+		}
+		if ig, ok := get(noShared, name); ok {
+			rr, _ := get(noShared, "round-robin")
+			check(name+", no shared prefix: TTFT p95 ≤ round-robin's", ig.p95 <= rr.p95, "%.2f×", ratio(float64(ig.p95), float64(rr.p95)))
+		}
+	}
 	// Two replicas within 10 % of one: the cache-hit ratio (as the two-replica consistency test measures it) and
 	// the throughput; the TTFT p95 ratio is shown beside them.
 	for _, w := range []string{moderate, nearSat, "multi-turn"} {
