@@ -21,11 +21,12 @@ import (
 //     seconds), so long uncached prompts prefer the class with faster prefill;
 //   - lora: 1 where the requested adapter is loaded.
 //
-// Bounded load: endpoints above (1+ε) × the mean load (+1) are not candidates. The best score wins; scores
-// within tieTolerance of it are ties, which go to the cheapest hardware (cost per token). A prefix no endpoint
-// holds is placed by placeNew: while prompts share prefixes, at the rendezvous-hash winner of its first blocks
-// among endpoints under a bound on conversation groups, so that gateway replicas that never talk to each
-// other start a group on the same endpoint; while they do not, on the least loaded endpoint.
+// Bounded load: endpoints above (1+ε) × the mean load (+1; 2ε for one holding a prefix of the prompt) are not
+// candidates. The best score wins; scores within tieTolerance of it are ties, which go to the cheapest
+// hardware (cost per token). A prefix no endpoint holds is placed by placeNew: while prompts share prefixes,
+// at the rendezvous-hash winner of its first blocks among endpoints under a bound on conversation groups, so
+// that gateway replicas that never talk to each other start a group on the same endpoint; while they do not,
+// on the least loaded endpoint. With an SLO, placeBySLO orders the candidates by predicted timing and cost.
 type Affinity struct {
 	InFlight *fleet.InFlight
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's

@@ -266,20 +266,32 @@ func TestTwoReplicasKeepAffinity(t *testing.T) {
 	}
 }
 
-// BenchmarkAffinityPick: one decision for a 2 KiB chat prompt over five endpoints.
+// BenchmarkAffinityPick: one decision for a 2 KiB chat prompt over five endpoints, ranked by score
+// (affinity) and placed by predicted timing and cost under a TTFT target (slo).
 func BenchmarkAffinityPick(b *testing.B) {
-	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, _ := snap.Model("m")
-	p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64, MaxBlocks: 256}}
-	r := request(b, strings.Repeat("You are a helpful assistant. ", 70), "q")
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := p.Pick(snap, Input{Model: m, Request: r}); err != nil {
-			b.Fatal(err)
-		}
+	for _, mode := range []struct{ name, policy string }{
+		{"affinity", testPolicy},
+		{"slo", strings.Replace(testPolicy, "  models:", "  slo: {ttft: 1s, tpot: 50ms}\n  models:", 1)},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			snap, err := policies.Parse("p.yaml", []byte(mode.policy))
+			if err != nil {
+				b.Fatal(err)
+			}
+			m, _ := snap.Model("m")
+			p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64, MaxBlocks: 256}}
+			r := request(b, strings.Repeat("You are a helpful assistant. ", 70), "q")
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := p.Pick(snap, Input{Model: m, Request: r})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode.name == "slo" && !d.Predicted.set {
+					b.Fatal("no SLO placement")
+				}
+			}
+		})
 	}
 }
 

@@ -52,44 +52,50 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	}
 	p.pred.predictAll(eligible, pr, out)
 	margin := snap.Routing().SLOMargin
-	var good, late []scored
-	cheapest := 0.0
+	nGood := 0
 	for i := range eligible {
 		c := &eligible[i]
 		c.s.TTFT, c.s.TPOT, c.s.CostUSD = c.pred.TTFT, c.pred.TPOT, c.pred.CostUSD
 		c.s.MeetsSLO = meets(c.pred, tg, margin)
 		if c.s.MeetsSLO {
-			if len(good) == 0 || c.pred.CostUSD < cheapest {
-				cheapest = c.pred.CostUSD
+			nGood++
+		}
+	}
+	// In place: the meeting candidates first, cheapest first; then the late ones, fastest first.
+	slices.SortStableFunc(eligible, func(a, b scored) int {
+		switch {
+		case a.s.MeetsSLO != b.s.MeetsSLO:
+			if a.s.MeetsSLO {
+				return -1
 			}
-			good = append(good, *c)
-		} else {
-			late = append(late, *c)
+			return 1
+		case a.s.MeetsSLO:
+			return cmpFloat(a.pred.CostUSD, b.pred.CostUSD)
 		}
-	}
-	slices.SortStableFunc(late, func(a, b scored) int { return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT)) })
-	// The managed API only when even the fastest endpoint is predicted past the target itself: the margin
-	// chooses among endpoints, it does not send requests away the fleet would still serve in time.
-	if len(good) == 0 && !meets(late[0].pred, tg, 1) {
-		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
-			p.noteSharing(anyMatched(eligible))
-			return p.managedDecision(dec, in, pr, out)
+		return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT))
+	})
+	good, late := eligible[:nGood], eligible[nGood:]
+	if nGood == 0 {
+		// The managed API only when even the fastest endpoint is predicted past the target itself: the margin
+		// chooses among endpoints, it does not send requests away the fleet would still serve in time.
+		if !meets(late[0].pred, tg, 1) {
+			if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
+				p.noteSharing(anyMatched(eligible))
+				return p.managedDecision(dec, in, pr, out)
+			}
 		}
-	}
-	if len(good) == 0 {
 		return p.decide(snap, in, p.fastest(late, all, pr, w), pr)
 	}
-	var band, dearer []scored
-	for _, c := range good {
-		if c.pred.CostUSD <= cheapest*(1+costTolerance) {
-			band = append(band, c)
-		} else {
-			dearer = append(dearer, c)
-		}
+	nBand := 1
+	for nBand < len(good) && good[nBand].pred.CostUSD <= good[0].pred.CostUSD*(1+costTolerance) {
+		nBand++
 	}
-	slices.SortStableFunc(dearer, func(a, b scored) int { return cmpFloat(a.pred.CostUSD, b.pred.CostUSD) })
-	ordered := append(append(p.order(band, peersOf(band, all), pr, anyMatched(band), w), dearer...), late...)
-	return p.decide(snap, in, ordered, pr)
+	band := good[:nBand]
+	ordered := p.order(band, peersOf(band, all), pr, anyMatched(band), w)
+	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
+		return p.decide(snap, in, eligible, pr) // sorted in place: the dearer and the late follow as they are
+	}
+	return p.decide(snap, in, append(ordered, eligible[nBand:]...), pr)
 }
 
 // lateTolerance is how much slower than the fastest prediction a late candidate may be and still be placed by
@@ -105,19 +111,35 @@ func (p *Affinity) fastest(late, all []scored, pr prompt, w weights) []scored {
 	for n < len(late) && float64(late[n].pred.TTFT) <= float64(late[0].pred.TTFT)*(1+lateTolerance) {
 		n++
 	}
-	head := slices.Clone(late[:n])
-	return append(p.order(head, peersOf(head, all), pr, anyMatched(head), w), late[n:]...)
+	head := late[:n]
+	ordered := p.order(head, peersOf(head, all), pr, anyMatched(head), w)
+	if len(ordered) == n && &ordered[0] == &late[0] {
+		return late // sorted in place
+	}
+	return append(ordered, late[n:]...)
 }
 
-// peersOf is every candidate of all in the pools of cands, for placeNew's group bound.
+// peersOf is every candidate of all in the pools of cands, for placeNew's group bound: all itself when they
+// share one pool with every candidate (the usual case, which costs nothing).
 func peersOf(cands, all []scored) []scored {
-	pools := map[*policies.Pool]bool{}
-	for _, c := range cands {
-		pools[c.pool] = true
+	in := func(pool *policies.Pool) bool {
+		for i := range cands {
+			if cands[i].pool == pool {
+				return true
+			}
+		}
+		return false
+	}
+	every := true
+	for i := range all {
+		every = every && in(all[i].pool)
+	}
+	if every {
+		return all
 	}
 	var peers []scored
 	for _, c := range all {
-		if pools[c.pool] {
+		if in(c.pool) {
 			peers = append(peers, c)
 		}
 	}
