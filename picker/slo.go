@@ -38,9 +38,9 @@ func meets(pd Prediction, tg policies.Targets, margin float64) bool {
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
 // predicted. Among those predicted to meet the targets, the cheapest (within costTolerance; a held prefix
 // makes an endpoint both faster and cheaper) are ordered by affinity and load as without an SLO, the other
-// meeting ones follow by cost. When none meets them, the fastest predicted goes first (see fastest) — unless even it is
-// predicted past the targets themselves (not only the margin) and the model's fallback lists slo in its when:
-// then the managed API takes the request.
+// meeting ones follow by cost. When none meets them, the fastest predicted goes first (see fastest) — unless
+// even it is predicted past the targets themselves (not only the margin) and the model's fallback lists slo in
+// its when: then the managed API takes the request.
 //
 // all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
 // the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
@@ -137,7 +137,7 @@ func peersOf(cands, all []scored) []scored {
 	if every {
 		return all
 	}
-	var peers []scored
+	peers := make([]scored, 0, len(all))
 	for _, c := range all {
 		if in(c.pool) {
 			peers = append(peers, c)
