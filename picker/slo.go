@@ -38,9 +38,10 @@ func meets(pd Prediction, tg policies.Targets, margin float64) bool {
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
 // predicted. Among those predicted to meet the targets, the cheapest (within costTolerance; a held prefix
 // makes an endpoint both faster and cheaper) are ordered by affinity and load as without an SLO, the other
-// meeting ones follow by cost. When none meets them, the fastest predicted goes first (see fastest) — unless
-// even it is predicted past the targets themselves (not only the margin) and the model's fallback lists slo in
-// its when: then the managed API takes the request.
+// meeting ones follow by cost. When none meets them, the model's fallback takes the request if its when lists
+// slo; otherwise the fastest predicted go first (see fastest). (Overflowing only once even the fastest was
+// predicted past the target itself, not the margin, cost bench-fleet 6 % of its goodput to save 2 % of its
+// managed traffic.)
 //
 // all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
 // the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
@@ -76,13 +77,9 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	})
 	good, late := eligible[:nGood], eligible[nGood:]
 	if nGood == 0 {
-		// The managed API only when even the fastest endpoint is predicted past the target itself: the margin
-		// chooses among endpoints, it does not send requests away the fleet would still serve in time.
-		if !meets(late[0].pred, tg, 1) {
-			if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
-				p.noteSharing(anyMatched(eligible))
-				return p.managedDecision(dec, in, pr, out)
-			}
+		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
+			p.noteSharing(anyMatched(eligible))
+			return p.managedDecision(dec, in, pr, out)
 		}
 		return p.decide(snap, in, p.fastest(late, all, pr, w), pr)
 	}

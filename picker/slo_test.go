@@ -206,25 +206,3 @@ func TestDebugScoresShowPredictionsAndCost(t *testing.T) {
 		t.Errorf("first candidate costs %v, last %v: want the cheapest first", cheap.CostUSD, dear.CostUSD)
 	}
 }
-
-// A request no endpoint is predicted to serve within the margin, but the fastest within the target itself,
-// stays on the fleet even when the fallback lists slo: the margin ranks endpoints, it does not send work away.
-func TestSLOOverflowNeedsThePredictionPastTheTarget(t *testing.T) {
-	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated+", "+policies.WhenSLO))
-	eng := idleEngines(func(ep string, e *fleet.EngineMetrics) {
-		e.Running, e.Waiting = 16, 12
-		if strings.HasPrefix(ep, "10.0.0.") {
-			e.Waiting = 4 // about 450 ms: past 0.8 × 500 ms, within 500 ms
-		}
-	})
-	d, err := newMixedPicker(eng).Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Fallback != nil || d.Pool.Name != "fast" {
-		t.Fatalf("decision %+v, want the fast pool: its %v is within the target", d, d.Scores)
-	}
-	if s := d.Scores[0]; s.MeetsSLO || s.TTFT <= 400*time.Millisecond || s.TTFT > 500*time.Millisecond {
-		t.Fatalf("first candidate %+v: want a prediction between the margin and the target", s)
-	}
-}
