@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -165,6 +167,7 @@ var systemPrompt = strings.Repeat("You are a careful assistant for the infergate
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	r := startReplica(t, ReplicaConfig{Name: "r0", Model: "m", Hardware: "l40s"}, 0.5)
 	base := "http://" + r.Addr()
+	start := time.Now()
 	cold := chat(t, http.DefaultClient, base, "m", systemPrompt, "first question", 4)
 	warm := chat(t, http.DefaultClient, base, "m", systemPrompt, "second question", 4)
 	if cold.status != 200 || warm.status != 200 {
@@ -176,6 +179,11 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	}
 	if warm.ttft*3 > cold.ttft {
 		t.Errorf("warm TTFT %v is not well below cold TTFT %v", warm.ttft, cold.ttft)
+	}
+	// Busy time is simulated (real ÷ 0.5): at least the cold request's real TTFT, at most the simulated time the
+	// two requests took.
+	if busy, elapsed := r.BusyTime(), time.Duration(float64(time.Since(start))/0.5); busy < cold.ttft || busy > elapsed {
+		t.Errorf("busy time %v: want between the cold TTFT %v and the %v elapsed", busy, cold.ttft, elapsed)
 	}
 	fams := scrape(t, base)
 	queries, hits := value(fams, "vllm:prefix_cache_queries_total"), value(fams, "vllm:prefix_cache_hits_total")
@@ -320,5 +328,27 @@ func TestManagedAPI(t *testing.T) {
 	}
 	if _, err := http.Get(base + "/health"); err == nil {
 		t.Error("plain client trusted the self-signed certificate")
+	}
+}
+
+// A replica's speed block replaces its hardware profile, durations written as Go durations.
+func TestReplicaSpeedFromTheFleetFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(path, []byte(`replicas:
+- {name: small, addr: "127.0.0.1:0", model: m, hardware: l40s, speed: {prefillTokensPerSecond: 40000, decodeStep: 12ms, decodeStepPerSeq: 100us, stepOverhead: 1ms}}
+- {name: bad, addr: "127.0.0.1:0", model: m, hardware: l40s, speed: {decodeStep: 12ms}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Hardware{PrefillTokensPerSecond: 40000, DecodeStep: 12 * time.Millisecond, DecodeStepPerSeq: 100 * time.Microsecond, StepOverhead: time.Millisecond}
+	if got := *cfg.Replicas[0].Speed; got != want {
+		t.Errorf("speed %+v, want %+v", got, want)
+	}
+	if _, err := NewReplica(cfg.Replicas[1], 1); err == nil {
+		t.Error("a speed without a prefill rate was accepted")
 	}
 }
