@@ -196,6 +196,23 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	}
 	pr := p.hashPrompt(in, engineBlock)
 	defer p.releasePrompt(&pr)
+	if in.Split != nil {
+		var group uint64
+		if len(pr.hashes) > 0 {
+			group = GroupKey(pr.hashes)
+		}
+		var arm string
+		if cands, arm = applySplit(in.Split, in.Model.Name, group, cands); len(cands) == 0 {
+			return overflow(in.Model, in, saturated, unavailable)
+		}
+		d, err := p.place(snap, in, cands, pr, targets, slo, saturated, unavailable)
+		return in.Split.annotate(d, arm), err
+	}
+	return p.place(snap, in, cands, pr, targets, slo, saturated, unavailable)
+}
+
+// place decides among the candidates for a hashed prompt.
+func (p *Affinity) place(snap *policies.Snapshot, in Input, cands []scored, pr prompt, targets policies.Targets, slo bool, saturated, unavailable int) (Decision, error) {
 	w := p.weightsFor(snap.Routing())
 	eligible, anyMatch, kvFull := p.eligible(cands, pr, w, slo)
 	if len(eligible) == 0 {

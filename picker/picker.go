@@ -38,6 +38,10 @@ type Decision struct {
 	ServedBy string
 	// Predicted is what SLO placement expected of the destination (zero otherwise).
 	Predicted Prediction
+	// Arm is the rollout arm the request took (ArmCandidate, ArmBaseline), "" without a rollout; ServedAs,
+	// when set, is the served model name a candidate arm's body is rewritten to (a candidate that is a served
+	// model name on the baseline's pools).
+	Arm, ServedAs string
 }
 
 // Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens
@@ -68,6 +72,8 @@ type Input struct {
 	Adapter string
 	// Request is the parsed body; nil (or no prompt) skips prefix hashing.
 	Request *openai.Request
+	// Split, when the model has a rollout in progress, divides its traffic between baseline and candidate.
+	Split *Split
 	// Queueing says the gateway holds requests no endpoint has room for (spec.admission): an endpoint has room
 	// while its engine's queue as last read, plus what this process sent it since (less what finished), is
 	// below maxWaiting times the tenant's tier headroom; and a model with none is reported as saturated
@@ -153,6 +159,8 @@ func (d Decision) Served() string {
 	switch {
 	case d.Fallback != nil:
 		return d.Fallback.Model
+	case d.ServedAs != "":
+		return d.ServedAs
 	case d.Adapter != "":
 		return d.Adapter
 	}

@@ -28,6 +28,7 @@ type Snapshot struct {
 	modelQuota  map[*Tenant]map[*Model]Quota
 	quotas      QuotaSettings
 	routing     Routing
+	rollouts    map[*Model]*RolloutPlan
 	redisTO     time.Duration
 	upIdle      time.Duration
 	slos        map[sloKey]Targets
@@ -176,6 +177,7 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		}
 	}
 	s.compileSLOs(pol)
+	s.compileRollouts(pol)
 	s.compileAdmission(pol)
 	return s
 }

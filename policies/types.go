@@ -178,6 +178,8 @@ type Model struct {
 	ContextTokens int64      `yaml:"contextTokens,omitempty" json:"contextTokens,omitempty" jsonschema:"minimum=1"`
 	Pools         []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
 	Fallbacks     []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
+	// Rollout, when set, releases a candidate pool or served model in steps gated on goodput (see Rollout).
+	Rollout *Rollout `yaml:"rollout,omitempty" json:"rollout,omitempty"`
 	// Adapters are LoRA adapters every pool of the model can serve (vLLM --lora-modules), named as clients
 	// call them. A request for an adapter keeps its name upstream, prefers endpoints that have it loaded, and
 	// never overflows to a managed fallback, which does not have it.

@@ -372,6 +372,7 @@ func (v *validator) models(s *Spec) map[string]bool {
 		}
 		v.pools(s, m, base)
 		v.fallbacks(m, base)
+		v.rollout(s, m, base)
 	}
 	return known
 }

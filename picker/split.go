@@ -1,0 +1,84 @@
+package picker
+
+import (
+	"github.com/zeebo/xxh3"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// Rollout arms, as Decision.Arm and the tester header name them.
+const (
+	ArmCandidate = "candidate"
+	ArmBaseline  = "baseline"
+)
+
+// Split is a rollout's division of a model's traffic for one decision: the candidate's current share of
+// conversation groups, or the arm a tester chose for their own request.
+type Split struct {
+	Plan  *policies.RolloutPlan
+	Share float64 // 0..1
+	// Force is ArmCandidate or ArmBaseline when a tenant the plan allows as a tester asked for one; "" lets the
+	// request's group decide.
+	Force string
+}
+
+// arm decides a request's arm from its conversation group: the group's hash, seeded by the model, read as a
+// number in [0,1), below the share goes to the candidate. A group keeps its arm as the share grows (a step
+// only adds groups to the candidate), so a conversation does not bounce between arms and lose its KV cache;
+// a rollback (share 0) returns every group to the baseline at once.
+func (s *Split) arm(model string, group uint64) string {
+	if s.Force != "" {
+		return s.Force
+	}
+	u := float64(xxh3.HashStringSeed(model, group)>>11) / (1 << 53)
+	if u < s.Share {
+		return ArmCandidate
+	}
+	return ArmBaseline
+}
+
+// inArm says whether a pool serves an arm: the candidate's pool, or — for a candidate that is a served model
+// name — the baseline pools, which serve it under that name.
+func (s *Split) inArm(pool *policies.Pool, arm string) bool {
+	if arm == ArmCandidate && s.Plan.Candidate != nil {
+		return pool == s.Plan.Candidate
+	}
+	for _, b := range s.Plan.Baseline {
+		if b == pool {
+			return true
+		}
+	}
+	return false
+}
+
+// applySplit keeps the candidates of the request's arm and says which arm that was. A candidate arm with no
+// endpoint that can take the request falls back to the baseline: the canary's share is a ceiling, never a
+// reason to refuse.
+func applySplit(s *Split, model string, group uint64, cands []scored) ([]scored, string) {
+	arm := s.arm(model, group)
+	for _, a := range []string{arm, ArmBaseline} {
+		kept := cands[:0:0]
+		for _, c := range cands {
+			if s.inArm(c.pool, a) {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) > 0 || a == ArmBaseline {
+			return kept, a
+		}
+	}
+	return nil, ArmBaseline
+}
+
+// annotate records the arm in a decision and, for a candidate that is a served model name, the name the body
+// is rewritten to. A decision for the managed fallback has no arm.
+func (s *Split) annotate(d Decision, arm string) Decision {
+	if d.Fallback != nil {
+		return d
+	}
+	d.Arm = arm
+	if arm == ArmCandidate && s.Plan.Candidate == nil {
+		d.ServedAs = s.Plan.CandidateServed
+	}
+	return d
+}

@@ -1,0 +1,248 @@
+package policies
+
+import (
+	"slices"
+	"time"
+)
+
+// Rollout releases a model's candidate — another pool (a new engine version or quantisation) or another
+// served model name on the baseline's pools — in steps of traffic, each held until the gates comparing the
+// candidate with the baseline over the same window pass, and rolled back at once when one fails.
+type Rollout struct {
+	// Candidate is what is released: exactly one of pool and servedModel.
+	Candidate RolloutArm `yaml:"candidate" json:"candidate"`
+	// Baseline are the pools serving the model as it is (default: every pool of the model but the candidate's).
+	Baseline RolloutBaseline `yaml:"baseline,omitempty" json:"baseline,omitempty"`
+	// Steps are the candidate's shares of traffic, in increasing order, the last 100.
+	Steps []RolloutStep `yaml:"steps" json:"steps" jsonschema:"minItems=1"`
+	Gates RolloutGates  `yaml:"gates,omitempty" json:"gates,omitempty"`
+	// Compatibility is checked before the first step: the candidate's engines must be healthy and report
+	// these (empty: not checked).
+	Compatibility RolloutCompatibility `yaml:"compatibility,omitempty" json:"compatibility,omitempty"`
+	// Testers are tenants that may choose the arm of their own requests with the x-infergate-rollout header
+	// (candidate or baseline); everyone else's header is ignored.
+	Testers []string `yaml:"testers,omitempty" json:"testers,omitempty"`
+}
+
+// RolloutArm names a rollout's candidate: a pool of the model, or a served model name its baseline pools
+// also serve (vLLM --served-model-name with a second name, a LoRA-free revision behind the same engines).
+type RolloutArm struct {
+	Pool        string `yaml:"pool,omitempty" json:"pool,omitempty"`
+	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
+}
+
+// RolloutBaseline lists the baseline's pools.
+type RolloutBaseline struct {
+	Pools []string `yaml:"pools,omitempty" json:"pools,omitempty"`
+}
+
+// RolloutStep is one share of traffic and how long and how much of it must pass the gates before the next.
+type RolloutStep struct {
+	// Percent is the candidate's share of conversation groups, above 0 and at most 100.
+	Percent float64 `yaml:"percent" json:"percent" jsonschema:"exclusiveMinimum=0,maximum=100"`
+	// MinDuration is how long the step runs before it may advance, e.g. "5m" (default 5m).
+	MinDuration string `yaml:"minDuration,omitempty" json:"minDuration,omitempty"`
+	// MinRequests is how many candidate requests the step needs before it may advance (default 100).
+	MinRequests int `yaml:"minRequests,omitempty" json:"minRequests,omitempty" jsonschema:"minimum=0"`
+}
+
+// RolloutGates compare the candidate with the baseline over one window; a zero field takes its default.
+type RolloutGates struct {
+	// MinGoodputRatio: the candidate's share of good requests at least this times the baseline's (default 0.95).
+	MinGoodputRatio float64 `yaml:"minGoodputRatio,omitempty" json:"minGoodputRatio,omitempty" jsonschema:"minimum=0,maximum=1"`
+	// MaxErrorRateIncrease: the candidate's error rate (upstream 5xx, resets, timeouts) at most the baseline's
+	// plus this, as a fraction (default 0.01).
+	MaxErrorRateIncrease float64 `yaml:"maxErrorRateIncrease,omitempty" json:"maxErrorRateIncrease,omitempty" jsonschema:"minimum=0,maximum=1"`
+	// MaxTTFTP95Ratio and MaxTPOTP95Ratio: the candidate's p95 at most this times the baseline's (default 1.1).
+	MaxTTFTP95Ratio float64 `yaml:"maxTTFTP95Ratio,omitempty" json:"maxTTFTP95Ratio,omitempty" jsonschema:"minimum=1"`
+	MaxTPOTP95Ratio float64 `yaml:"maxTPOTP95Ratio,omitempty" json:"maxTPOTP95Ratio,omitempty" jsonschema:"minimum=1"`
+	// Window is the span of requests the gates compare, e.g. "1m" (default 1m).
+	Window string `yaml:"window,omitempty" json:"window,omitempty"`
+}
+
+// RolloutCompatibility is what the candidate's engines must report before any traffic reaches them.
+type RolloutCompatibility struct {
+	// Model is the model name the engines must serve (their /v1/models), default the candidate's served name.
+	Model string `yaml:"model,omitempty" json:"model,omitempty"`
+	// EngineVersion, when set, must equal the version the engine reports in its metrics (vLLM's
+	// vllm:build_info or cache_config_info labels; dialects that report none fail the gate).
+	EngineVersion string `yaml:"engineVersion,omitempty" json:"engineVersion,omitempty"`
+}
+
+// Rollout defaults.
+const (
+	DefaultRolloutStepDuration  = 5 * time.Minute
+	DefaultRolloutStepRequests  = 100
+	DefaultRolloutWindow        = time.Minute
+	DefaultMinGoodputRatio      = 0.95
+	DefaultMaxErrorRateIncrease = 0.01
+	DefaultMaxP95Ratio          = 1.1
+)
+
+// RolloutPlan is a model's rollout resolved against its pools, with defaults applied.
+type RolloutPlan struct {
+	Model *Model
+	// Candidate is the candidate's pool; nil when the candidate is a served model name on the baseline pools.
+	Candidate *Pool
+	// CandidateServed is the name the candidate is served as (the pool's servedModel, or the arm's).
+	CandidateServed string
+	Baseline        []*Pool
+	Steps           []PlanStep
+	Window          time.Duration
+	Gates           RolloutGates // defaults applied
+	Compatibility   RolloutCompatibility
+	testers         []string
+}
+
+// PlanStep is a resolved rollout step.
+type PlanStep struct {
+	Share       float64 // 0..1
+	MinDuration time.Duration
+	MinRequests int
+}
+
+// Tester says whether a tenant may choose the arm of its own requests.
+func (p *RolloutPlan) Tester(t *Tenant) bool { return t != nil && slices.Contains(p.testers, t.Name) }
+
+// Rollout returns the model's rollout plan, if the policy has one.
+func (s *Snapshot) Rollout(m *Model) (*RolloutPlan, bool) {
+	r, ok := s.rollouts[m]
+	return r, ok
+}
+
+// compileRollouts resolves every validated rollout.
+func (s *Snapshot) compileRollouts(pol *Policy) {
+	s.rollouts = map[*Model]*RolloutPlan{}
+	for i := range pol.Spec.Models {
+		m := &pol.Spec.Models[i]
+		if m.Rollout == nil {
+			continue
+		}
+		r := m.Rollout
+		plan := &RolloutPlan{Model: m, Window: durationOr(r.Gates.Window, DefaultRolloutWindow),
+			Compatibility: r.Compatibility, testers: r.Testers, Gates: r.Gates, CandidateServed: r.Candidate.ServedModel}
+		for j := range m.Pools {
+			pool := &m.Pools[j]
+			switch {
+			case pool.Name == r.Candidate.Pool:
+				plan.Candidate, plan.CandidateServed = pool, pool.ServedModel
+			case len(r.Baseline.Pools) == 0 || slices.Contains(r.Baseline.Pools, pool.Name):
+				plan.Baseline = append(plan.Baseline, pool)
+			}
+		}
+		if plan.Compatibility.Model == "" {
+			plan.Compatibility.Model = plan.CandidateServed
+		}
+		g := &plan.Gates
+		g.MinGoodputRatio = orDefault(g.MinGoodputRatio, DefaultMinGoodputRatio)
+		g.MaxErrorRateIncrease = orDefault(g.MaxErrorRateIncrease, DefaultMaxErrorRateIncrease)
+		g.MaxTTFTP95Ratio = orDefault(g.MaxTTFTP95Ratio, DefaultMaxP95Ratio)
+		g.MaxTPOTP95Ratio = orDefault(g.MaxTPOTP95Ratio, DefaultMaxP95Ratio)
+		for _, st := range r.Steps {
+			n := st.MinRequests
+			if n == 0 {
+				n = DefaultRolloutStepRequests
+			}
+			plan.Steps = append(plan.Steps, PlanStep{Share: st.Percent / 100, MinDuration: durationOr(st.MinDuration, DefaultRolloutStepDuration), MinRequests: n})
+		}
+		s.rollouts[m] = plan
+	}
+}
+
+func durationOr(s string, d time.Duration) time.Duration {
+	if v, err := time.ParseDuration(s); err == nil && v > 0 {
+		return v
+	}
+	return d
+}
+
+func orDefault(v, d float64) float64 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// rollout validates a model's rollout against its pools and the tenants.
+func (v *validator) rollout(s *Spec, m *Model, base []seg) {
+	r := m.Rollout
+	if r == nil {
+		return
+	}
+	rb := append(slices.Clone(base), "rollout")
+	pools := map[string]*Pool{}
+	for j := range m.Pools {
+		pools[m.Pools[j].Name] = &m.Pools[j]
+	}
+	c := r.Candidate
+	switch {
+	case (c.Pool == "") == (c.ServedModel == ""):
+		v.fail(append(slices.Clone(rb), "candidate"), "name exactly one of pool and servedModel")
+	case c.Pool != "" && pools[c.Pool] == nil:
+		v.fail(append(slices.Clone(rb), "candidate", "pool"), "unknown pool %q of model %q", c.Pool, m.Name)
+	case c.Pool != "" && slices.Contains(r.Baseline.Pools, c.Pool):
+		v.fail(append(slices.Clone(rb), "candidate", "pool"), "pool %q is also in the baseline", c.Pool)
+	}
+	for k, name := range r.Baseline.Pools {
+		if pools[name] == nil {
+			v.fail(append(slices.Clone(rb), "baseline", "pools", k), "unknown pool %q of model %q", name, m.Name)
+		}
+	}
+	if c.Pool != "" && len(r.Baseline.Pools) == 0 && len(m.Pools) < 2 {
+		v.fail(append(slices.Clone(rb), "candidate", "pool"), "the model has no other pool to be the baseline")
+	}
+	if len(r.Steps) == 0 {
+		v.fail(append(slices.Clone(rb), "steps"), "at least one step is required, the last at 100 percent")
+	}
+	prev := 0.0
+	for k, st := range r.Steps {
+		sb := append(slices.Clone(rb), "steps", k)
+		switch {
+		case st.Percent <= 0 || st.Percent > 100:
+			v.fail(append(slices.Clone(sb), "percent"), "must be above 0 and at most 100, got %v", st.Percent)
+		case st.Percent <= prev:
+			v.fail(append(slices.Clone(sb), "percent"), "must be above the previous step's %v, got %v", prev, st.Percent)
+		}
+		prev = max(prev, st.Percent)
+		v.positiveDuration(append(slices.Clone(sb), "minDuration"), st.MinDuration)
+		if st.MinRequests < 0 {
+			v.fail(append(slices.Clone(sb), "minRequests"), "must not be negative, got %d", st.MinRequests)
+		}
+	}
+	if n := len(r.Steps); n > 0 && r.Steps[n-1].Percent != 100 {
+		v.fail(append(slices.Clone(rb), "steps", n-1, "percent"), "the last step must be 100, got %v", r.Steps[n-1].Percent)
+	}
+	gb := append(slices.Clone(rb), "gates")
+	g := r.Gates
+	if g.MinGoodputRatio < 0 || g.MinGoodputRatio > 1 {
+		v.fail(append(slices.Clone(gb), "minGoodputRatio"), "must be between 0 and 1, got %v", g.MinGoodputRatio)
+	}
+	if g.MaxErrorRateIncrease < 0 || g.MaxErrorRateIncrease > 1 {
+		v.fail(append(slices.Clone(gb), "maxErrorRateIncrease"), "must be between 0 and 1, got %v", g.MaxErrorRateIncrease)
+	}
+	if g.MaxTTFTP95Ratio != 0 && g.MaxTTFTP95Ratio < 1 {
+		v.fail(append(slices.Clone(gb), "maxTTFTP95Ratio"), "must be at least 1, got %v", g.MaxTTFTP95Ratio)
+	}
+	if g.MaxTPOTP95Ratio != 0 && g.MaxTPOTP95Ratio < 1 {
+		v.fail(append(slices.Clone(gb), "maxTPOTP95Ratio"), "must be at least 1, got %v", g.MaxTPOTP95Ratio)
+	}
+	v.positiveDuration(append(slices.Clone(gb), "window"), g.Window)
+	tenants := map[string]bool{}
+	for _, t := range s.Tenants {
+		tenants[t.Name] = true
+	}
+	for k, name := range r.Testers {
+		if !tenants[name] {
+			v.fail(append(slices.Clone(rb), "testers", k), "unknown tenant %q", name)
+		}
+	}
+}
+
+func (v *validator) positiveDuration(path []seg, s string) {
+	if s == "" {
+		return
+	}
+	if d, err := time.ParseDuration(s); err != nil || d <= 0 {
+		v.fail(path, "must be a positive duration such as \"5m\", got %q", s)
+	}
+}
