@@ -1,0 +1,112 @@
+package rollout
+
+import (
+	"time"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// Phase is where a rollout stands.
+type Phase string
+
+// Phases of a rollout, after Flagger's and Argo Rollouts' state machines.
+const (
+	// Checking: the compatibility gate has not passed yet; no traffic reaches the candidate.
+	Checking Phase = "checking"
+	// Progressing: the candidate takes its step's share while the gates pass.
+	Progressing Phase = "progressing"
+	// Paused: an operator holds the step; the share stays, nothing advances or rolls back by itself.
+	Paused Phase = "paused"
+	// Promoted: the candidate takes all traffic.
+	Promoted Phase = "promoted"
+	// RolledBack: a gate failed; the candidate takes nothing until an operator resumes.
+	RolledBack Phase = "rolled_back"
+	// Aborted: an operator stopped the rollout; the candidate takes nothing.
+	Aborted Phase = "aborted"
+)
+
+// State is one model's rollout, as every gateway replica shares it.
+type State struct {
+	Phase Phase `json:"phase"`
+	// Step indexes the plan's steps (the step in force while progressing or paused, the one that failed once
+	// rolled back).
+	Step int `json:"step"`
+	// StepStarted is when the step began; StepRequests the candidate requests it has seen.
+	StepStarted  time.Time `json:"stepStarted"`
+	StepRequests int       `json:"stepRequests"`
+	// Reason says why the last transition happened (a gate's figures, an operator's command).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Share is the candidate's share of traffic in this state.
+func (s State) Share(plan *policies.RolloutPlan) float64 {
+	switch s.Phase {
+	case Progressing, Paused:
+		if s.Step < len(plan.Steps) {
+			return plan.Steps[s.Step].Share
+		}
+	case Promoted:
+		return 1
+	}
+	return 0
+}
+
+// Advance moves a progressing rollout on a verdict at now, having seen more candidate requests since the
+// last call: a failed gate rolls back at once; a pass after the step's duration and requests moves to the next
+// step (or promotes after the last); too little data holds. changed says whether the phase or step moved.
+func (s State) Advance(plan *policies.RolloutPlan, v Verdict, more int, now time.Time) (next State, changed bool) {
+	if s.Phase != Progressing {
+		return s, false
+	}
+	s.StepRequests += more
+	switch v.Result {
+	case Fail:
+		s.Phase, s.Reason = RolledBack, v.Reason
+		return s, true
+	case Insufficient:
+		return s, false
+	}
+	step := plan.Steps[s.Step]
+	if now.Sub(s.StepStarted) < step.MinDuration || s.StepRequests < step.MinRequests {
+		return s, false
+	}
+	if s.Step == len(plan.Steps)-1 {
+		s.Phase, s.Reason = Promoted, "every step passed its gates"
+		return s, true
+	}
+	s.Step, s.StepStarted, s.StepRequests, s.Reason = s.Step+1, now, 0, "the step passed its gates"
+	return s, true
+}
+
+// Command is an operator's instruction, from the CLI through the admin endpoint.
+type Command string
+
+// Operator commands.
+const (
+	Pause   Command = "pause"
+	Resume  Command = "resume"
+	Abort   Command = "abort"
+	Promote Command = "promote"
+)
+
+// Apply runs an operator's command at now; ok is false when it does not apply to the phase (resuming a
+// progressing rollout, pausing a finished one).
+func (s State) Apply(c Command, now time.Time) (State, bool) {
+	switch {
+	case c == Pause && s.Phase == Progressing:
+		s.Phase, s.Reason = Paused, "paused by an operator"
+	case c == Resume && (s.Phase == Paused || s.Phase == RolledBack || s.Phase == Aborted):
+		// A rolled-back or aborted rollout starts over from its first step; a paused one continues its step.
+		if s.Phase != Paused {
+			s.Step = 0
+		}
+		s.Phase, s.StepStarted, s.StepRequests, s.Reason = Progressing, now, 0, "resumed by an operator"
+	case c == Abort && s.Phase != Aborted && s.Phase != Promoted:
+		s.Phase, s.Reason = Aborted, "aborted by an operator"
+	case c == Promote && s.Phase != Promoted:
+		s.Phase, s.Reason = Promoted, "promoted by an operator"
+	default:
+		return s, false
+	}
+	return s, true
+}

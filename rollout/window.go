@@ -1,0 +1,182 @@
+// Package rollout releases a model's candidate in steps: it measures the candidate and the baseline over the
+// same window from the gateway's own settlements, compares them with the policy's gates and moves the
+// rollout's state — advance, hold, roll back — which the director reads as the candidate's share of traffic.
+package rollout
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/picker"
+)
+
+// histBuckets are log-spaced latency buckets from 1 ms (bucket 0) growing by 10 % each: about 145 buckets
+// up to 1,000 s, enough for a p95 within 10 %.
+const (
+	histBuckets = 145
+	histBase    = 1.1
+	histFloor   = time.Millisecond
+)
+
+func bucketOf(d time.Duration) int {
+	if d <= histFloor {
+		return 0
+	}
+	return min(histBuckets-1, int(math.Log(float64(d)/float64(histFloor))/math.Log(histBase))+1)
+}
+
+// bucketUpper is the upper bound of a bucket, the value a percentile falling in it reports.
+func bucketUpper(b int) time.Duration {
+	return time.Duration(float64(histFloor) * math.Pow(histBase, float64(b)))
+}
+
+// Summary is one arm's requests over a window.
+type Summary struct {
+	Requests, Good, Errors int
+	TTFTP95, TPOTP95       time.Duration // 0 without samples
+}
+
+// GoodRatio is the share of requests that met their SLO.
+func (s Summary) GoodRatio() float64 { return ratio(s.Good, s.Requests) }
+
+// ErrorRate is the share of requests that failed on the serving side (5xx, resets, timeouts).
+func (s Summary) ErrorRate() float64 { return ratio(s.Errors, s.Requests) }
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// second is one second of one arm's requests.
+type second struct {
+	at                     int64 // unix second
+	requests, good, errors int
+	ttft, tpot             [histBuckets]uint32
+}
+
+// armWindow is a ring of seconds.
+type armWindow struct {
+	ring []second
+}
+
+func (w *armWindow) slot(now int64) *second {
+	s := &w.ring[int(now%int64(len(w.ring)))]
+	if s.at != now {
+		*s = second{at: now}
+	}
+	return s
+}
+
+func (w *armWindow) summary(now int64) Summary {
+	var sum Summary
+	var ttft, tpot [histBuckets]uint32
+	for i := range w.ring {
+		s := &w.ring[i]
+		if s.at <= now-int64(len(w.ring)) || s.at > now {
+			continue
+		}
+		sum.Requests, sum.Good, sum.Errors = sum.Requests+s.requests, sum.Good+s.good, sum.Errors+s.errors
+		for b := range histBuckets {
+			ttft[b] += s.ttft[b]
+			tpot[b] += s.tpot[b]
+		}
+	}
+	sum.TTFTP95, sum.TPOTP95 = p95(&ttft), p95(&tpot)
+	return sum
+}
+
+func p95(h *[histBuckets]uint32) time.Duration {
+	var n uint64
+	for _, c := range h {
+		n += uint64(c)
+	}
+	if n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(0.95 * float64(n)))
+	var seen uint64
+	for b, c := range h {
+		if seen += uint64(c); seen >= rank {
+			return bucketUpper(b)
+		}
+	}
+	return bucketUpper(histBuckets - 1)
+}
+
+// Windows measures every rolled-out model's arms over the policy's window: a settle observer.
+type Windows struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	seconds int
+	models  map[string]*[2]armWindow // candidate, baseline
+	counts  map[string]int           // candidate requests since the last Mark, per model
+}
+
+// NewWindows keeps window seconds of requests; now is the clock (time.Now when nil).
+func NewWindows(window time.Duration, now func() time.Time) *Windows {
+	if now == nil {
+		now = time.Now
+	}
+	return &Windows{now: now, seconds: max(1, int(window/time.Second)), models: map[string]*[2]armWindow{}, counts: map[string]int{}}
+}
+
+// Settled implements director.SettleObserver: a routed request of a rollout arm counts, unless it failed by
+// the tenant's doing (client errors, quotas) or went to a managed API.
+func (w *Windows) Settled(st director.Settlement) {
+	if !st.Routed || st.Arm == "" || st.HardwareClass == director.ManagedClass ||
+		st.Outcome == director.OutcomeClientError || st.Outcome == director.OutcomeQuota {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	arms := w.models[st.Model]
+	if arms == nil {
+		arms = &[2]armWindow{{ring: make([]second, w.seconds)}, {ring: make([]second, w.seconds)}}
+		w.models[st.Model] = arms
+	}
+	i := 1
+	if st.Arm == picker.ArmCandidate {
+		i = 0
+		w.counts[st.Model]++
+	}
+	s := arms[i].slot(w.now().Unix())
+	s.requests++
+	if st.Good {
+		s.good++
+	}
+	switch st.Outcome {
+	case director.OutcomeUpstream5xx, director.OutcomeReset, director.OutcomeTimeout:
+		s.errors++
+	}
+	if st.Timing.TTFT > 0 && st.Timing.Chunked {
+		s.ttft[bucketOf(st.Timing.TTFT)]++
+	}
+	if st.Timing.TPOT > 0 {
+		s.tpot[bucketOf(st.Timing.TPOT)]++
+	}
+}
+
+// Summaries returns a model's candidate and baseline over the window ending now.
+func (w *Windows) Summaries(model string) (candidate, baseline Summary) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	arms := w.models[model]
+	if arms == nil {
+		return Summary{}, Summary{}
+	}
+	now := w.now().Unix()
+	return arms[0].summary(now), arms[1].summary(now)
+}
+
+// TakeCount returns the candidate requests of a model since the last call, for a step's request count.
+func (w *Windows) TakeCount(model string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.counts[model]
+	w.counts[model] = 0
+	return n
+}
