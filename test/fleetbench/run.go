@@ -207,8 +207,9 @@ type result struct {
 	// usdPerGoodMOut is the engine-time and managed spend per 1M output tokens of good requests.
 	usdPerGoodMOut float64
 	hit            float64
-	// managedAtLowLoad counts requests sent to a managed API while the load was under 0.9× capacity.
-	managedAtLowLoad int
+	// managedAtLowLoad counts requests sent to a managed API while the load rose under 0.9× capacity (before
+	// any overload), managedAfterPeak those while it fell under 0.9× again (the peak's backlog still draining).
+	managedAtLowLoad, managedAfterPeak int
 	// predP50, predP95 are observed ÷ predicted TTFT for self-hosted requests (SLO placement).
 	predP50, predP95 float64
 }
@@ -279,9 +280,11 @@ func (e *env) account(work []request, out []outcome, d time.Duration, busy0 map[
 			managedCost := (float64(o.prompt)*spec.managedIn + float64(o.completion)*spec.managedOut) / 1e6
 			usd += managedCost
 			rightSized += managedCost
-			phase := float64(work[i].at) / float64(d)
-			if 0.5+2*min(phase, 1-phase) < 0.9 {
+			switch phase := float64(work[i].at) / float64(d); {
+			case phase < 0.2: // rising, under 0.9×: the fleet has not been overloaded yet
 				res.managedAtLowLoad++
+			case phase > 0.8: // falling under 0.9× again, while the peak's backlog drains
+				res.managedAfterPeak++
 			}
 			continue
 		}
