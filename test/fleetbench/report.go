@@ -32,13 +32,7 @@ func report(rows []string, results map[string][]result) {
 	}
 	fmt.Printf("\nTTFT prediction (SLO+cost, self-hosted requests): observed ÷ predicted p50 %.2f, p95 %.2f\n", slo.predP50, slo.predP95)
 	fmt.Println("\nTargets:")
-	check := func(what string, met bool, format string, args ...any) {
-		verdict := "NOT MET"
-		if met {
-			verdict = "met"
-		}
-		fmt.Printf("- %s: %s — %s\n", what, fmt.Sprintf(format, args...), verdict)
-	}
+	check := loadgen.Check
 	rr := med["round-robin"]
 	check("goodput ≥ 1.5× round-robin", slo.goodput >= 1.5*rr.goodput, "%.2f×", slo.goodput/max(rr.goodput, 1e-9))
 	if blind, ok := med["infergate cost-blind"]; ok {

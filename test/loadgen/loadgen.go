@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -128,4 +129,13 @@ func Median[R any](runs []R, metric func(R) float64) float64 {
 	}
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// Check prints one benchmark target as "- what: figures — met" (or NOT MET), the form BENCHMARKS.md records.
+func Check(what string, met bool, format string, args ...any) {
+	verdict := "NOT MET"
+	if met {
+		verdict = "met"
+	}
+	fmt.Printf("- %s: %s — %s\n", what, fmt.Sprintf(format, args...), verdict)
 }

@@ -348,13 +348,7 @@ func printTargets(m map[string]map[string]result, ceilings map[string]float64) {
 		fmt.Printf("- %s: %.1f%%\n", w, 100*ceilings[w])
 	}
 	fmt.Println("\nTargets:")
-	check := func(what string, ok bool, format string, args ...any) {
-		verdict := "NOT MET"
-		if ok {
-			verdict = "met"
-		}
-		fmt.Printf("- %s: %s — %s\n", what, fmt.Sprintf(format, args...), verdict)
-	}
+	check := loadgen.Check
 	get := func(workload, policy string) (result, bool) {
 		r, ok := m[workload][policy]
 		return r, ok && r.success > 0
