@@ -79,16 +79,24 @@ func (p *predictor) model(ep string, service float64) *endpointModel {
 	return m
 }
 
-// features are a candidate's TTFT features (see the model above) and its service-time prior.
-func features(c *scored, prefill float64) (x [fitDims]float64, service float64) {
-	queued := max(0, float64(c.queue)+c.since)
+// serviceTime is a candidate's service-time prior: 256 output tokens at the per-sequence decode speed, 0 when
+// the pool states no batch size.
+func serviceTime(c *scored) float64 {
 	slots := float64(c.pool.MaxConcurrency)
 	if slots <= 0 {
-		return [fitDims]float64{1, prefill, max(0, c.running) / runningScale}, 0
+		return 0
 	}
-	turnovers := max(0, c.running+queued+1-slots) / slots
-	service = defaultOutputTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
-	return [fitDims]float64{1, prefill, turnovers}, service
+	return defaultOutputTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
+}
+
+// features are a candidate's TTFT features (see the model above).
+func features(c *scored, prefill float64) [fitDims]float64 {
+	slots := float64(c.pool.MaxConcurrency)
+	if slots <= 0 {
+		return [fitDims]float64{1, prefill, max(0, c.running) / runningScale}
+	}
+	queued := max(0, float64(c.queue)+c.since)
+	return [fitDims]float64{1, prefill, max(0, c.running+queued+1-slots) / slots}
 }
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
@@ -100,14 +108,13 @@ func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
 	for i := range cands {
 		c := &cands[i]
 		uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
-		_, service := features(c, 0)
-		m := p.model(c.endpoint, service)
+		m := p.model(c.endpoint, serviceTime(c))
 		mean := m.uncached
 		if mean == 0 {
 			mean = uncached
 		}
 		speed := max(c.speed.PrefillTokensPerSecond, 1)
-		x, _ := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
+		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 		pd.TTFT = seconds(max(0, m.ttft.predict(pd.ttftX)))
 		if m.tpotSeen >= minTPOTObservations {
