@@ -24,6 +24,7 @@ import (
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 const managedKey = "sk-managed-bench"
@@ -60,7 +61,7 @@ func main() {
 	results := map[string][]result{}
 	for k := range *runs {
 		for i, name := range rows {
-			if !selectedPolicy(*only, name) {
+			if !loadgen.Selected(*only, name, "round-robin") {
 				continue
 			}
 			rt := env.router(name)
@@ -189,16 +190,4 @@ func (e *env) endpointsByModel() map[string][]string {
 		out[model] = append(out[model], eps...)
 	}
 	return out
-}
-
-func selectedPolicy(list, name string) bool {
-	if list == "" || name == "round-robin" {
-		return true
-	}
-	for _, n := range strings.Split(list, ",") {
-		if strings.TrimSpace(n) == name {
-			return true
-		}
-	}
-	return false
 }

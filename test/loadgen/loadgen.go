@@ -139,3 +139,17 @@ func Check(what string, met bool, format string, args ...any) {
 	}
 	fmt.Printf("- %s: %s — %s\n", what, fmt.Sprintf(format, args...), verdict)
 }
+
+// Selected says whether a benchmark row runs under a -policies flag: every row when list is empty, the
+// baseline always (its figures are what the others are compared with), otherwise the comma-separated names.
+func Selected(list, name, baseline string) bool {
+	if list == "" || name == baseline {
+		return true
+	}
+	for _, n := range strings.Split(list, ",") {
+		if strings.TrimSpace(n) == name {
+			return true
+		}
+	}
+	return false
+}

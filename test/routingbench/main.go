@@ -316,7 +316,7 @@ spec:
 		results := make([][]result, len(policiesUnder()))
 		for k := range *runs {
 			for i, p := range policiesUnder() {
-				if !selected(*onlyPolicies, p.name) {
+				if !loadgen.Selected(*onlyPolicies, p.name, "round-robin") {
 					continue
 				}
 				// Each run starts from a cold fleet: fresh prompts (tagged by run and policy) miss every cache.
@@ -325,7 +325,7 @@ spec:
 		}
 		var rr result
 		for i, p := range policiesUnder() {
-			if !selected(*onlyPolicies, p.name) {
+			if !loadgen.Selected(*onlyPolicies, p.name, "round-robin") {
 				continue
 			}
 			res := medianOf(results[i])
@@ -430,11 +430,6 @@ func ceiling(work []request, blockTokens int) float64 {
 		}
 	}
 	return float64(cached) / float64(max(total, 1))
-}
-
-// selected reports whether a policy runs: every policy when list is empty, round-robin always.
-func selected(list, name string) bool {
-	return list == "" || name == "round-robin" || slices.Contains(strings.Split(list, ","), name)
 }
 
 // medianOf takes each metric's median over runs (policies' runs alternate, so they share the machine's moods).
