@@ -21,6 +21,9 @@ const (
 	HeaderRequestID = "x-request-id"
 	// HeaderScores carries every candidate's scores back to the client when routing.debugScores is on.
 	HeaderScores = "x-infergate-scores"
+	// HeaderRollout is a tester's choice of rollout arm ("candidate" or "baseline"), read from the client and
+	// honoured only for the tenants a rollout names as testers; it is stripped like every reserved header.
+	HeaderRollout = "x-infergate-rollout"
 )
 
 // reservedPrefixes are the header families clients may never set: infergate strips them and sets its own.

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
@@ -39,6 +41,12 @@ type ObserverFunc func(Settlement)
 // Settled implements SettleObserver.
 func (f ObserverFunc) Settled(s Settlement) { f(s) }
 
+// Rollouts publishes, for each model whose policy has a rollout, the candidate's current share of its
+// conversation groups (rollout.Controller); a model it has no share for sends the candidate nothing.
+type Rollouts interface {
+	Share(model string) float64
+}
+
 // Options wire a Director to the stages.
 type Options struct {
 	Policies *policies.Store
@@ -56,6 +64,8 @@ type Options struct {
 	Observers []SettleObserver
 	// Now is the clock of refusals' timing (default time.Now).
 	Now func() time.Time
+	// Rollouts, when set, gives each rolled-out model's candidate share (none: the candidate takes nothing).
+	Rollouts Rollouts
 }
 
 // Director is safe for concurrent use.
@@ -112,6 +122,8 @@ type Request struct {
 	// MaxQueueWait, when set, caps the request's wait in the admission queue: the protocol stage's own limit
 	// (Envoy's message timeout in BUFFERED mode).
 	MaxQueueWait time.Duration
+	// RolloutArm is the arm a client asked for with the rollout header: honoured only for the plan's testers.
+	RolloutArm string
 }
 
 // Route is a routed request: where it goes, what to change in its body, and what Settle needs.
@@ -136,6 +148,7 @@ type Route struct {
 	ticket    *quota.Ticket
 	target    string // the in-flight key
 	settled   bool
+	split     picker.Split
 }
 
 // Budgets are what is left of the tenant's rate limits after this request's admission (none without quotas).
@@ -185,6 +198,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if req.Snapshot.Adapter(body.Model) {
 		in.Adapter = body.Model
 	}
+	if plan, ok := req.Snapshot.Rollout(model); ok {
+		in.Split = d.split(req, rt, plan)
+	}
 	dec, started, refusal := d.place(ctx, req, rt, in, maxOut)
 	if refusal != nil {
 		d.release(rt)
@@ -225,6 +241,22 @@ func (d *Director) place(ctx context.Context, req *Request, rt *Route, in picker
 		return d.wait(ctx, req, rt, in, quota.AddTokens(rt.prompt, maxOut))
 	}
 	return picker.Decision{}, false, &Refusal{Reason: NoCapacity, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: err}
+}
+
+// split is a rolled-out model's division of traffic for this request: the controller's share, or the arm a
+// tester asked for.
+func (d *Director) split(req *Request, rt *Route, plan *policies.RolloutPlan) *picker.Split {
+	rt.split = picker.Split{Plan: plan}
+	if req.Conversation != "" {
+		rt.split.Conversation = xxh3.HashString(req.Conversation) | 1
+	}
+	if d.opts.Rollouts != nil {
+		rt.split.Share = d.opts.Rollouts.Share(plan.Model.Name)
+	}
+	if (req.RolloutArm == picker.ArmCandidate || req.RolloutArm == picker.ArmBaseline) && plan.Tester(req.Tenant) {
+		rt.split.Force = req.RolloutArm
+	}
+	return &rt.split
 }
 
 // UnknownModel is the model of a refused request that named none the policy knows.

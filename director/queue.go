@@ -88,7 +88,7 @@ func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admissi
 	metrics, why := d.opts.Queue.Metrics(), out.Result.String()
 	if to, ok := snap.DegradeTo(req.Tenant, model); ok {
 		tin := in
-		tin.Model, tin.Adapter = to, ""
+		tin.Model, tin.Adapter, tin.Split = to, "", nil // another model: the rollout's split is not its own
 		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
 			metrics.Result(model.Name, tier, "degraded", why)
 			rt.Model = to

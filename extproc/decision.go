@@ -32,7 +32,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rt := &rs.routed
 	err = rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
 		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started,
-		BodyBytes: int64(len(rs.body)), MaxQueueWait: rs.maxQueueWait()}, rt)
+		BodyBytes: int64(len(rs.body)), MaxQueueWait: rs.maxQueueWait(), RolloutArm: rs.rolloutArm}, rt)
 	if err != nil {
 		return nil, false, clientError(err)
 	}

@@ -60,6 +60,7 @@ type requestState struct {
 	parsed       openai.Request // the body's routed fields, until the decision is made
 	stream       bool
 	conversation string
+	rolloutArm   string // the client's rollout header (only testers' counts)
 
 	// response path
 	upstreamStatus int
@@ -249,6 +250,9 @@ func (rs *requestState) readHeaders(h *extprocv3.HttpHeaders) requestHeaderValue
 				rs.requestID, rs.hadReqID = id, true
 			}
 		case contract.Reserved(key):
+			if key == contract.HeaderRollout {
+				rs.rolloutArm = headerValue(hv)
+			}
 			rs.strip = append(rs.strip, key)
 		}
 	}

@@ -59,6 +59,8 @@ type Options struct {
 	// Digests makes settlements carry sha256 digests of the prompt and of the generated text (for the audit
 	// log); they cost a parse of the body after the response.
 	Digests bool
+	// Rollouts, when set, gives rolled-out models' candidate shares (rollout.Controller).
+	Rollouts director.Rollouts
 	// Now replaces the clock of request timing and of the failed-authentication limit (tests).
 	Now func() time.Time
 }
@@ -83,7 +85,7 @@ func New(opts Options) *Server {
 		opts.Now = time.Now
 	}
 	do := director.Options{Policies: opts.Policies, Picker: opts.Picker, InFlight: opts.InFlight, Engines: opts.Engines,
-		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers, Queue: opts.Queue}
+		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers, Queue: opts.Queue, Rollouts: opts.Rollouts}
 	if opts.Quotas != nil { // a nil *quota.Limiter must not become a non-nil Admission
 		do.Admission = opts.Quotas
 	}

@@ -23,7 +23,10 @@ type EngineMetrics struct {
 	BlockSize int     // tokens per KV block; 0 when not exported
 	NumBlocks int     // KV capacity in blocks; 0 when not exported
 	LoRAs     []string
-	At        time.Time
+	// Version is the engine version the metrics report (the version label of <dialect>:build_info), "" when
+	// the engine exports none; a rollout's compatibility gate compares it.
+	Version string
+	At      time.Time
 }
 
 // Dialect reads one engine family's metric names. vLLM, SGLang and TensorRT-LLM name the same facts
@@ -110,7 +113,17 @@ func (vllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 			}
 		}
 	}
+	em.Version = buildVersion(f, "vllm:build_info")
 	return em
+}
+
+// buildVersion reads the version label of an info gauge. Stock engines do not all export one; deployments
+// that need the rollout's engineVersion gate add it (a sidecar, an image label exporter).
+func buildVersion(f map[string]*dto.MetricFamily, name string) string {
+	if m, ok := first(f, name); ok {
+		return label(m, "version")
+	}
+	return ""
 }
 
 type sglang struct{}
@@ -127,6 +140,7 @@ func (sglang) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 		em.BlockSize, _ = strconv.Atoi(label(m, "page_size"))
 		em.NumBlocks, _ = strconv.Atoi(label(m, "num_pages"))
 	}
+	em.Version = buildVersion(f, "sglang:build_info")
 	return em
 }
 

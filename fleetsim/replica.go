@@ -47,6 +47,8 @@ type ReplicaConfig struct {
 	// Speed, when set, replaces the hardware profile's speeds: the profiles are for a 70B-class model, and a
 	// 7B one on the same GPU runs several times faster.
 	Speed *Hardware `yaml:"speed"`
+	// EngineVersion, when set, is exported as the version label of <dialect>:build_info.
+	EngineVersion string `yaml:"engineVersion"`
 }
 
 // Replica is one simulated vLLM- or SGLang-compatible server.
@@ -566,6 +568,10 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter := func(name, help string, v float64, labels prometheus.Labels) {
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, help, nil, labels), prometheus.CounterValue, v)
+	}
+	prefix := r.cfg.Dialect + ":"
+	if v := r.cfg.EngineVersion; v != "" {
+		gauge(prefix+"build_info", "The engine's build.", 1, prometheus.Labels{"version": v})
 	}
 	if r.cfg.Dialect == "sglang" {
 		gauge("sglang:num_running_reqs", "The number of running requests.", float64(snap.running), model)

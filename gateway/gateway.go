@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/infergate/infergate/admission"
@@ -23,6 +24,7 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/rollout"
 	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/xds"
 )
@@ -50,6 +52,8 @@ type Config struct {
 	AuditMaxFileBytes int64
 	// AuditOut replaces standard output for AuditLog "-" (tests).
 	AuditOut io.Writer
+	// RolloutInterval is how often rollouts' gates are judged and their shared state read (default 1 s).
+	RolloutInterval time.Duration
 }
 
 // Gateway is the built graph.
@@ -62,8 +66,11 @@ type Gateway struct {
 	XDS      *xds.Server
 	Hook     *xds.EnvoyGatewayHook
 	Audit    *audit.Log // nil when off
+	// Rollouts runs the policy's rollouts (its Handler is serve's admin endpoint).
+	Rollouts *rollout.Controller
 
 	stopQuotas context.CancelFunc
+	redis      redis.UniversalClient // the rollouts' state store, nil without Redis
 	tracing    *telemetry.Tracing
 	log        *slog.Logger
 }
@@ -121,23 +128,29 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	}
 	inflight := &fleet.InFlight{}
 	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
+	g.XDS = xds.NewServer(log)
+	var refresh func()
+	g.rollouts(c, engines, func() { refresh() })
+	observers = append(observers, g.Rollouts)
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
 		InFlight: inflight, OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil,
-		Queue: queue})
+		Queue: queue, Rollouts: g.Rollouts})
 
-	g.XDS = xds.NewServer(log)
+	state = rolloutFleet{state: state, shares: g.Rollouts}
+	refresh = func() { g.refreshXDS(log, store.Current(), state) }
 	g.XDS.AllowSecrets(c.SecretNodes...)
 	if err := g.XDS.Update(store.Current(), state); err != nil {
 		g.Close()
 		return nil, fmt.Errorf("initial xDS snapshot: %w", err)
 	}
 	store.OnChange(func(snap *policies.Snapshot) { g.refreshXDS(log, snap, state) })
-	if state != nil {
+	if c.ScrapeInterval > 0 {
 		// Weights and health follow the fleet; hysteresis inside Update keeps routes from flapping, and an
 		// unchanged snapshot is not pushed.
 		go every(ctx, 5*time.Second, func() { g.refreshXDS(log, store.Current(), state) })
 	}
 	g.Hook = &xds.EnvoyGatewayHook{Policy: store.Current, Fleet: state}
+	go g.Rollouts.Run(ctx, cmp.Or(c.RolloutInterval, time.Second))
 
 	go func() {
 		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
@@ -151,6 +164,9 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 // call it once the drain is over.
 func (g *Gateway) Close() {
 	g.stopQuotas()
+	if g.redis != nil {
+		_ = g.redis.Close()
+	}
 	if g.Audit != nil {
 		if err := g.Audit.Close(); err != nil {
 			g.log.Warn("audit log did not close cleanly", "err", err)
@@ -184,6 +200,44 @@ func (g *Gateway) telemetry(c Config) ([]director.SettleObserver, error) {
 	g.log.Info("audit log on", "to", c.AuditLog)
 	return append(obs, a), nil
 }
+
+// rollouts builds the controller of the policy's rollouts, its state shared in Redis when there is one.
+// onShareChange pushes xDS again (the gRPC routes' weights follow the shares).
+func (g *Gateway) rollouts(c Config, engines picker.EngineView, onShareChange func()) {
+	o := rollout.Options{Policies: g.Policies, Metrics: rollout.NewMetrics(g.Registry), Logger: g.log, OnShareChange: onShareChange}
+	if engines != nil {
+		o.Engines = engines
+	}
+	if len(c.RedisAddrs) > 0 {
+		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1})
+		o.Store = rollout.NewRedisStore(g.redis)
+	}
+	g.Rollouts = rollout.New(o)
+	warn := func(snap *policies.Snapshot) {
+		if o.Store == nil && snap.HasRollouts() {
+			g.log.Warn("rollout state is kept in this process only: without Redis no other gateway replica shares it, and a restart starts every rollout over from its compatibility gate")
+		}
+	}
+	warn(g.Policies.Current())
+	g.Policies.OnChange(warn)
+}
+
+// rolloutFleet is the fleet state with the rollouts' shares, which weight the proxyless gRPC routes.
+type rolloutFleet struct {
+	state  xds.FleetState // nil without scraping: every endpoint healthy and idle
+	shares *rollout.Controller
+}
+
+// Endpoint implements xds.FleetState.
+func (r rolloutFleet) Endpoint(addr string) (xds.EndpointState, bool) {
+	if r.state == nil {
+		return xds.EndpointState{}, false
+	}
+	return r.state.Endpoint(addr)
+}
+
+// Share implements xds.RolloutShares.
+func (r rolloutFleet) Share(model string) float64 { return r.shares.Share(model) }
 
 func (g *Gateway) reclaim(ctx context.Context, log *slog.Logger) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

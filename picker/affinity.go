@@ -197,8 +197,8 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	pr := p.hashPrompt(in, engineBlock)
 	defer p.releasePrompt(&pr)
 	if in.Split != nil {
-		var group uint64
-		if len(pr.hashes) > 0 {
+		group := in.Split.Conversation
+		if group == 0 && len(pr.hashes) > 0 {
 			group = GroupKey(pr.hashes)
 		}
 		var arm string

@@ -20,6 +20,10 @@ type Split struct {
 	// Force is ArmCandidate or ArmBaseline when a tenant the plan allows as a tester asked for one; "" lets the
 	// request's group decide.
 	Force string
+	// Conversation, when not zero, names the request's conversation (the policy's conversation header,
+	// hashed): it decides the arm instead of the prompt's prefix group, so that conversations sharing a long
+	// system prompt — one prefix group — still split by the share.
+	Conversation uint64
 }
 
 // arm decides a request's arm from its conversation group: the group's hash, seeded by the model, read as a
@@ -38,13 +42,14 @@ func (s *Split) arm(model string, group uint64) string {
 }
 
 // inArm says whether a pool serves an arm: the candidate's pool, or — for a candidate that is a served model
-// name — the baseline pools, which serve it under that name.
+// name — the baseline pools, which serve it under that name. Pools compare by name: a request queued across a
+// policy reload is placed among the new snapshot's pools with the plan it was routed under.
 func (s *Split) inArm(pool *policies.Pool, arm string) bool {
 	if arm == ArmCandidate && s.Plan.Candidate != nil {
-		return pool == s.Plan.Candidate
+		return pool.Name == s.Plan.Candidate.Name
 	}
 	for _, b := range s.Plan.Baseline {
-		if b == pool {
+		if b.Name == pool.Name {
 			return true
 		}
 	}

@@ -117,3 +117,43 @@ func TestSplitForcedSaturatedAndServedAs(t *testing.T) {
 		t.Error("free is not a tester")
 	}
 }
+
+// Conversations behind one long shared system prompt are one prefix group; their conversation ids split them.
+func TestSplitByConversationUnderASharedSystemPrompt(t *testing.T) {
+	snap, m, plan := rolloutPolicy(t, "{pool: cheap}")
+	p := newMixedPicker(idleEngines(nil))
+	sys := strings.Repeat("Everyone's long system prompt. ", 40)
+	for _, tc := range []struct {
+		name    string
+		conv    bool
+		atLeast int
+		atMost  int
+	}{
+		{"by prefix group: all or nothing", false, 0, 0},
+		{"by conversation", true, 60, 140},
+	} {
+		candidates := 0
+		for conv := range 400 {
+			s := &Split{Plan: plan, Share: 0.25}
+			if tc.conv {
+				s.Conversation = xxh3.HashString(fmt.Sprint("conv-", conv)) | 1
+			}
+			d, err := p.Pick(snap, Input{Model: m, Request: request(t, sys, fmt.Sprint("question ", conv)), Split: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Arm == ArmCandidate {
+				candidates++
+			}
+		}
+		if !tc.conv {
+			if candidates != 0 && candidates != 400 {
+				t.Errorf("%s: %d of 400 on the candidate, want all or none", tc.name, candidates)
+			}
+			continue
+		}
+		if candidates < tc.atLeast || candidates > tc.atMost {
+			t.Errorf("%s: %d of 400 on the candidate at a 25%% share", tc.name, candidates)
+		}
+	}
+}

@@ -56,7 +56,7 @@ type RolloutGates struct {
 	// MaxTTFTP95Ratio and MaxTPOTP95Ratio: the candidate's p95 at most this times the baseline's (default 1.1).
 	MaxTTFTP95Ratio float64 `yaml:"maxTTFTP95Ratio,omitempty" json:"maxTTFTP95Ratio,omitempty" jsonschema:"minimum=1"`
 	MaxTPOTP95Ratio float64 `yaml:"maxTPOTP95Ratio,omitempty" json:"maxTPOTP95Ratio,omitempty" jsonschema:"minimum=1"`
-	// Window is the span of requests the gates compare, e.g. "1m" (default 1m).
+	// Window is the span of requests the gates compare, e.g. "1m" (default 1m, at most 10m).
 	Window string `yaml:"window,omitempty" json:"window,omitempty"`
 }
 
@@ -77,6 +77,7 @@ const (
 	DefaultMinGoodputRatio      = 0.95
 	DefaultMaxErrorRateIncrease = 0.01
 	DefaultMaxP95Ratio          = 1.1
+	MaxRolloutWindow            = 10 * time.Minute
 )
 
 // RolloutPlan is a model's rollout resolved against its pools, with defaults applied.
@@ -109,6 +110,9 @@ func (s *Snapshot) Rollout(m *Model) (*RolloutPlan, bool) {
 	r, ok := s.rollouts[m]
 	return r, ok
 }
+
+// HasRollouts says whether any model of the policy has a rollout.
+func (s *Snapshot) HasRollouts() bool { return len(s.rollouts) > 0 }
 
 // compileRollouts resolves every validated rollout.
 func (s *Snapshot) compileRollouts(pol *Policy) {
@@ -227,6 +231,10 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.fail(append(slices.Clone(gb), "maxTPOTP95Ratio"), "must be at least 1, got %v", g.MaxTPOTP95Ratio)
 	}
 	v.positiveDuration(append(slices.Clone(gb), "window"), g.Window)
+	if d, err := time.ParseDuration(g.Window); err == nil && d > MaxRolloutWindow {
+		// Every second of the window is kept per arm, with its latency histograms.
+		v.fail(append(slices.Clone(gb), "window"), "must be at most %v, got %q", MaxRolloutWindow, g.Window)
+	}
 	tenants := map[string]bool{}
 	for _, t := range s.Tenants {
 		tenants[t.Name] = true

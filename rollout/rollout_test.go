@@ -43,7 +43,7 @@ func settle(arm string, good bool, outcome string, ttft time.Duration) director.
 
 func TestWindowsSummariseEachArm(t *testing.T) {
 	now := time.Unix(1000, 0)
-	w := NewWindows(time.Minute, func() time.Time { return now })
+	w := NewWindows(func(string) time.Duration { return time.Minute }, func() time.Time { return now })
 	for i := range 100 {
 		w.Settled(settle(picker.ArmBaseline, i%10 != 0, director.OutcomeOK, time.Duration(100+i)*time.Millisecond))
 	}

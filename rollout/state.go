@@ -1,7 +1,11 @@
 package rollout
 
 import (
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -27,7 +31,10 @@ const (
 
 // State is one model's rollout, as every gateway replica shares it.
 type State struct {
-	Phase Phase `json:"phase"`
+	// Plan fingerprints the rollout this state belongs to (Fingerprint): a policy that names another candidate
+	// or other steps starts a new rollout.
+	Plan  string `json:"plan"`
+	Phase Phase  `json:"phase"`
 	// Step indexes the plan's steps (the step in force while progressing or paused, the one that failed once
 	// rolled back).
 	Step int `json:"step"`
@@ -109,4 +116,22 @@ func (s State) Apply(c Command, now time.Time) (State, bool) {
 		return s, false
 	}
 	return s, true
+}
+
+// Fingerprint names a plan by what makes it the same rollout: its candidate, its baseline and its steps. A
+// stored state of another fingerprint is a finished or replaced rollout, and the plan starts over.
+func Fingerprint(plan *policies.RolloutPlan) string {
+	var b strings.Builder
+	if plan.Candidate != nil {
+		fmt.Fprintf(&b, "pool=%s;", plan.Candidate.Name)
+	} else {
+		fmt.Fprintf(&b, "served=%s;", plan.CandidateServed)
+	}
+	for _, p := range plan.Baseline {
+		fmt.Fprintf(&b, "base=%s;", p.Name)
+	}
+	for _, st := range plan.Steps {
+		fmt.Fprintf(&b, "step=%g/%v/%d;", st.Share, st.MinDuration, st.MinRequests)
+	}
+	return fmt.Sprintf("%016x", xxh3.HashString(b.String()))
 }

@@ -107,21 +107,33 @@ func p95(h *[histBuckets]uint32) time.Duration {
 	return bucketUpper(histBuckets - 1)
 }
 
-// Windows measures every rolled-out model's arms over the policy's window: a settle observer.
+// Windows measures every rolled-out model's arms over its rollout's window: a settle observer.
 type Windows struct {
-	mu      sync.Mutex
-	now     func() time.Time
-	seconds int
-	models  map[string]*[2]armWindow // candidate, baseline
-	counts  map[string]int           // candidate requests since the last Mark, per model
+	mu       sync.Mutex
+	now      func() time.Time
+	windowOf func(model string) time.Duration
+	models   map[string]*[2]armWindow // candidate, baseline
+	counts   map[string]int           // candidate requests since the last TakeCount, per model
 }
 
-// NewWindows keeps window seconds of requests; now is the clock (time.Now when nil).
-func NewWindows(window time.Duration, now func() time.Time) *Windows {
+// NewWindows keeps, for each model, the seconds of requests windowOf says (the policy's gates.window, whole
+// seconds, at least one); now is the clock (time.Now when nil).
+func NewWindows(windowOf func(model string) time.Duration, now func() time.Time) *Windows {
 	if now == nil {
 		now = time.Now
 	}
-	return &Windows{now: now, seconds: max(1, int(window/time.Second)), models: map[string]*[2]armWindow{}, counts: map[string]int{}}
+	return &Windows{now: now, windowOf: windowOf, models: map[string]*[2]armWindow{}, counts: map[string]int{}}
+}
+
+// arms returns a model's windows, sized (again, after a policy change) to its window.
+func (w *Windows) arms(model string) *[2]armWindow {
+	seconds := max(1, int(w.windowOf(model)/time.Second))
+	arms := w.models[model]
+	if arms == nil || len(arms[0].ring) != seconds {
+		arms = &[2]armWindow{{ring: make([]second, seconds)}, {ring: make([]second, seconds)}}
+		w.models[model] = arms
+	}
+	return arms
 }
 
 // Settled implements director.SettleObserver: a routed request of a rollout arm counts, unless it failed by
@@ -133,11 +145,7 @@ func (w *Windows) Settled(st director.Settlement) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	arms := w.models[st.Model]
-	if arms == nil {
-		arms = &[2]armWindow{{ring: make([]second, w.seconds)}, {ring: make([]second, w.seconds)}}
-		w.models[st.Model] = arms
-	}
+	arms := w.arms(st.Model)
 	i := 1
 	if st.Arm == picker.ArmCandidate {
 		i = 0

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
@@ -42,6 +43,12 @@ type EndpointState struct {
 // FleetState answers for endpoints; an endpoint it does not know is taken as healthy and idle.
 type FleetState interface {
 	Endpoint(addr string) (EndpointState, bool)
+}
+
+// RolloutShares, when a FleetState also implements it, gives each rolled-out model's candidate share
+// (rollout.Controller through the gateway): the proxyless gRPC routes weight the arms by it.
+type RolloutShares interface {
+	Share(model string) float64
 }
 
 // EngineMetricsView is the scraper's view of engines, as ScrapedFleet adapts it.
@@ -113,9 +120,12 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			})
 		}
 		weights := capacityWeights(capacities, previous)
+		maps.Copy(out.Weights, weights) // hysteresis follows capacity; the rollout's split applies on top
+		if plan, ok := snap.Rollout(m); ok {
+			weights = splitWeights(m, plan, rolloutShare(fleet, m.Name), weights)
+		}
 		for j := range m.Pools {
 			name := contract.ClusterName(m.Name, m.Pools[j].Name)
-			out.Weights[name] = weights[name]
 			if weights[name] > 0 {
 				weighted = append(weighted, &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(weights[name])})
 			}
@@ -173,6 +183,45 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 		}
 	}
 	return out, nil
+}
+
+func rolloutShare(fleet FleetState, model string) float64 {
+	if rs, ok := fleet.(RolloutShares); ok {
+		return rs.Share(model)
+	}
+	return 0
+}
+
+// splitWeights divides a rolled-out model's capacity weights between its arms as ext_proc divides its
+// requests: the candidate pool takes share of the total, the baseline pools the rest in proportion to their
+// capacity, pools of neither arm nothing. A candidate with no capacity leaves its share to the baseline; a
+// candidate that is a served model name cannot be renamed for gRPC clients, which keep the baseline.
+func splitWeights(m *policies.Model, plan *policies.RolloutPlan, share float64, weights map[string]uint32) map[string]uint32 {
+	out := map[string]uint32{}
+	var baseTotal uint32
+	for _, p := range plan.Baseline {
+		baseTotal += weights[contract.ClusterName(m.Name, p.Name)]
+	}
+	cand := ""
+	if plan.Candidate != nil && weights[contract.ClusterName(m.Name, plan.Candidate.Name)] > 0 {
+		cand = contract.ClusterName(m.Name, plan.Candidate.Name)
+	}
+	switch { // an arm without capacity leaves all to the other
+	case cand == "":
+		share = 0
+	case baseTotal == 0:
+		share = 1
+	}
+	if cand != "" {
+		out[cand] = uint32(math.Round(1000 * share))
+	}
+	for _, p := range plan.Baseline {
+		name := contract.ClusterName(m.Name, p.Name)
+		if baseTotal > 0 {
+			out[name] = uint32(math.Round(1000 * (1 - share) * float64(weights[name]) / float64(baseTotal)))
+		}
+	}
+	return out
 }
 
 // failoverFallback is the fallback a model's pools fail over to inside Envoy: the first whose policy allows

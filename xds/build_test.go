@@ -291,3 +291,52 @@ func TestEnvoyRoutesNeedAPoolDecision(t *testing.T) {
 		t.Errorf("%d weighted gRPC routes, want one per model (%d)", weighted, len(snap.Policy.Spec.Models))
 	}
 }
+
+// rolloutFleet is a fake fleet that also publishes a rollout share.
+type rolloutFleet struct {
+	fakeFleet
+	share float64
+}
+
+func (r rolloutFleet) Share(string) float64 { return r.share }
+
+// The gRPC route of a rolled-out model weights its arms by the candidate's share, whatever their capacity.
+func TestRolloutShareWeightsTheGRPCRoute(t *testing.T) {
+	src, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(src), "    fallbacks:\n    - name: together", "    rollout:\n      candidate: {pool: llama70b-l40s}\n"+
+		"      steps: [{percent: 10}, {percent: 100}]\n    fallbacks:\n    - name: together", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h200, l40s := contract.ClusterName("llama-3.3-70b", "llama70b-h200"), contract.ClusterName("llama-3.3-70b", "llama70b-l40s")
+	for _, tc := range []struct {
+		name       string
+		fleet      FleetState
+		wantH200   uint32
+		wantL40S   uint32
+		capWeights bool
+	}{
+		{"no share source: the baseline only", nil, 1000, 0, true},
+		{"10 %", rolloutFleet{share: 0.1}, 900, 100, true},
+		{"promoted", rolloutFleet{share: 1}, 0, 1000, true},
+		{"the candidate down: the baseline takes its share", rolloutFleet{fakeFleet: fakeFleet{
+			"127.0.0.1:18111": {Healthy: false}, "127.0.0.1:18112": {Healthy: false}}, share: 0.5}, 1000, 0, false},
+	} {
+		res, err := Build(snap, tc.fleet, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := weightsOf(modelRoute(t, res, "llama-3.3-70b"))
+		if w[h200] != tc.wantH200 || w[l40s] != tc.wantL40S {
+			t.Errorf("%s: weights %v, want %d/%d", tc.name, w, tc.wantH200, tc.wantL40S)
+		}
+		// Hysteresis remembers capacity, not the split.
+		if tc.capWeights && (res.Weights[h200] != 774 || res.Weights[l40s] != 226) {
+			t.Errorf("%s: remembered weights %v", tc.name, res.Weights)
+		}
+	}
+}

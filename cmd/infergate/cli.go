@@ -28,6 +28,8 @@ Usage:
   infergate validate FILE...              check policy files; print every problem with file:line
   infergate schema                        print the policy JSON Schema (for editors)
   infergate hash-key [KEY]                print the sha256 form of an API key for a policy (reads stdin without KEY)
+  infergate rollout status|pause|resume|abort|promote [MODEL]
+                                          a running gateway's rollouts, through its admin endpoint
   infergate version                       print the version
 
 Run 'infergate serve -h' for the serve flags.
@@ -52,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdSchema(stdout, stderr)
 	case "hash-key":
 		return cmdHashKey(args[1:], stdout, stderr)
+	case "rollout":
+		return cmdRollout(args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		bi, _ := debug.ReadBuildInfo()
 		fmt.Fprintln(stdout, "infergate", versionOf(version, bi))

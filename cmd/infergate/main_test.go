@@ -131,7 +131,7 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 	exit := make(chan int, 1)
 	go func() {
 		exit <- run(ctx, []string{"serve", "--policy", quickstart, "--extproc-addr", "127.0.0.1:0",
-			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0", "--drain-timeout", "10s", "--scrape-interval", "0"}, io.Discard, logs.w)
+			"--metrics-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--drain-timeout", "10s", "--scrape-interval", "0"}, io.Discard, logs.w)
 	}()
 	extprocAddr := logs.waitFor(t, "ext_proc listening")["addr"].(string)
 	metricsAddr := logs.waitFor(t, "metrics listening")["addr"].(string)
@@ -259,7 +259,7 @@ func TestServeAnswersExtProcAndDrains(t *testing.T) {
 func TestServeRefusesInvalidPolicy(t *testing.T) {
 	var errOut bytes.Buffer
 	code := run(context.Background(), []string{"serve", "--policy", "../../policies/testdata/invalid/many-problems.yaml",
-		"--extproc-addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard, &errOut)
+		"--extproc-addr", "127.0.0.1:0", "--metrics-addr", "", "--admin-addr", ""}, io.Discard, &errOut)
 	if code != 1 || !strings.Contains(errOut.String(), "many-problems.yaml:5:") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -42,6 +43,7 @@ type serveConfig struct {
 	xdsAddr        string
 	egAddr         string
 	metricsAddr    string
+	adminAddr      string
 	redisAddr      string
 	redisCluster   bool
 	logLevel       string
@@ -64,6 +66,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000", "xDS (ADS) gRPC listen address; empty disables it")
 	fs.StringVar(&cfg.egAddr, "envoy-gateway-addr", "", "Envoy Gateway extension server (post-translation hook) listen address, e.g. "+xds.EnvoyGatewayHookAddr+"; empty disables it")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", "127.0.0.1:9090", "Prometheus /metrics and /healthz listen address; empty disables it")
+	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:9091", "admin endpoint (rollout status and commands, for `infergate rollout`); beyond loopback only with --tls-cert, --tls-key and --tls-client-ca; empty disables it")
 	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate for the gRPC listeners (ext_proc, xDS, Envoy Gateway hook); reloaded when the file changes")
 	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&cfg.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: with it every gRPC client must present a certificate it signed (mTLS)")
@@ -190,6 +193,13 @@ func serveSide(ctx context.Context, cfg serveConfig, log *slog.Logger, g *gatewa
 		}
 		metricsSrv = srv
 	}
+	if cfg.adminAddr != "" {
+		stop, err := serveAdmin(cfg, log, g.Rollouts.Handler(), errc)
+		if err != nil {
+			return metricsSrv, stops, err
+		}
+		stops = append(stops, stop)
+	}
 	if cfg.xdsAddr != "" {
 		stop, err := serveGRPC(cfg.xdsAddr, "xds", log, errc, creds, func(gsrv *grpc.Server) { g.XDS.Register(ctx, gsrv) })
 		if err != nil {
@@ -235,6 +245,51 @@ func serveMetrics(addr string, log *slog.Logger, reg *prometheus.Registry, drain
 		}
 	}()
 	return srv, nil
+}
+
+// serveAdmin serves the admin endpoint: on loopback as it is, beyond loopback only behind mutual TLS, since
+// whoever reaches it can promote or abort a rollout. With --tls-cert it is TLS wherever it binds.
+func serveAdmin(cfg serveConfig, log *slog.Logger, h http.Handler, errc chan<- error) (func(), error) {
+	remote := !loopbackAddr(cfg.adminAddr)
+	if remote && (cfg.tlsCert == "" || cfg.tlsClientCA == "") {
+		return nil, fmt.Errorf("the admin endpoint %s binds beyond loopback: give --tls-cert, --tls-key and --tls-client-ca so that only clients with a certificate reach it, or bind it to loopback", cfg.adminAddr)
+	}
+	lis, err := net.Listen("tcp", cfg.adminAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen admin on %s: %w", cfg.adminAddr, err)
+	}
+	if cfg.tlsCert != "" {
+		files, err := newTLSFiles(cfg.tlsCert, cfg.tlsKey, cfg.tlsClientCA, log)
+		if err != nil {
+			_ = lis.Close()
+			return nil, err
+		}
+		lis = tls.NewListener(lis, http1Config(files.ServerConfig()))
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("admin listening", "addr", lis.Addr().String(), "tls", cfg.tlsCert != "")
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("admin server: %w", err)
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
+}
+
+// http1Config narrows a gRPC listener's TLS configuration (ALPN h2) to HTTP/1.1 for the admin server.
+func http1Config(tc *tls.Config) *tls.Config {
+	perClient := tc.GetConfigForClient
+	tc.NextProtos = []string{"http/1.1"}
+	tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := perClient(h)
+		if err != nil {
+			return nil, err
+		}
+		c = c.Clone()
+		c.NextProtos = []string{"http/1.1"}
+		return c, nil
+	}
+	return tc
 }
 
 // waitForStop serves until ctx ends (nil) or a server fails (its error), reloading the policy on SIGHUP.

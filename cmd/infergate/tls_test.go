@@ -47,7 +47,7 @@ func TestServeMutualTLSAndReload(t *testing.T) {
 	defer cancel()
 	exit := make(chan int, 1)
 	go func() {
-		exit <- run(ctx, []string{"serve", "--policy", quickstart, "--extproc-addr", "127.0.0.1:0", "--metrics-addr", "",
+		exit <- run(ctx, []string{"serve", "--policy", quickstart, "--extproc-addr", "127.0.0.1:0", "--metrics-addr", "", "--admin-addr", "",
 			"--xds-addr", "", "--scrape-interval", "0", "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile}, io.Discard, logs.w)
 	}()
 	addr := logs.waitFor(t, "ext_proc listening")["addr"].(string)

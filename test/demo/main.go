@@ -106,6 +106,7 @@ const (
 	extprocAddr = "127.0.0.1:9002"
 	metricsAddr = "127.0.0.1:9090"
 	xdsAddr     = "127.0.0.1:18000"
+	adminAddr   = "127.0.0.1:9091"
 	fleetFile   = "examples/quickstart/fleet.yaml"
 )
 
@@ -144,7 +145,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		return err
 	}
 	args := []string{"serve", "--policy", policyPath,
-		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", xdsAddr, "--audit-log", auditDir}
+		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", xdsAddr, "--admin-addr", adminAddr, "--audit-log", auditDir}
 	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)

@@ -30,7 +30,7 @@ func demoPorts(root, fleetFile, listen string) ([]string, error) {
 	if cfg.AdminAddr != "" {
 		out = append(out, cfg.AdminAddr)
 	}
-	return append(out, extprocAddr, metricsAddr, xdsAddr, listen), nil
+	return append(out, extprocAddr, metricsAddr, xdsAddr, adminAddr, listen), nil
 }
 
 // checkPorts binds each address once and releases it; the first that cannot be bound is named in the error,

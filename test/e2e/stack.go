@@ -38,6 +38,14 @@ type Stack struct {
 	ExtProcAddr string
 	// MetricsURL is the in-process gateway's /metrics (empty with Options.ExtprocAddr).
 	MetricsURL string
+	// Gateway is the in-process gateway (nil with Options.ExtprocAddr).
+	Gateway *gateway.Gateway
+
+	// What AddReplica starts another gateway replica from.
+	policyPath string
+	envoyFile  string
+	upstreams  map[string]string
+	opts       Options
 }
 
 // Options choose the files and addresses of a Stack.
@@ -64,6 +72,8 @@ type Options struct {
 	RedisAddrs []string
 	AuditLog   string
 	Tracing    *telemetry.Tracing
+	// RolloutInterval is gateway.Config's (default 1 s).
+	RolloutInterval time.Duration
 }
 
 var addrRe = regexp.MustCompile(`127\.0\.0\.1:\d+`)
@@ -130,7 +140,8 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	st := &Stack{Fleet: fleet, Settled: make(chan extproc.Settlement, 4096)}
+	st := &Stack{Fleet: fleet, Settled: make(chan extproc.Settlement, 4096), policyPath: policyPath,
+		envoyFile: filepath.Join(o.Root, o.EnvoyFile), upstreams: real, opts: o}
 
 	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
 	if err != nil {
@@ -142,26 +153,19 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	if o.ExtprocAddr == "" {
 		// The production graph, as infergate serve builds it.
-		scrape := o.ScrapeInterval
-		switch {
-		case scrape == 0:
-			scrape = 100 * time.Millisecond
-		case scrape < 0:
-			scrape = 0
+		cfg := st.replicaConfig(ecfg)
+		cfg.AuditLog, cfg.Tracing = o.AuditLog, o.Tracing
+		cfg.OnSettle = func(s extproc.Settlement) {
+			select {
+			case st.Settled <- s:
+			default:
+			}
 		}
-		rep, err := StartReplica(ctx, ecfg, gateway.Config{PolicyPath: policyPath, ScrapeInterval: scrape, Logger: o.Logger,
-			RedisAddrs: o.RedisAddrs, AuditLog: o.AuditLog, Tracing: o.Tracing,
-			SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
-			OnSettle: func(s extproc.Settlement) {
-				select {
-				case st.Settled <- s:
-				default:
-				}
-			}}, real, listen)
+		rep, err := StartReplica(ctx, ecfg, cfg, real, listen)
 		if err != nil {
 			return nil, err
 		}
-		st.URL, st.ExtProcAddr, st.MetricsURL, st.Policies = rep.URL, rep.ExtProcAddr, rep.MetricsURL, rep.Gateway.Policies
+		st.URL, st.ExtProcAddr, st.MetricsURL, st.Policies, st.Gateway = rep.URL, rep.ExtProcAddr, rep.MetricsURL, rep.Gateway.Policies, rep.Gateway
 		return st, nil
 	}
 	st.ExtProcAddr = o.ExtprocAddr
@@ -180,6 +184,32 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		return nil, err
 	}
 	return st, nil
+}
+
+// replicaConfig is the gateway configuration of the stack's replicas.
+func (st *Stack) replicaConfig(ecfg *envoysim.Config) gateway.Config {
+	o := st.opts
+	scrape := o.ScrapeInterval
+	switch {
+	case scrape == 0:
+		scrape = 100 * time.Millisecond
+	case scrape < 0:
+		scrape = 0
+	}
+	return gateway.Config{PolicyPath: st.policyPath, ScrapeInterval: scrape, Logger: o.Logger, RedisAddrs: o.RedisAddrs,
+		RolloutInterval: o.RolloutInterval,
+		SecretNodes:     []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
+	}
+}
+
+// AddReplica starts another gateway replica in front of the same fleet, with the same policy and Redis, and
+// its own data plane on a free port; it stops when ctx ends.
+func (st *Stack) AddReplica(ctx context.Context) (*Replica, error) {
+	ecfg, err := envoysim.LoadFile(st.envoyFile)
+	if err != nil {
+		return nil, err
+	}
+	return StartReplica(ctx, ecfg, st.replicaConfig(ecfg), st.upstreams, "127.0.0.1:0")
 }
 
 // Replica is one gateway replica: infergate in process, as infergate serve builds it, and the data plane in

@@ -1,0 +1,365 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"maps"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/policies"
+)
+
+// Errors of Command, which the admin endpoint maps to statuses.
+var (
+	// ErrNoRollout: the policy has no rollout for the model.
+	ErrNoRollout = errors.New("the policy has no rollout for this model")
+	// ErrNotApplicable: the command does not apply to the rollout's phase.
+	ErrNotApplicable = errors.New("the command does not apply to the rollout's phase")
+	// ErrConflict: other replicas kept changing the state; try again.
+	ErrConflict = errors.New("the rollout state kept changing; try again")
+)
+
+// storeTimeout bounds each round trip to the state store.
+const storeTimeout = 2 * time.Second
+
+// Options wire a Controller.
+type Options struct {
+	Policies *policies.Store
+	// Store holds the states every replica shares (default: a MemoryStore, this replica only).
+	Store Store
+	// Engines, when set, must report fresh metrics for the candidate's endpoints before the first step.
+	Engines EngineView
+	// Client asks engines for their /v1/models (default: a 2 s timeout).
+	Client  *http.Client
+	Metrics *Metrics
+	Logger  *slog.Logger
+	// Now is the clock of steps and windows (default time.Now).
+	Now func() time.Time
+	// OnShareChange is called when a model's candidate share changed (the xDS weights follow it).
+	OnShareChange func()
+}
+
+// Controller runs every rollout of the policy: it measures both arms (it is a settle observer), evaluates
+// the gates each tick, moves the shared state and publishes each model's candidate share to the director.
+// Every replica runs one; the state store's swap makes their transitions agree.
+type Controller struct {
+	opts    Options
+	windows *Windows
+	check   checker
+	shares  atomic.Pointer[map[string]float64]
+
+	mu      sync.Mutex // one Tick or Command at a time
+	pending map[string]int
+	status  map[string]Status
+	gates   map[string]*GateStatus // the last evaluation of each model
+	// baseline is each model's last window in which the baseline had enough requests: at a 100 % step the
+	// baseline takes none, and the candidate is judged against it.
+	baseline map[string]Summary
+}
+
+// Status is one model's rollout as this replica last read it, for the CLI.
+type Status struct {
+	Model     string   `json:"model"`
+	Candidate string   `json:"candidate"` // the pool, or "servedModel:<name>"
+	Baseline  []string `json:"baseline"`
+	State
+	Steps int     `json:"steps"`
+	Share float64 `json:"share"`
+	// Shared says whether the state is shared with other replicas (Redis) or this replica's alone.
+	Shared bool `json:"shared"`
+	// Gates is this replica's last evaluation (while progressing or paused; kept after a rollback).
+	Gates *GateStatus `json:"gates,omitempty"`
+}
+
+// GateStatus is a verdict as the CLI shows it.
+type GateStatus struct {
+	Result string `json:"result"`
+	Reason string `json:"reason,omitempty"`
+	Figures
+}
+
+// New builds a Controller; Policies is required.
+func New(o Options) *Controller {
+	if o.Store == nil {
+		o.Store = NewMemoryStore()
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Timeout: 2 * time.Second}
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	c := &Controller{opts: o, check: checker{engines: o.Engines, client: o.Client},
+		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Summary{}}
+	c.windows = NewWindows(c.windowOf, o.Now)
+	c.shares.Store(&map[string]float64{})
+	return c
+}
+
+// windowOf is a model's gate window under the current policy.
+func (c *Controller) windowOf(model string) time.Duration {
+	snap := c.opts.Policies.Current()
+	if m, ok := snap.Model(model); ok {
+		if p, ok := snap.Rollout(m); ok {
+			return p.Window
+		}
+	}
+	return policies.DefaultRolloutWindow
+}
+
+// Settled implements director.SettleObserver: both arms' requests fill the gates' windows.
+func (c *Controller) Settled(st director.Settlement) { c.windows.Settled(st) }
+
+// Share implements director.Rollouts: the candidate's share of a model's traffic, 0 until the controller
+// has read the model's state.
+func (c *Controller) Share(model string) float64 { return (*c.shares.Load())[model] }
+
+// Run ticks every interval until ctx ends.
+func (c *Controller) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		c.Tick(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Tick runs one round for every rollout of the current policy: read the shared state, judge, move it on,
+// publish the share.
+func (c *Controller) Tick(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	snap := c.opts.Policies.Current()
+	shares := map[string]float64{}
+	live := map[string]bool{}
+	for i := range snap.Policy.Spec.Models {
+		m := &snap.Policy.Spec.Models[i]
+		plan, ok := snap.Rollout(m)
+		if !ok {
+			continue
+		}
+		live[m.Name] = true
+		st, ok := c.round(ctx, plan)
+		if !ok {
+			shares[m.Name] = c.Share(m.Name) // the store is unreachable: keep what was in force
+			continue
+		}
+		shares[m.Name] = st.Share(plan)
+	}
+	for model := range c.status {
+		if !live[model] {
+			delete(c.status, model)
+			delete(c.pending, model)
+			delete(c.gates, model)
+			delete(c.baseline, model)
+			c.opts.Metrics.forget(model)
+		}
+	}
+	c.publish(shares)
+}
+
+// publish swaps the shares in and tells OnShareChange when one moved.
+func (c *Controller) publish(shares map[string]float64) {
+	if old := c.shares.Swap(&shares); !maps.Equal(*old, shares) && c.opts.OnShareChange != nil {
+		c.opts.OnShareChange()
+	}
+}
+
+// round reads one model's state and moves it; ok is false when the store could not be read.
+func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (State, bool) {
+	model := plan.Model.Name
+	raw, st, err := c.load(ctx, plan)
+	if err != nil {
+		c.opts.Logger.Warn("rollout state unreadable; the candidate's share stays as it was", "model", model, "err", err)
+		return State{}, false
+	}
+	now := c.opts.Now()
+	next, verdict := st, (*Verdict)(nil)
+	switch st.Phase {
+	case Checking:
+		if err := c.check.check(ctx, plan); err != nil {
+			next.Reason = "compatibility gate: " + err.Error()
+		} else {
+			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Reason: "the compatibility gate passed"}
+		}
+	case Progressing, Paused:
+		cand, base := c.windows.Summaries(model)
+		if base.Requests >= minWindowRequests {
+			c.baseline[model] = base
+		} else if last, ok := c.baseline[model]; ok && st.Share(plan) == 1 {
+			base = last
+		}
+		v := Evaluate(plan.Gates, cand, base)
+		verdict = &v
+		c.opts.Metrics.verdict(model, v)
+		more := c.pending[model] + c.windows.TakeCount(model)
+		c.pending[model] = 0
+		next, _ = st.Advance(plan, v, more, now)
+		if st.Phase == Paused {
+			next.StepRequests += more
+		}
+	}
+	if len(raw) == 0 || next != st {
+		ok, err := c.swap(ctx, model, raw, next)
+		if !ok || err != nil {
+			if err != nil {
+				c.opts.Logger.Warn("rollout state not saved; retried next tick", "model", model, "err", err)
+			}
+			if next.Phase == st.Phase && next.Step == st.Step {
+				c.pending[model] += next.StepRequests - st.StepRequests // counted again next tick
+			}
+			c.remember(plan, st, verdict)
+			return st, true
+		}
+		c.transition(plan, st, next, verdict)
+		st = next
+	}
+	c.remember(plan, st, verdict)
+	return st, true
+}
+
+// load reads a model's state; a missing, unreadable or other plan's state is a new rollout, checking.
+func (c *Controller) load(ctx context.Context, plan *policies.RolloutPlan) ([]byte, State, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	raw, err := c.opts.Store.Load(ctx, plan.Model.Name)
+	if err != nil {
+		return nil, State{}, err
+	}
+	fp := Fingerprint(plan)
+	var st State
+	if raw == nil || json.Unmarshal(raw, &st) != nil || st.Plan != fp {
+		st = State{Plan: fp, Phase: Checking, StepStarted: c.opts.Now(), Reason: "a new rollout: checking the candidate's compatibility"}
+		if raw == nil {
+			raw = []byte{} // swap from "no state"
+		}
+	}
+	return raw, st, nil
+}
+
+func (c *Controller) swap(ctx context.Context, model string, old []byte, next State) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	b, err := json.Marshal(next)
+	if err != nil {
+		return false, err
+	}
+	if len(old) == 0 {
+		old = nil
+	}
+	return c.opts.Store.Swap(ctx, model, old, b)
+}
+
+// transition logs and counts a phase or step this replica moved.
+func (c *Controller) transition(plan *policies.RolloutPlan, from, to State, v *Verdict) {
+	if from.Phase == to.Phase && from.Step == to.Step && from.Reason == to.Reason {
+		return
+	}
+	moved := from.Phase != to.Phase || from.Step != to.Step
+	if moved {
+		c.opts.Metrics.Transitions.WithLabelValues(plan.Model.Name, string(to.Phase)).Inc()
+	}
+	attrs := []any{"model", plan.Model.Name, "from", from.Phase, "to", to.Phase, "step", to.Step + 1,
+		"steps", len(plan.Steps), "share", to.Share(plan), "reason", to.Reason}
+	if v != nil {
+		f := v.Figures
+		attrs = append(attrs, "gate_result", v.Result.String(), "candidate_requests", f.CandidateRequests,
+			"baseline_requests", f.BaselineRequests, "goodput_ratio", f.GoodputRatio,
+			"error_rate_increase", f.ErrorRateIncrease, "ttft_p95_ratio", f.TTFTRatio, "tpot_p95_ratio", f.TPOTRatio)
+	}
+	switch {
+	case to.Phase == RolledBack:
+		c.opts.Logger.Warn("rollout rolled back", attrs...)
+	case moved:
+		c.opts.Logger.Info("rollout transition", attrs...)
+	default:
+		c.opts.Logger.Info("rollout held", attrs...)
+	}
+}
+
+// remember keeps a model's status for the CLI and its series.
+func (c *Controller) remember(plan *policies.RolloutPlan, st State, v *Verdict) {
+	s := Status{Model: plan.Model.Name, State: st, Steps: len(plan.Steps), Share: st.Share(plan), Shared: c.opts.Store.Shared()}
+	if plan.Candidate != nil {
+		s.Candidate = plan.Candidate.Name
+	} else {
+		s.Candidate = "servedModel:" + plan.CandidateServed
+	}
+	for _, p := range plan.Baseline {
+		s.Baseline = append(s.Baseline, p.Name)
+	}
+	if v != nil {
+		c.gates[plan.Model.Name] = &GateStatus{Result: v.Result.String(), Reason: v.Reason, Figures: v.Figures}
+	}
+	s.Gates = c.gates[plan.Model.Name]
+	c.status[plan.Model.Name] = s
+	c.opts.Metrics.state(plan.Model.Name, st, s.Share)
+}
+
+// Statuses returns every rollout as this replica last read it, after reading them afresh.
+func (c *Controller) Statuses(ctx context.Context) []Status {
+	c.Tick(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Status, 0, len(c.status))
+	for _, model := range sortedKeys(c.status) {
+		out = append(out, c.status[model])
+	}
+	return out
+}
+
+// Command applies an operator's command to a model's rollout, in the shared state, and publishes the share
+// at once.
+func (c *Controller) Command(ctx context.Context, model string, cmd Command) (Status, error) {
+	snap := c.opts.Policies.Current()
+	m, ok := snap.Model(model)
+	if !ok {
+		return Status{}, ErrNoRollout
+	}
+	plan, ok := snap.Rollout(m)
+	if !ok {
+		return Status{}, ErrNoRollout
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for range 5 {
+		raw, st, err := c.load(ctx, plan)
+		if err != nil {
+			return Status{}, err
+		}
+		next, ok := st.Apply(cmd, c.opts.Now())
+		if !ok {
+			return Status{}, ErrNotApplicable
+		}
+		swapped, err := c.swap(ctx, model, raw, next)
+		if err != nil {
+			return Status{}, err
+		}
+		if !swapped {
+			continue
+		}
+		c.transition(plan, st, next, nil)
+		c.remember(plan, next, nil)
+		shares := maps.Clone(*c.shares.Load())
+		shares[model] = next.Share(plan)
+		c.publish(shares)
+		return c.status[model], nil
+	}
+	return Status{}, ErrConflict
+}

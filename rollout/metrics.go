@@ -1,0 +1,75 @@
+package rollout
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the rollouts' series: every replica reports the shared state it read and the gates it judged
+// from its own traffic.
+type Metrics struct {
+	Step        *prometheus.GaugeVec
+	Share       *prometheus.GaugeVec
+	Phase       *prometheus.GaugeVec
+	Gate        *prometheus.GaugeVec
+	Requests    *prometheus.GaugeVec
+	Transitions *prometheus.CounterVec
+}
+
+// NewMetrics registers the series with reg (nil: unregistered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Step: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_step",
+			Help: "The rollout step in force, counting from 1 (0 while the compatibility gate has not passed or after a rollback or abort)."}, []string{"model"}),
+		Share: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_candidate_share",
+			Help: "The candidate's share of the model's conversation groups, 0 to 1."}, []string{"model"}),
+		Phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_state",
+			Help: "1 for the rollout's current phase: checking, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
+		Gate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_value",
+			Help: "The candidate against the baseline over the gates' window, as this replica measured it: goodput_ratio, error_rate_increase, ttft_p95_ratio, tpot_p95_ratio."}, []string{"model", "gate"}),
+		Requests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_window_requests",
+			Help: "Requests of each arm in the gates' window, as this replica saw them."}, []string{"model", "arm"}),
+		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
+			Help: "Rollout transitions this replica made, by the phase entered."}, []string{"model", "phase"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Requests, m.Transitions)
+	}
+	return m
+}
+
+var phases = []Phase{Checking, Progressing, Paused, Promoted, RolledBack, Aborted}
+
+// state records a model's state as read.
+func (m *Metrics) state(model string, s State, share float64) {
+	step := 0
+	if s.Phase == Progressing || s.Phase == Paused {
+		step = s.Step + 1
+	}
+	m.Step.WithLabelValues(model).Set(float64(step))
+	m.Share.WithLabelValues(model).Set(share)
+	for _, p := range phases {
+		v := 0.0
+		if p == s.Phase {
+			v = 1
+		}
+		m.Phase.WithLabelValues(model, string(p)).Set(v)
+	}
+}
+
+// verdict records the figures a gate evaluation compared.
+func (m *Metrics) verdict(model string, v Verdict) {
+	f := v.Figures
+	m.Gate.WithLabelValues(model, "goodput_ratio").Set(f.GoodputRatio)
+	m.Gate.WithLabelValues(model, "error_rate_increase").Set(f.ErrorRateIncrease)
+	m.Gate.WithLabelValues(model, "ttft_p95_ratio").Set(f.TTFTRatio)
+	m.Gate.WithLabelValues(model, "tpot_p95_ratio").Set(f.TPOTRatio)
+	m.Requests.WithLabelValues(model, "candidate").Set(float64(f.CandidateRequests))
+	m.Requests.WithLabelValues(model, "baseline").Set(float64(f.BaselineRequests))
+}
+
+// forget drops the series of a model whose rollout left the policy.
+func (m *Metrics) forget(model string) {
+	for _, v := range []*prometheus.GaugeVec{m.Step, m.Share, m.Phase, m.Gate, m.Requests} {
+		v.DeletePartialMatch(prometheus.Labels{"model": model})
+	}
+}
