@@ -249,6 +249,8 @@ func (d *Director) split(req *Request, rt *Route, plan *policies.RolloutPlan) *p
 	rt.split = picker.Split{Plan: plan}
 	if req.Conversation != "" {
 		rt.split.Conversation = xxh3.HashString(req.Conversation) | 1
+	} else {
+		rt.split.Conversation = req.Body.ConversationKey()
 	}
 	if d.opts.Rollouts != nil {
 		rt.split.Share = d.opts.Rollouts.Share(plan.Model.Name)

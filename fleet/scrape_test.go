@@ -35,6 +35,8 @@ func TestDialects(t *testing.T) {
 			EngineMetrics{Running: 4, Waiting: 1, KVUtil: 0.25, BlockSize: 64, NumBlocks: 100}},
 		{"vllm", "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.75\nvllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql-lora,chat-lora\",waiting_lora_adapters=\"\"} 1\n",
 			EngineMetrics{KVUtil: 0.75, LoRAs: []string{"sql-lora", "chat-lora"}}},
+		{"vllm", "# TYPE vllm:build_info gauge\nvllm:build_info{version=\"0.11.0\"} 1\n", EngineMetrics{Version: "0.11.0"}},
+		{"sglang", "sglang:build_info{version=\"0.5.2\"} 1\n", EngineMetrics{Version: "0.5.2"}},
 	}
 	for _, tc := range tests {
 		got, err := Parse(strings.NewReader(tc.text), DialectFor(tc.engine))
@@ -42,7 +44,8 @@ func TestDialects(t *testing.T) {
 			t.Fatalf("%s: %v", tc.engine, err)
 		}
 		if got.Running != tc.want.Running || got.Waiting != tc.want.Waiting || got.KVUtil != tc.want.KVUtil ||
-			got.BlockSize != tc.want.BlockSize || got.NumBlocks != tc.want.NumBlocks || strings.Join(got.LoRAs, ",") != strings.Join(tc.want.LoRAs, ",") {
+			got.BlockSize != tc.want.BlockSize || got.NumBlocks != tc.want.NumBlocks || strings.Join(got.LoRAs, ",") != strings.Join(tc.want.LoRAs, ",") ||
+			got.Version != tc.want.Version {
 			t.Errorf("%s: got %+v, want %+v", tc.engine, got, tc.want)
 		}
 	}
@@ -55,7 +58,7 @@ func TestScraperAgainstSimulatedReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	fl, err := fleetsim.Start(ctx, fleetsim.Config{TimeScale: 0.1, Replicas: []fleetsim.ReplicaConfig{
-		{Name: "v", Addr: "127.0.0.1:0", Model: "m", Hardware: "h200", NumGPUBlocks: 777},
+		{Name: "v", Addr: "127.0.0.1:0", Model: "m", Hardware: "h200", NumGPUBlocks: 777, EngineVersion: "0.11.0"},
 		{Name: "s", Addr: "127.0.0.1:0", Model: "m", Hardware: "l40s", Dialect: "sglang", NumGPUBlocks: 555, BlockSize: 32},
 	}})
 	if err != nil {
@@ -76,6 +79,9 @@ func TestScraperAgainstSimulatedReplicas(t *testing.T) {
 		ms, oks := sc.Metrics(sg.Addr())
 		return okv && oks && mv.NumBlocks == 777 && ms.NumBlocks == 555 && ms.BlockSize == 32
 	})
+	if mv, _ := sc.Metrics(v.Addr()); mv.Version != "0.11.0" {
+		t.Errorf("the simulated engine's version %q", mv.Version)
+	}
 	stop() // no more scrapes: once the clock passes StaleAfter, readings are stale
 	<-runDone
 	clock.Add(int64(201 * time.Millisecond))

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/audit"
@@ -71,8 +71,11 @@ type Gateway struct {
 
 	stopQuotas context.CancelFunc
 	redis      redis.UniversalClient // the rollouts' state store, nil without Redis
-	tracing    *telemetry.Tracing
-	log        *slog.Logger
+	// stopRollouts ends the rollout controller's loop, which closes rolloutsDone.
+	stopRollouts context.CancelFunc
+	rolloutsDone chan struct{}
+	tracing      *telemetry.Tracing
+	log          *slog.Logger
 }
 
 // Build loads the policy and wires every component; background work (scraping, the fleet-state refresh of
@@ -150,7 +153,13 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		go every(ctx, 5*time.Second, func() { g.refreshXDS(log, store.Current(), state) })
 	}
 	g.Hook = &xds.EnvoyGatewayHook{Policy: store.Current, Fleet: state}
-	go g.Rollouts.Run(ctx, cmp.Or(c.RolloutInterval, time.Second))
+	rctx, stopRollouts := context.WithCancel(ctx)
+	g.rolloutsDone = make(chan struct{})
+	g.stopRollouts = stopRollouts
+	go func() {
+		defer close(g.rolloutsDone)
+		g.Rollouts.Run(rctx, cmp.Or(c.RolloutInterval, time.Second))
+	}()
 
 	go func() {
 		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
@@ -164,6 +173,10 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 // call it once the drain is over.
 func (g *Gateway) Close() {
 	g.stopQuotas()
+	if g.stopRollouts != nil {
+		g.stopRollouts()
+		<-g.rolloutsDone
+	}
 	if g.redis != nil {
 		_ = g.redis.Close()
 	}

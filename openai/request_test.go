@@ -212,6 +212,7 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Model == "" || req.Prompt == nil {
 			t.Fatalf("accepted request without model or prompt: %q", body)
 		}
+		_ = req.ConversationKey() // must not panic on any accepted prompt
 		// The span the scan found is the prompt the parser read.
 		if raw := PromptBytes(endpoint, []byte(body), req.PromptStart, req.PromptEnd); !json.Valid(raw) ||
 			!bytes.Equal(compactJSON(t, raw), compactJSON(t, req.Prompt.MarshalTo(nil))) {

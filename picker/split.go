@@ -21,8 +21,8 @@ type Split struct {
 	// request's group decide.
 	Force string
 	// Conversation, when not zero, names the request's conversation (the policy's conversation header,
-	// hashed): it decides the arm instead of the prompt's prefix group, so that conversations sharing a long
-	// system prompt — one prefix group — still split by the share.
+	// hashed, else openai.Request.ConversationKey): it decides the arm instead of the prompt's prefix group,
+	// so that conversations sharing a long system prompt — one prefix group — still split by the share.
 	Conversation uint64
 }
 

@@ -58,6 +58,13 @@ type RolloutGates struct {
 	MaxTPOTP95Ratio float64 `yaml:"maxTPOTP95Ratio,omitempty" json:"maxTPOTP95Ratio,omitempty" jsonschema:"minimum=1"`
 	// Window is the span of requests the gates compare, e.g. "1m" (default 1m, at most 10m).
 	Window string `yaml:"window,omitempty" json:"window,omitempty"`
+	// MinRequests is how many requests each arm needs in the window before the gates judge it; with fewer the
+	// step holds (default 50: a p95 from fewer samples is little more than the maximum).
+	MinRequests int `yaml:"minRequests,omitempty" json:"minRequests,omitempty" jsonschema:"minimum=0"`
+	// Warmup is how long after the candidate first takes traffic its requests (and the baseline's) are left out
+	// of the windows: a new engine starts with a cold KV cache, and its first TTFTs say nothing of its speed
+	// (default "30s"; "0s" judges from the first request).
+	Warmup string `yaml:"warmup,omitempty" json:"warmup,omitempty"`
 }
 
 // RolloutCompatibility is what the candidate's engines must report before any traffic reaches them.
@@ -78,6 +85,8 @@ const (
 	DefaultMaxErrorRateIncrease = 0.01
 	DefaultMaxP95Ratio          = 1.1
 	MaxRolloutWindow            = 10 * time.Minute
+	DefaultRolloutGateRequests  = 50
+	DefaultRolloutWarmup        = 30 * time.Second
 )
 
 // RolloutPlan is a model's rollout resolved against its pools, with defaults applied.
@@ -90,7 +99,8 @@ type RolloutPlan struct {
 	Baseline        []*Pool
 	Steps           []PlanStep
 	Window          time.Duration
-	Gates           RolloutGates // defaults applied
+	Warmup          time.Duration
+	Gates           RolloutGates // defaults applied (MinRequests too)
 	Compatibility   RolloutCompatibility
 	testers         []string
 }
@@ -142,6 +152,13 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 		g.MaxErrorRateIncrease = orDefault(g.MaxErrorRateIncrease, DefaultMaxErrorRateIncrease)
 		g.MaxTTFTP95Ratio = orDefault(g.MaxTTFTP95Ratio, DefaultMaxP95Ratio)
 		g.MaxTPOTP95Ratio = orDefault(g.MaxTPOTP95Ratio, DefaultMaxP95Ratio)
+		if g.MinRequests == 0 {
+			g.MinRequests = DefaultRolloutGateRequests
+		}
+		plan.Warmup = DefaultRolloutWarmup
+		if d, err := time.ParseDuration(r.Gates.Warmup); err == nil && d >= 0 {
+			plan.Warmup = d
+		}
 		for _, st := range r.Steps {
 			n := st.MinRequests
 			if n == 0 {
@@ -231,6 +248,12 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.fail(append(slices.Clone(gb), "maxTPOTP95Ratio"), "must be at least 1, got %v", g.MaxTPOTP95Ratio)
 	}
 	v.positiveDuration(append(slices.Clone(gb), "window"), g.Window)
+	if g.MinRequests < 0 {
+		v.fail(append(slices.Clone(gb), "minRequests"), "must not be negative, got %d", g.MinRequests)
+	}
+	if d, err := time.ParseDuration(g.Warmup); g.Warmup != "" && (err != nil || d < 0) {
+		v.fail(append(slices.Clone(gb), "warmup"), "must be a duration such as \"30s\" (\"0s\" for none), got %q", g.Warmup)
+	}
 	if d, err := time.ParseDuration(g.Window); err == nil && d > MaxRolloutWindow {
 		// Every second of the window is kept per arm, with its latency histograms.
 		v.fail(append(slices.Clone(gb), "window"), "must be at most %v, got %q", MaxRolloutWindow, g.Window)

@@ -196,11 +196,12 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 		if err := c.check.check(ctx, plan); err != nil {
 			next.Reason = "compatibility gate: " + err.Error()
 		} else {
-			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Reason: "the compatibility gate passed"}
+			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed"}
 		}
 	case Progressing, Paused:
+		c.windows.judgeFrom(model, st.Since.Add(plan.Warmup))
 		cand, base := c.windows.Summaries(model)
-		if base.Requests >= minWindowRequests {
+		if base.Requests >= plan.Gates.MinRequests {
 			c.baseline[model] = base
 		} else if last, ok := c.baseline[model]; ok && st.Share(plan) == 1 {
 			base = last

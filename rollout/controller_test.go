@@ -51,6 +51,7 @@ spec:
     rollout:
       candidate: {pool: v2}
       steps: [{percent: 5, minDuration: 1m, minRequests: 30}, {percent: 50, minDuration: 1m, minRequests: 30}, {percent: 100, minDuration: 1m, minRequests: 30}]
+      gates: {minRequests: 20, warmup: 30s}
 %s
   tenants:
   - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
@@ -95,6 +96,29 @@ func feed(c *Controller, n int, candTTFT, baseTTFT time.Duration, candOutcome st
 	for range n {
 		c.Settled(settle(picker.ArmBaseline, true, "ok", baseTTFT))
 		c.Settled(settle(picker.ArmCandidate, candOutcome == "ok", candOutcome, candTTFT))
+	}
+}
+
+// The candidate's first requests, on a cold KV cache, are not judged: those started within the warm-up stay
+// out of the windows.
+func TestWarmupRequestsAreNotJudged(t *testing.T) {
+	f := newFixture(t, NewMemoryStore(), "", "m")
+	c := f.controller(nil)
+	c.Tick(context.Background())
+	c.Tick(context.Background()) // the warm-up's start reaches the windows
+	start := f.clock.Now()
+	f.clock.Advance(20 * time.Second)
+	for range 40 { // slow, but within the warm-up (30 s)
+		st := settle(picker.ArmCandidate, true, "ok", 900*time.Millisecond)
+		st.Started = start.Add(5 * time.Second)
+		c.Settled(st)
+		b := settle(picker.ArmBaseline, true, "ok", 200*time.Millisecond)
+		b.Started = st.Started
+		c.Settled(b)
+	}
+	c.Tick(context.Background())
+	if s := f.status(c); s.Phase != Progressing || s.Gates == nil || s.Gates.Result != "insufficient" {
+		t.Fatalf("warm-up requests judged: %+v gates %+v", s, s.Gates)
 	}
 }
 
@@ -252,8 +276,12 @@ func TestOperatorCommands(t *testing.T) {
 	if s, err := c.Command(ctx, "m", Abort); err != nil || s.Phase != Aborted || c.Share("m") != 0 || f.changes != before+1 {
 		t.Fatalf("abort: %+v %v share %v", s, err, c.Share("m"))
 	}
-	if s, err := c.Command(ctx, "m", Resume); err != nil || s.Phase != Progressing || s.Step != 0 || c.Share("m") != 0.05 {
-		t.Fatalf("resume after an abort starts over: %+v %v", s, err)
+	if s, err := c.Command(ctx, "m", Resume); err != nil || s.Phase != Checking || c.Share("m") != 0 {
+		t.Fatalf("resume after an abort starts over from the compatibility gate: %+v %v", s, err)
+	}
+	c.Tick(ctx)
+	if s := f.status(c); s.Phase != Progressing || s.Step != 0 || c.Share("m") != 0.05 {
+		t.Fatalf("after the compatibility gate again: %+v", s)
 	}
 	if s, err := c.Command(ctx, "m", Promote); err != nil || s.Phase != Promoted || c.Share("m") != 1 {
 		t.Fatalf("promote: %+v %v", s, err)
@@ -288,6 +316,7 @@ func testSharedState(t *testing.T, store Store) {
 	if _, err := a.Command(ctx, "m", Resume); err != nil {
 		t.Fatal(err)
 	}
+	a.Tick(ctx) // the compatibility gate
 	f.passStep(a)
 	// A new process over the same store resumes step 2 instead of starting over.
 	restarted := f.controller(nil)

@@ -6,10 +6,6 @@ import (
 	"github.com/infergate/infergate/policies"
 )
 
-// minWindowRequests is how many requests each arm needs in a window before the gates judge it: below it the
-// verdict is Insufficient and the step holds.
-const minWindowRequests = 20
-
 // Result is what a gate evaluation concluded.
 type Result int
 
@@ -55,9 +51,10 @@ func Evaluate(g policies.RolloutGates, candidate, baseline Summary) Verdict {
 	}
 	v := Verdict{Result: Pass, Figures: f}
 	switch {
-	case candidate.Requests < minWindowRequests || baseline.Requests < minWindowRequests:
+	case candidate.Requests < g.MinRequests || baseline.Requests < g.MinRequests:
+		// Too few for a p95 to mean anything: the step holds.
 		v.Result, v.Reason = Insufficient, fmt.Sprintf("need %d requests on each arm in the window, have %d and %d",
-			minWindowRequests, candidate.Requests, baseline.Requests)
+			g.MinRequests, candidate.Requests, baseline.Requests)
 	case f.ErrorRateIncrease > g.MaxErrorRateIncrease:
 		v.Result, v.Reason = Fail, fmt.Sprintf("error rate %.3f against the baseline's %.3f (at most +%.3f)",
 			candidate.ErrorRate(), baseline.ErrorRate(), g.MaxErrorRateIncrease)

@@ -140,9 +140,10 @@ func TestStateRollsBackAndObeysOperators(t *testing.T) {
 		t.Fatal("a rolled-back rollout advanced by itself")
 	}
 	s, ok := s.Apply(Resume, t0.Add(time.Hour))
-	if !ok || s.Phase != Progressing || s.Step != 0 {
+	if !ok || s.Phase != Checking || s.Step != 0 || s.Share(p) != 0 {
 		t.Fatalf("resume after rollback: %+v", s)
 	}
+	s.Phase = Progressing // the compatibility gate passed
 	s, _ = s.Apply(Pause, t0.Add(time.Hour))
 	if s.Phase != Paused || s.Share(p) != 0.05 {
 		t.Fatalf("paused: %+v", s)

@@ -41,6 +41,9 @@ type State struct {
 	// StepStarted is when the step began; StepRequests the candidate requests it has seen.
 	StepStarted  time.Time `json:"stepStarted"`
 	StepRequests int       `json:"stepRequests"`
+	// Since is when the candidate first took traffic in this run of the rollout: the gates' warm-up counts
+	// from it.
+	Since time.Time `json:"since,omitzero"`
 	// Reason says why the last transition happened (a gate's figures, an operator's command).
 	Reason string `json:"reason,omitempty"`
 }
@@ -102,12 +105,12 @@ func (s State) Apply(c Command, now time.Time) (State, bool) {
 	switch {
 	case c == Pause && s.Phase == Progressing:
 		s.Phase, s.Reason = Paused, "paused by an operator"
-	case c == Resume && (s.Phase == Paused || s.Phase == RolledBack || s.Phase == Aborted):
-		// A rolled-back or aborted rollout starts over from its first step; a paused one continues its step.
-		if s.Phase != Paused {
-			s.Step = 0
-		}
+	case c == Resume && s.Phase == Paused:
 		s.Phase, s.StepStarted, s.StepRequests, s.Reason = Progressing, now, 0, "resumed by an operator"
+	case c == Resume && (s.Phase == RolledBack || s.Phase == Aborted):
+		// The candidate was changed (or is tried again): it passes the compatibility gate again, then starts
+		// from the first step.
+		s.Phase, s.Step, s.StepStarted, s.StepRequests, s.Reason = Checking, 0, now, 0, "restarted by an operator"
 	case c == Abort && s.Phase != Aborted && s.Phase != Promoted:
 		s.Phase, s.Reason = Aborted, "aborted by an operator"
 	case c == Promote && s.Phase != Promoted:

@@ -114,6 +114,7 @@ type Windows struct {
 	windowOf func(model string) time.Duration
 	models   map[string]*[2]armWindow // candidate, baseline
 	counts   map[string]int           // candidate requests since the last TakeCount, per model
+	from     map[string]time.Time     // requests started before are the warm-up's: not judged
 }
 
 // NewWindows keeps, for each model, the seconds of requests windowOf says (the policy's gates.window, whole
@@ -122,7 +123,15 @@ func NewWindows(windowOf func(model string) time.Duration, now func() time.Time)
 	if now == nil {
 		now = time.Now
 	}
-	return &Windows{now: now, windowOf: windowOf, models: map[string]*[2]armWindow{}, counts: map[string]int{}}
+	return &Windows{now: now, windowOf: windowOf, models: map[string]*[2]armWindow{}, counts: map[string]int{},
+		from: map[string]time.Time{}}
+}
+
+// judgeFrom leaves a model's requests started before t out of the windows (the candidate's warm-up).
+func (w *Windows) judgeFrom(model string, t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.from[model] = t
 }
 
 // arms returns a model's windows, sized (again, after a policy change) to its window.
@@ -145,6 +154,9 @@ func (w *Windows) Settled(st director.Settlement) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if from := w.from[st.Model]; !st.Started.IsZero() && st.Started.Before(from) {
+		return
+	}
 	arms := w.arms(st.Model)
 	i := 1
 	if st.Arm == picker.ArmCandidate {

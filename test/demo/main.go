@@ -140,7 +140,7 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		return err
 	}
 	defer os.RemoveAll(caDir)
-	policyPath, err := demoPolicy(root, caDir)
+	policyPath, err := demoPolicy(root, caDir, os.Getenv("DEMO_SCENARIO"))
 	if err != nil {
 		return err
 	}

@@ -14,8 +14,9 @@ import (
 	"github.com/infergate/infergate/test/e2e"
 )
 
-// demoPolicy writes the quickstart policy with its managed API pointed at the simulated one.
-func demoPolicy(root, dir string) (string, error) {
+// demoPolicy writes the quickstart policy with its managed API pointed at the simulated one (and, for the
+// rollout scenario, qwen's canary).
+func demoPolicy(root, dir, scenario string) (string, error) {
 	src, err := os.ReadFile(filepath.Join(root, "examples/quickstart/policy.yaml"))
 	if err != nil {
 		return "", err
@@ -23,6 +24,11 @@ func demoPolicy(root, dir string) (string, error) {
 	policy, err := e2e.SimulatedProviderPolicy(src, dir)
 	if err != nil {
 		return "", err
+	}
+	if scenario == "rollout" {
+		if policy, err = canaryPolicy(policy); err != nil {
+			return "", err
+		}
 	}
 	path := filepath.Join(dir, "policy.yaml")
 	return path, os.WriteFile(path, policy, 0o644)
@@ -37,7 +43,7 @@ type scenario interface {
 }
 
 // scenarios are the names DEMO_SCENARIO takes.
-var scenarios = []string{"steady", "pool-down", "replica-fails", "quota", "long-prompts"}
+var scenarios = []string{"steady", "pool-down", "replica-fails", "quota", "long-prompts", "rollout"}
 
 func scenarioFor(name string) (scenario, error) {
 	switch name {
@@ -50,6 +56,8 @@ func scenarioFor(name string) (scenario, error) {
 	case "quota":
 		return &burst{name: "quota", from: 5 * time.Second, to: 10 * time.Second, rate: 20, tenant: tenants[2],
 			model: "qwen2.5-7b", system: groups[0]}, nil
+	case "rollout":
+		return &canary{faultAt: 45 * time.Second, admin: "http://" + adminAddr}, nil
 	case "long-prompts":
 		return &burst{name: "long-prompts", from: 5 * time.Second, to: 10 * time.Second, rate: 6, tenant: tenants[0],
 			model: "llama-3.3-70b", system: strings.Repeat(groups[1], 12)}, nil

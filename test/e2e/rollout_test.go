@@ -29,7 +29,8 @@ import (
 const rolloutLimit = 90 * time.Second
 
 // rolloutPolicy is examples/rollout/policy.yaml with steps of seconds instead of minutes: 30, 60 and 100 %
-// of conversations, each at least a second and 15 candidate requests, judged over 3-second windows.
+// of conversations, each at least a second and 15 candidate requests, judged over 3-second windows of at
+// least 20 requests an arm, without a warm-up (every conversation has a prompt of its own: no cache to warm).
 func rolloutPolicy(t *testing.T) string {
 	t.Helper()
 	root, err := FindRoot()
@@ -50,7 +51,8 @@ func rolloutPolicy(t *testing.T) string {
 		"      - {percent: 60, minDuration: 1s, minRequests: 15}\n" +
 		"      - {percent: 100, minDuration: 1s, minRequests: 15}\n" + src[end:]
 	// TTFT here is mostly the test machine's own overhead; the engines' speed shows in TPOT.
-	r := strings.NewReplacer("window: 20s", "window: 3s", "maxTTFTP95Ratio: 1.5", "maxTTFTP95Ratio: 2.5")
+	r := strings.NewReplacer("window: 20s", "window: 3s", "maxTTFTP95Ratio: 1.5", "maxTTFTP95Ratio: 2.5",
+		"minRequests: 50 ", "minRequests: 20 ", "warmup: 30s", "warmup: 0s")
 	return r.Replace(src)
 }
 
