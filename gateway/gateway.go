@@ -18,6 +18,7 @@ import (
 
 	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/audit"
+	"github.com/infergate/infergate/capacity"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleet"
@@ -68,6 +69,8 @@ type Gateway struct {
 	Audit    *audit.Log // nil when off
 	// Rollouts runs the policy's rollouts (its Handler is serve's admin endpoint).
 	Rollouts *rollout.Controller
+	// Autoscaler computes each pool's desired replicas (a collector and a settle observer).
+	Autoscaler *capacity.Autoscaler
 
 	stopQuotas context.CancelFunc
 	redis      redis.UniversalClient // the rollouts' state store, nil without Redis
@@ -131,6 +134,14 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	}
 	inflight := &fleet.InFlight{}
 	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
+	// The autoscaling signal (infergate_pool_desired_replicas) hears settlements for each pool's TTFT p95.
+	var scaleEngines capacity.EngineView
+	if engines != nil {
+		scaleEngines = engines
+	}
+	g.Autoscaler = capacity.NewAutoscaler(store, scaleEngines, nil)
+	g.Registry.MustRegister(g.Autoscaler)
+	observers = append(observers, g.Autoscaler)
 	g.XDS = xds.NewServer(log)
 	var refresh func()
 	g.rollouts(c, engines, func() { refresh() })

@@ -166,6 +166,18 @@ type HardwareClass struct {
 	CostPerHour            float64 `yaml:"costPerHour" json:"costPerHour" jsonschema:"minimum=0"`
 	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond" json:"prefillTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
 	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond" json:"decodeTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
+	// GPUModel names the accelerator (a GPUPresets key: a100, h100, h200, l40s, mi300x) for `infergate plan`,
+	// which sizes KV cache and speed from its memory, bandwidth and FLOPS. Routing does not use it.
+	GPUModel string `yaml:"gpu,omitempty" json:"gpu,omitempty"`
+	// GPUsPerReplica is the tensor-parallel degree of one replica of the class (default 1); CostPerHour is
+	// the price of the whole replica.
+	GPUsPerReplica int `yaml:"gpusPerReplica,omitempty" json:"gpusPerReplica,omitempty" jsonschema:"minimum=0,maximum=64"`
+	// GPUMemoryGiB, MemoryBandwidthTBps, BF16TFLOPS and FP8TFLOPS override the preset's figures per GPU, or
+	// describe an accelerator without a preset (then memory, bandwidth and BF16 are required).
+	GPUMemoryGiB        float64 `yaml:"gpuMemoryGiB,omitempty" json:"gpuMemoryGiB,omitempty" jsonschema:"minimum=0"`
+	MemoryBandwidthTBps float64 `yaml:"memoryBandwidthTBps,omitempty" json:"memoryBandwidthTBps,omitempty" jsonschema:"minimum=0"`
+	BF16TFLOPS          float64 `yaml:"bf16TFLOPS,omitempty" json:"bf16TFLOPS,omitempty" jsonschema:"minimum=0"`
+	FP8TFLOPS           float64 `yaml:"fp8TFLOPS,omitempty" json:"fp8TFLOPS,omitempty" jsonschema:"minimum=0"`
 }
 
 // Model is one model as clients name it, with the pools that serve it and the managed APIs behind them.

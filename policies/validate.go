@@ -114,6 +114,7 @@ func (v *validator) policy(pol *Policy) {
 		if hc.DecodeTokensPerSecond <= 0 {
 			v.fail(append(base, "decodeTokensPerSecond"), "must be greater than zero, got %v", hc.DecodeTokensPerSecond)
 		}
+		v.gpu(base, hc)
 	}
 	modelNames := v.models(s)
 	v.tiers(s, modelNames)

@@ -433,3 +433,23 @@ func TestTheLastStepJudgesAgainstTheBaselinesLastWindow(t *testing.T) {
 		}
 	}
 }
+
+// A candidate that is another served model name runs on the baseline's engines: every one must list it.
+func TestCompatibilityOfAServedModelCandidate(t *testing.T) {
+	for _, tc := range []struct {
+		ids  []string
+		want Phase
+	}{{[]string{"m"}, Checking}, {[]string{"m", "m-int4"}, Progressing}} {
+		f := newFixture(t, NewMemoryStore(), "", "m")
+		pol := fmt.Sprintf(controllerPolicy, engine(t, tc.ids...), engine(t, "m", "m-int4"), "", "")
+		f.write(strings.Replace(pol, "candidate: {pool: v2}", "candidate: {servedModel: m-int4}", 1))
+		if err := f.pols.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		c := f.controller(nil)
+		c.Tick(context.Background())
+		if s := f.status(c); s.Phase != tc.want || s.Candidate != "servedModel:m-int4" {
+			t.Errorf("engines listing %v: %+v, want %s", tc.ids, s, tc.want)
+		}
+	}
+}

@@ -36,12 +36,14 @@ var (
 		"The engine's KV-cache usage (0..1), as last scraped.", endpointLabels, nil)
 	inflightDesc = prometheus.NewDesc("infergate_endpoint_inflight_requests",
 		"Requests this gateway has sent to the endpoint that have not finished.", endpointLabels, nil)
+	kvCapacityDesc = prometheus.NewDesc("infergate_endpoint_kv_cache_capacity_tokens",
+		"Tokens the engine's KV cache holds (blocks × block size, from its cache config), as last scraped; with the usage ratio, the KV wall `infergate plan --live` reads.", endpointLabels, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *FleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{ttftTargetDesc, tpotTargetDesc, objectiveDesc, poolCostDesc, waitingDesc,
-		runningDesc, kvDesc, inflightDesc} {
+		runningDesc, kvDesc, inflightDesc, kvCapacityDesc} {
 		ch <- d
 	}
 }
@@ -88,4 +90,7 @@ func (c *FleetCollector) endpoint(ch chan<- prometheus.Metric, model, pool, ep s
 	ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, em.Waiting, model, pool, ep)
 	ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, em.Running, model, pool, ep)
 	ch <- prometheus.MustNewConstMetric(kvDesc, prometheus.GaugeValue, em.KVUtil, model, pool, ep)
+	if em.NumBlocks > 0 && em.BlockSize > 0 {
+		ch <- prometheus.MustNewConstMetric(kvCapacityDesc, prometheus.GaugeValue, float64(em.NumBlocks)*float64(em.BlockSize), model, pool, ep)
+	}
 }

@@ -140,7 +140,7 @@ func TestFleetCollector(t *testing.T) {
 	inflight.Start("127.0.0.1:18101")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&FleetCollector{Policies: policies.NewStaticStore(snap), InFlight: inflight,
-		Engines: engines{"127.0.0.1:18101": {Waiting: 3, Running: 12, KVUtil: 0.91}}})
+		Engines: engines{"127.0.0.1:18101": {Waiting: 3, Running: 12, KVUtil: 0.91, BlockSize: 16, NumBlocks: 2048}}})
 	fams := parse(t, exposition(t, reg))
 	checkSamples(t, fams, []sample{
 		{"infergate_slo_ttft_target_seconds", map[string]string{"tier": "enterprise", "gen_ai_request_model": "llama-3.3-70b"}, 0.5},
@@ -152,6 +152,7 @@ func TestFleetCollector(t *testing.T) {
 		{"infergate_endpoint_running_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 12},
 		{"infergate_endpoint_kv_cache_usage_ratio", map[string]string{"endpoint": "127.0.0.1:18101", "pool": "llama70b-h200"}, 0.91},
 		{"infergate_endpoint_inflight_requests", map[string]string{"endpoint": "127.0.0.1:18101"}, 1},
+		{"infergate_endpoint_kv_cache_capacity_tokens", map[string]string{"endpoint": "127.0.0.1:18101"}, 32768},
 	})
 	if find(fams, "infergate_endpoint_waiting_requests", map[string]string{"endpoint": "127.0.0.1:18102"}) != nil {
 		t.Error("an endpoint without a fresh reading has engine gauges")

@@ -28,6 +28,8 @@ Usage:
   infergate validate FILE...              check policy files; print every problem with file:line
   infergate schema                        print the policy JSON Schema (for editors)
   infergate hash-key [KEY]                print the sha256 form of an API key for a policy (reads stdin without KEY)
+  infergate plan --policy FILE --workload FILE
+                                          replicas, KV cache and cost per pool for a load (--live ADDR: a running fleet)
   infergate rollout status|pause|resume|abort|promote [MODEL]
                                           a running gateway's rollouts, through its admin endpoint
   infergate version                       print the version
@@ -56,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdHashKey(args[1:], stdout, stderr)
 	case "rollout":
 		return cmdRollout(args[1:], stdout, stderr)
+	case "plan":
+		return cmdPlan(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		bi, _ := debug.ReadBuildInfo()
 		fmt.Fprintln(stdout, "infergate", versionOf(version, bi))

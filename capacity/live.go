@@ -1,0 +1,310 @@
+package capacity
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// maxExposition bounds a gateway's /metrics read by --live.
+const maxExposition = 64 << 20
+
+// LivePool is one pool as a running gateway sees it, over the interval between two readings.
+type LivePool struct {
+	Model, Pool string
+	Replicas    int `json:"replicas"` // endpoints with a fresh engine reading
+	// KVCapacityTokens is the pool's KV cache (0 when its engines export no cache geometry); KVUsage the mean
+	// share in use now, KVGrowthPerMinute its change.
+	KVCapacityTokens  float64 `json:"kvCapacityTokens"`
+	KVUsage           float64 `json:"kvUsage"`
+	KVGrowthPerMinute float64 `json:"kvGrowthPerMinute"`
+	Waiting, Running  float64
+	// RequestsPerSecond, HitRate (cached ÷ prompt tokens) and TTFTP95 are the interval's.
+	RequestsPerSecond float64       `json:"requestsPerSecond"`
+	HitRate           float64       `json:"hitRate"`
+	TTFTP95           time.Duration `json:"ttftP95Nanos"`
+	// Headroom is the share of the KV cache still free; UntilWall how long until it is full at the interval's
+	// growth (0 when it is not growing).
+	Headroom  float64       `json:"headroom"`
+	UntilWall time.Duration `json:"untilWallNanos"`
+	// DesiredReplicas is the gateway's autoscaling signal for the pool (0 when it exports none).
+	DesiredReplicas float64 `json:"desiredReplicas"`
+}
+
+// LiveReport is every pool, and the one that reaches the KV wall first.
+type LiveReport struct {
+	Interval   time.Duration `json:"intervalNanos"`
+	Pools      []LivePool    `json:"pools"`
+	FirstWall  string        `json:"firstToWall"` // model/pool, "" when no pool's KV use is growing
+	FirstAfter time.Duration `json:"firstToWallAfterNanos"`
+}
+
+// ReadLive reads a gateway's /metrics twice, interval apart.
+func ReadLive(ctx context.Context, addr string, interval time.Duration) (*LiveReport, error) {
+	url := addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	if !strings.HasSuffix(url, "/metrics") {
+		url = strings.TrimSuffix(url, "/") + "/metrics"
+	}
+	before, err := scrape(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-time.After(interval):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	after, err := scrape(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return Compare(before, after, interval), nil
+}
+
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s answered %d", url, resp.StatusCode)
+	}
+	return ParseExposition(io.LimitReader(resp.Body, maxExposition))
+}
+
+// ParseExposition reads the Prometheus text format with prometheus/common.
+func ParseExposition(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(r)
+}
+
+type poolKey struct{ model, pool string }
+
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// eachPool calls fn with every sample of a family and its pool (by the model/pool labels given).
+func eachPool(fams map[string]*dto.MetricFamily, name, modelLabel string, fn func(poolKey, *dto.Metric)) {
+	f := fams[name]
+	if f == nil {
+		return
+	}
+	for _, m := range f.GetMetric() {
+		fn(poolKey{labelOf(m, modelLabel), labelOf(m, "pool")}, m)
+	}
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	}
+	return 0
+}
+
+// Compare turns two readings of a gateway's metrics into the live report.
+func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration) *LiveReport {
+	pools := map[poolKey]*LivePool{}
+	get := func(k poolKey) *LivePool {
+		if pools[k] == nil {
+			pools[k] = &LivePool{Model: k.model, Pool: k.pool}
+		}
+		return pools[k]
+	}
+	kvUsed := func(fams map[string]*dto.MetricFamily) map[poolKey][2]float64 { // used and capacity tokens, or usage sum and count
+		out := map[poolKey][2]float64{}
+		caps := map[string]float64{}
+		eachPool(fams, "infergate_endpoint_kv_cache_capacity_tokens", "model", func(_ poolKey, m *dto.Metric) {
+			caps[labelOf(m, "endpoint")] = value(m)
+		})
+		eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(k poolKey, m *dto.Metric) {
+			c := caps[labelOf(m, "endpoint")]
+			v := out[k]
+			v[0] += value(m) * max(c, 1)
+			v[1] += max(c, 1)
+			out[k] = v
+		})
+		return out
+	}
+	used0, used1 := kvUsed(before), kvUsed(after)
+	for k, v := range used1 {
+		p := get(k)
+		p.KVUsage = v[0] / v[1]
+		if v[1] > float64(countOf(after, k)) { // capacities known
+			p.KVCapacityTokens = v[1]
+		}
+		if old, ok := used0[k]; ok && old[1] > 0 && interval > 0 {
+			p.KVGrowthPerMinute = (p.KVUsage - old[0]/old[1]) / interval.Minutes()
+		}
+		p.Replicas = countOf(after, k)
+	}
+	eachPool(after, "infergate_endpoint_waiting_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Waiting += value(m) })
+	eachPool(after, "infergate_endpoint_running_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Running += value(m) })
+	eachPool(after, "infergate_pool_desired_replicas", "model", func(k poolKey, m *dto.Metric) { get(k).DesiredReplicas = value(m) })
+	tokens := func(fams map[string]*dto.MetricFamily, kind string) map[poolKey]float64 {
+		out := map[poolKey]float64{}
+		eachPool(fams, "infergate_pool_tokens_total", "model", func(k poolKey, m *dto.Metric) {
+			if labelOf(m, "kind") == kind {
+				out[k] += value(m)
+			}
+		})
+		return out
+	}
+	p0, p1, c0, c1 := tokens(before, "prompt"), tokens(after, "prompt"), tokens(before, "cached"), tokens(after, "cached")
+	for k, v := range p1 {
+		if d := v - p0[k]; d > 0 {
+			get(k).HitRate = (c1[k] - c0[k]) / d
+		}
+	}
+	for k, h := range ttftDeltas(before, after) {
+		p := get(k)
+		p.TTFTP95 = h.quantile(0.95)
+		if interval > 0 {
+			p.RequestsPerSecond = h.count / interval.Seconds()
+		}
+	}
+	r := &LiveReport{Interval: interval}
+	for _, p := range pools {
+		p.Headroom = 1 - p.KVUsage
+		if p.KVGrowthPerMinute > 0 {
+			p.UntilWall = time.Duration(p.Headroom / p.KVGrowthPerMinute * float64(time.Minute))
+			if r.FirstWall == "" || p.UntilWall < r.FirstAfter {
+				r.FirstWall, r.FirstAfter = p.Model+"/"+p.Pool, p.UntilWall
+			}
+		}
+		r.Pools = append(r.Pools, *p)
+	}
+	slices.SortFunc(r.Pools, func(a, b LivePool) int { return strings.Compare(a.Model+"/"+a.Pool, b.Model+"/"+b.Pool) })
+	return r
+}
+
+func countOf(fams map[string]*dto.MetricFamily, k poolKey) int {
+	n := 0
+	eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(kk poolKey, _ *dto.Metric) {
+		if kk == k {
+			n++
+		}
+	})
+	return n
+}
+
+// histDelta is a TTFT histogram's growth over the interval, summed over a pool's series.
+type histDelta struct {
+	bounds []float64
+	counts []float64 // cumulative, per bound
+	count  float64
+}
+
+func ttftDeltas(before, after map[string]*dto.MetricFamily) map[poolKey]*histDelta {
+	collect := func(fams map[string]*dto.MetricFamily) map[poolKey]*histDelta {
+		out := map[poolKey]*histDelta{}
+		eachPool(fams, "gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model", func(k poolKey, m *dto.Metric) {
+			h := m.GetHistogram()
+			if h == nil {
+				return
+			}
+			d := out[k]
+			if d == nil {
+				d = &histDelta{}
+				for _, b := range h.GetBucket() {
+					d.bounds = append(d.bounds, b.GetUpperBound())
+				}
+				d.counts = make([]float64, len(d.bounds))
+				out[k] = d
+			}
+			for i, b := range h.GetBucket() {
+				if i < len(d.counts) {
+					d.counts[i] += float64(b.GetCumulativeCount())
+				}
+			}
+			d.count += float64(h.GetSampleCount())
+		})
+		return out
+	}
+	b, a := collect(before), collect(after)
+	for k, d := range a {
+		if old := b[k]; old != nil && len(old.counts) == len(d.counts) {
+			for i := range d.counts {
+				d.counts[i] -= old.counts[i]
+			}
+			d.count -= old.count
+		}
+	}
+	return a
+}
+
+// quantile is the upper bound of the bucket holding the q-th sample (0 without samples).
+func (h *histDelta) quantile(q float64) time.Duration {
+	if h.count <= 0 {
+		return 0
+	}
+	rank := math.Ceil(q * h.count)
+	for i, c := range h.counts {
+		if c >= rank {
+			if math.IsInf(h.bounds[i], 1) {
+				break
+			}
+			return time.Duration(h.bounds[i] * float64(time.Second))
+		}
+	}
+	if n := len(h.bounds); n > 1 {
+		return time.Duration(h.bounds[n-2] * float64(time.Second)) // beyond the last finite bound
+	}
+	return 0
+}
+
+// RenderLive writes the live report as a table.
+func RenderLive(w io.Writer, r *LiveReport) {
+	fmt.Fprintf(w, "fleet over %s\n", r.Interval)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tPOOL\tREPLICAS\tKV TOKENS\tKV USED\tKV GROWTH/MIN\tWAITING\tRUNNING\tREQ/S\tHIT RATE\tTTFT p95\tHEADROOM\tUNTIL WALL\tDESIRED")
+	for _, p := range r.Pools {
+		until := "-"
+		if p.UntilWall > 0 {
+			until = p.UntilWall.Round(time.Second).String()
+		}
+		capTok := "?"
+		if p.KVCapacityTokens > 0 {
+			capTok = fmt.Sprintf("%.0f", p.KVCapacityTokens)
+		}
+		desired := "-"
+		if p.DesiredReplicas > 0 {
+			desired = fmt.Sprintf("%.0f", p.DesiredReplicas)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.1f%%\t%+.2f%%\t%.0f\t%.0f\t%.2f\t%.0f%%\t%s\t%.1f%%\t%s\t%s\n", p.Model, p.Pool, p.Replicas, capTok,
+			100*p.KVUsage, 100*p.KVGrowthPerMinute, p.Waiting, p.Running, p.RequestsPerSecond, 100*p.HitRate, ms(p.TTFTP95),
+			100*p.Headroom, until, desired)
+	}
+	_ = tw.Flush()
+	if r.FirstWall == "" {
+		fmt.Fprintln(w, "no pool's KV cache use is growing: no wall in sight at the current load")
+		return
+	}
+	fmt.Fprintf(w, "first to hit the KV wall: %s, in about %s at the current growth\n", r.FirstWall, r.FirstAfter.Round(time.Second))
+}
