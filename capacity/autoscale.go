@@ -38,8 +38,9 @@ type Autoscaler struct {
 	Engines  EngineView // nil: queues and KV use unknown, TTFT alone decides
 	Now      func() time.Time
 
+	ttft sync.Map // poolKey → *ttftRing: settlements of different pools do not contend
+
 	mu   sync.Mutex
-	ttft map[poolKey]*ttftRing
 	calm map[poolKey]time.Time // since when the pool has been calm
 }
 
@@ -57,7 +58,7 @@ func NewAutoscaler(p *policies.Store, engines EngineView, now func() time.Time) 
 	if now == nil {
 		now = time.Now
 	}
-	return &Autoscaler{Policies: p, Engines: engines, Now: now, ttft: map[poolKey]*ttftRing{}, calm: map[poolKey]time.Time{}}
+	return &Autoscaler{Policies: p, Engines: engines, Now: now, calm: map[poolKey]time.Time{}}
 }
 
 // Settled implements director.SettleObserver: the TTFT of every successful request seen chunk by chunk counts
@@ -66,15 +67,12 @@ func (a *Autoscaler) Settled(st director.Settlement) {
 	if !st.Routed || st.Outcome != director.OutcomeOK || !st.Timing.Chunked || st.Timing.TTFT <= 0 || st.HardwareClass == director.ManagedClass {
 		return
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	k := poolKey{st.Model, st.Pool}
-	r := a.ttft[k]
-	if r == nil {
-		r = &ttftRing{}
-		a.ttft[k] = r
+	r, ok := a.ttft.Load(k)
+	if !ok {
+		r, _ = a.ttft.LoadOrStore(k, &ttftRing{})
 	}
-	r.add(a.Now().Unix(), st.Timing.TTFT-st.Timing.Queued)
+	r.(*ttftRing).add(a.Now().Unix(), st.Timing.TTFT-st.Timing.Queued)
 }
 
 // Decide computes a pool's desired replicas now.
@@ -100,11 +98,11 @@ func (a *Autoscaler) Decide(snap *policies.Snapshot, m *policies.Model, p *polic
 		}
 	}
 	target := ttftTarget(snap, m)
+	if r, ok := a.ttft.Load(k); ok {
+		d.TTFTP95 = r.(*ttftRing).p95(now.Unix())
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if r := a.ttft[k]; r != nil {
-		d.TTFTP95 = r.p95(now.Unix())
-	}
 	out := 1.0
 	switch {
 	case d.Batch > 0 && d.Waiting > queueFactor*d.Batch:
@@ -175,6 +173,7 @@ func (a *Autoscaler) Collect(ch chan<- prometheus.Metric) {
 
 // ttftRing keeps a minute of TTFTs per second in log buckets (10 % apart from 1 ms), for a p95.
 type ttftRing struct {
+	mu   sync.Mutex
 	secs [60]struct {
 		at      int64
 		buckets [ttftBuckets]uint32
@@ -191,6 +190,8 @@ func ttftBucket(d time.Duration) int {
 }
 
 func (r *ttftRing) add(now int64, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	s := &r.secs[now%int64(len(r.secs))]
 	if s.at != now {
 		s.at, s.buckets = now, [ttftBuckets]uint32{}
@@ -199,6 +200,8 @@ func (r *ttftRing) add(now int64, d time.Duration) {
 }
 
 func (r *ttftRing) p95(now int64) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var sum [ttftBuckets]uint64
 	var n uint64
 	for i := range r.secs {

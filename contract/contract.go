@@ -26,6 +26,11 @@ const (
 	HeaderRollout = "x-infergate-rollout"
 )
 
+// MinimumEnvoy is the oldest Envoy release the shipped configurations and the served xDS resources work with:
+// the override_host policy's selected_host_key (which reports the host Envoy used) first appeared in 1.38.
+// deploy/envoy/minversion decodes every configuration with that release's API.
+const MinimumEnvoy = "1.38"
+
 // reservedPrefixes are the header families clients may never set: infergate strips them and sets its own.
 var reservedPrefixes = [...]string{"x-gateway-", "x-infergate-"}
 

@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
@@ -173,5 +174,35 @@ func TestDockerCompose(t *testing.T) {
 				t.Errorf("Envoy's ADS cluster %s does not point at infergate's --xds-addr %s", name, cfg.xdsAddr)
 			}
 		}
+	}
+}
+
+// The minimum Envoy is one version everywhere: the compose file's image, the README, and the API
+// deploy/envoy/minversion decodes every shipped and served configuration with.
+func TestMinimumEnvoyIsStated(t *testing.T) {
+	var cf composeFile
+	data, err := os.ReadFile("../../deploy/compose/docker-compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &cf); err != nil {
+		t.Fatal(err)
+	}
+	if img := cf.Services["envoy"].Image; img != "envoyproxy/envoy:v"+contract.MinimumEnvoy+"-latest" {
+		t.Errorf("compose runs %s, not the minimum Envoy %s", img, contract.MinimumEnvoy)
+	}
+	gomod, err := os.ReadFile("../../deploy/envoy/minversion/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(gomod), "github.com/envoyproxy/go-control-plane/envoy v"+contract.MinimumEnvoy+".0") {
+		t.Errorf("deploy/envoy/minversion does not decode with Envoy %s's API:\n%s", contract.MinimumEnvoy, gomod)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "Envoy "+contract.MinimumEnvoy+" or later") {
+		t.Errorf("the README does not state Envoy %s or later", contract.MinimumEnvoy)
 	}
 }
