@@ -15,11 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/capacity"
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/discovery"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/picker"
@@ -55,6 +59,10 @@ type Config struct {
 	AuditOut io.Writer
 	// RolloutInterval is how often rollouts' gates are judged and their shared state read (default 1 s).
 	RolloutInterval time.Duration
+	// Kubernetes is the API client that pools naming a Service are discovered with; nil: built from
+	// Kubeconfig, or from the pod's service account when Kubeconfig is empty, once a pool names a Service.
+	Kubernetes kubernetes.Interface
+	Kubeconfig string
 }
 
 // Gateway is the built graph.
@@ -94,6 +102,9 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		return nil, err
 	}
 	log.Info("policy loaded", "path", c.PolicyPath, "version", store.Current().Version)
+	if err := discover(ctx, c, store, log); err != nil {
+		return nil, err
+	}
 	g := &Gateway{Policies: store, Registry: prometheus.NewRegistry(), tracing: c.Tracing, log: log}
 	g.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerPolicyMetrics(g.Registry, store)
@@ -223,6 +234,41 @@ func (g *Gateway) telemetry(c Config) ([]director.SettleObserver, error) {
 	g.Audit = a
 	g.log.Info("audit log on", "to", c.AuditLog)
 	return append(obs, a), nil
+}
+
+// discover starts watching the EndpointSlices of the Services the policy's pools name, when any does.
+func discover(ctx context.Context, c Config, store *policies.Store, log *slog.Logger) error {
+	if !store.Current().HasServices() {
+		store.OnChange(func(snap *policies.Snapshot) {
+			if snap.HasServices() {
+				log.Error("the policy now names a Kubernetes Service for a pool, but discovery was not started: restart infergate to discover its endpoints")
+			}
+		})
+		return nil
+	}
+	client := c.Kubernetes
+	if client == nil {
+		cfg, err := kubeConfig(c.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("a pool names a Kubernetes Service, so infergate needs the Kubernetes API: %w", err)
+		}
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
+	if err := discovery.New(client, store, log).Start(ctx); err != nil {
+		return err
+	}
+	log.Info("pool endpoints discovered from Kubernetes EndpointSlices", "services", len(store.Current().Services()))
+	return nil
+}
+
+// kubeConfig is the API server configuration: the file's, or the pod's service account's.
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		return clientcmd.BuildConfigFromFlags("", path)
+	}
+	return rest.InClusterConfig()
 }
 
 // rollouts builds the controller of the policy's rollouts, its state shared in Redis when there is one.

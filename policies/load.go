@@ -63,12 +63,27 @@ func LoadFile(path string) (*Snapshot, error) {
 	return Parse(path, data)
 }
 
+func hasServices(pol *Policy) bool {
+	for _, m := range pol.Spec.Models {
+		for _, p := range m.Pools {
+			if p.Service != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // MaxPolicyBytes bounds a policy file: real ones are kilobytes, and the decoder's work grows with the input.
 // (Nesting is bounded by yaml.v3 itself, at 10,000 levels.)
 const MaxPolicyBytes = 16 << 20
 
 // Parse decodes and validates policy bytes; name is used in problem locations.
-func Parse(name string, data []byte) (*Snapshot, error) {
+func Parse(name string, data []byte) (*Snapshot, error) { return ParseResolved(name, data, nil) }
+
+// ParseResolved is Parse with the endpoints of pools that name a Service filled in from r (empty without
+// one); the version then also names the endpoints.
+func ParseResolved(name string, data []byte, r EndpointResolver) (*Snapshot, error) {
 	if len(data) > MaxPolicyBytes {
 		return nil, &InvalidError{Problems: []Problem{{File: name, Line: 1,
 			Message: fmt.Sprintf("policy file is %d bytes, more than the %d a policy may have", len(data), MaxPolicyBytes)}}}
@@ -123,7 +138,11 @@ func Parse(name string, data []byte) (*Snapshot, error) {
 		return nil, &InvalidError{Problems: problems}
 	}
 	sum := sha256.Sum256(data)
-	return compile(&pol, name, hex.EncodeToString(sum[:6]), time.Now()), nil
+	version := hex.EncodeToString(sum[:6])
+	if hasServices(&pol) {
+		version += "-" + resolve(&pol, r)
+	}
+	return compile(&pol, name, version, time.Now()), nil
 }
 
 var yamlLineRe = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)

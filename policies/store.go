@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,8 @@ type Store struct {
 	cur  atomic.Pointer[Snapshot]
 
 	mu           sync.Mutex // serialises reloads
+	data         []byte     // the last good file, which Refresh resolves again
+	resolver     EndpointResolver
 	reloadsOK    atomic.Uint64
 	reloadsFail  atomic.Uint64
 	lastReloadOK atomic.Bool
@@ -36,11 +39,15 @@ func NewStore(path string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	snap, err := LoadFile(path)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	snap, err := Parse(path, data)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, log: log, watching: make(chan struct{})}
+	s := &Store{path: path, log: log, watching: make(chan struct{}), data: data}
 	s.cur.Store(snap)
 	s.lastReloadOK.Store(true)
 	return s, nil
@@ -79,7 +86,11 @@ func (s *Store) Reload() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap, err := LoadFile(s.path)
+	data, err := os.ReadFile(s.path)
+	var snap *Snapshot
+	if err == nil {
+		snap, err = ParseResolved(s.path, data, s.resolver)
+	}
 	if err != nil {
 		s.reloadsFail.Add(1)
 		s.lastReloadOK.Store(false)
@@ -87,18 +98,48 @@ func (s *Store) Reload() error {
 			"path", s.path, "kept_version", s.Current().Version, "err", err)
 		return err
 	}
-	old := s.Current()
+	s.data = data
 	s.reloadsOK.Add(1)
 	s.lastReloadOK.Store(true)
+	s.install(snap, "policy reloaded")
+	return nil
+}
+
+// install swaps a snapshot in and tells the subscribers, unless it is the one in force. Call with mu held.
+func (s *Store) install(snap *Snapshot, why string) {
+	old := s.Current()
 	if old.Version == snap.Version {
-		return nil
+		return
 	}
 	s.cur.Store(snap)
-	s.log.Info("policy reloaded", "path", s.path, "old_version", old.Version, "version", snap.Version)
+	s.log.Info(why, "path", s.path, "old_version", old.Version, "version", snap.Version)
 	for _, fn := range s.subscribers {
 		fn(snap)
 	}
-	return nil
+}
+
+// SetResolver makes the store fill discovered pools' endpoints from r, now (Refresh) and at every reload.
+func (s *Store) SetResolver(r EndpointResolver) {
+	s.mu.Lock()
+	s.resolver = r
+	s.mu.Unlock()
+	s.Refresh()
+}
+
+// Refresh resolves the last good policy's discovered endpoints again (the resolver saw a change) and installs
+// the result when they moved. It cannot fail: the file was valid when it was read.
+func (s *Store) Refresh() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.data == nil {
+		return
+	}
+	snap, err := ParseResolved(s.path, s.data, s.resolver)
+	if err != nil {
+		s.log.Error("discovered endpoints could not be applied", "err", err) // the file was valid: unreachable
+		return
+	}
+	s.install(snap, "pool endpoints changed")
 }
 
 // Watch reloads the policy whenever its file changes, until ctx ends. It watches the directory rather than the

@@ -215,7 +215,11 @@ type Pool struct {
 	// ServedModel is the name the engine was started with; the request body is rewritten to it when it differs.
 	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
 	// Endpoints are the replicas as ip:port; they become EDS endpoints and x-gateway-destination-endpoint values.
-	Endpoints []string `yaml:"endpoints" json:"endpoints" jsonschema:"minItems=1"`
+	// With Service, they are discovered instead (and the field must be left out).
+	Endpoints []string `yaml:"endpoints,omitempty" json:"endpoints,omitempty"`
+	// Service, instead of Endpoints, names the Kubernetes Service whose EndpointSlices list the replicas:
+	// infergate watches them, and a replica that is not ready or is terminating takes no new request.
+	Service *ServiceRef `yaml:"service,omitempty" json:"service,omitempty"`
 	// MaxConcurrency is how many requests one replica runs at once (vLLM --max-num-seqs, SGLang
 	// --max-running-requests). With spec.admission, it lets a tier whose headroom is below 1 leave batch slots
 	// free for higher tiers, so their requests start at once instead of behind a lower tier's in the engine's
@@ -226,6 +230,14 @@ type Pool struct {
 	// faster than a 70B one on the same GPU. They feed the TTFT prediction and the cost per token.
 	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond,omitempty" json:"prefillTokensPerSecond,omitempty" jsonschema:"minimum=0"`
 	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond,omitempty" json:"decodeTokensPerSecond,omitempty" jsonschema:"minimum=0"`
+}
+
+// ServiceRef names a Kubernetes Service and the port of its EndpointSlices that serves the engine's API.
+type ServiceRef struct {
+	Namespace string `yaml:"namespace" json:"namespace" jsonschema:"minLength=1"`
+	Name      string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Port is the EndpointSlice port's name (e.g. "http"), or its number when it has none.
+	Port string `yaml:"port" json:"port" jsonschema:"minLength=1"`
 }
 
 // Fallback conditions: when the self-hosted pools cannot take a request.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -396,8 +397,13 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 		if !slices.Contains(Engines, pl.Engine) {
 			v.fail(append(pb, "engine"), "must be one of %s, got %q", strings.Join(Engines, ", "), pl.Engine)
 		}
-		if len(pl.Endpoints) == 0 {
-			v.fail(append(pb, "endpoints"), "at least one endpoint is required")
+		switch {
+		case pl.Service != nil && len(pl.Endpoints) > 0:
+			v.fail(append(pb, "service"), "name a service or list endpoints, not both")
+		case pl.Service != nil:
+			v.service(append(slices.Clone(pb), "service"), pl.Service)
+		case len(pl.Endpoints) == 0:
+			v.fail(append(pb, "endpoints"), "at least one endpoint is required (or a service to discover them from)")
 		}
 		if pl.MaxConcurrency < 0 {
 			v.fail(append(slices.Clone(pb), "maxConcurrency"), "must not be negative, got %d", pl.MaxConcurrency)
@@ -425,6 +431,26 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 				endpoints[canon] = pl.Name
 			}
 		}
+	}
+}
+
+// dnsLabel is a Kubernetes namespace or Service name (RFC 1123 label).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// service validates a discovered pool's Service reference.
+func (v *validator) service(base []seg, r *ServiceRef) {
+	if !dnsLabel.MatchString(r.Namespace) {
+		v.fail(append(slices.Clone(base), "namespace"), "%q is not a Kubernetes namespace name", r.Namespace)
+	}
+	if !dnsLabel.MatchString(r.Name) {
+		v.fail(append(slices.Clone(base), "name"), "%q is not a Kubernetes Service name", r.Name)
+	}
+	if n, err := strconv.Atoi(r.Port); err == nil {
+		if n < 1 || n > 65535 {
+			v.fail(append(slices.Clone(base), "port"), "port %d is out of range", n)
+		}
+	} else if !dnsLabel.MatchString(r.Port) || len(r.Port) > 15 {
+		v.fail(append(slices.Clone(base), "port"), "%q is neither a port number nor a port name", r.Port)
 	}
 }
 

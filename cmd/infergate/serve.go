@@ -56,6 +56,7 @@ type serveConfig struct {
 	instanceID     string
 	auditLog       string
 	auditMaxBytes  int64
+	kubeconfig     string
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
@@ -74,6 +75,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
+	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&cfg.auditLog, "audit-log", "", "audit log of settled requests (JSON lines with digests, never text or keys): a folder of per-tenant files, or - for standard output; empty disables it")
 	fs.Int64Var(&cfg.auditMaxBytes, "audit-max-file-bytes", 64<<20, "size at which a tenant's audit file is rotated; rotated files are kept per the policy's audit retention")
@@ -122,7 +124,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
 	}
-	gc.AuditLog, gc.AuditMaxFileBytes = cfg.auditLog, cfg.auditMaxBytes
+	gc.AuditLog, gc.AuditMaxFileBytes, gc.Kubeconfig = cfg.auditLog, cfg.auditMaxBytes, cfg.kubeconfig
 	tracing, err := telemetry.TracingFromEnv(ctx, buildVersion())
 	if err != nil {
 		return err
