@@ -144,25 +144,27 @@ func (a Architecture) active() float64 {
 
 // hfConfig is the part of a Hugging Face config.json the arithmetic reads.
 type hfConfig struct {
-	ModelType        string `json:"model_type"`
-	Layers           int    `json:"num_hidden_layers"`
-	Heads            int    `json:"num_attention_heads"`
-	KVHeads          int    `json:"num_key_value_heads"`
-	HeadDim          int    `json:"head_dim"`
-	Hidden           int    `json:"hidden_size"`
-	Intermediate     int    `json:"intermediate_size"`
-	MoEIntermediate  int    `json:"moe_intermediate_size"`
-	Vocab            int    `json:"vocab_size"`
-	Tied             bool   `json:"tie_word_embeddings"`
-	MaxPositions     int    `json:"max_position_embeddings"`
-	LocalExperts     int    `json:"num_local_experts"`
-	RoutedExperts    int    `json:"n_routed_experts"`
-	SharedExperts    int    `json:"n_shared_experts"`
-	ExpertsPerTok    int    `json:"num_experts_per_tok"`
-	KVLoRARank       int    `json:"kv_lora_rank"`
-	QKRoPEHeadDim    int    `json:"qk_rope_head_dim"`
-	QKNoPEHeadDim    int    `json:"qk_nope_head_dim"`
-	FirstDenseLayers int    `json:"first_k_dense_replace"`
+	ModelType         string `json:"model_type"`
+	Layers            int    `json:"num_hidden_layers"`
+	Heads             int    `json:"num_attention_heads"`
+	KVHeads           int    `json:"num_key_value_heads"`
+	HeadDim           int    `json:"head_dim"`
+	Hidden            int    `json:"hidden_size"`
+	Intermediate      int    `json:"intermediate_size"`
+	MoEIntermediate   int    `json:"moe_intermediate_size"`
+	Vocab             int    `json:"vocab_size"`
+	Tied              bool   `json:"tie_word_embeddings"`
+	MaxPositions      int    `json:"max_position_embeddings"`
+	LocalExperts      int    `json:"num_local_experts"`
+	NumExperts        int    `json:"num_experts"` // Qwen-MoE
+	SharedExpertInter int    `json:"shared_expert_intermediate_size"`
+	RoutedExperts     int    `json:"n_routed_experts"`
+	SharedExperts     int    `json:"n_shared_experts"`
+	ExpertsPerTok     int    `json:"num_experts_per_tok"`
+	KVLoRARank        int    `json:"kv_lora_rank"`
+	QKRoPEHeadDim     int    `json:"qk_rope_head_dim"`
+	QKNoPEHeadDim     int    `json:"qk_nope_head_dim"`
+	FirstDenseLayers  int    `json:"first_k_dense_replace"`
 }
 
 // maxConfigBytes bounds a config.json; real ones are a few kilobytes.
@@ -188,7 +190,7 @@ func ParseHFConfig(name string, b []byte, parameters, activeParameters float64) 
 	}
 	a := Architecture{Name: name, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Hidden: c.Hidden,
 		Intermediate: c.Intermediate, Vocab: c.Vocab, TiedEmbeddings: c.Tied, MaxContext: c.MaxPositions,
-		Experts: max(c.LocalExperts, c.RoutedExperts), ExpertsPerTok: c.ExpertsPerTok, KVLoRARank: c.KVLoRARank, RoPEHeadDim: c.QKRoPEHeadDim}
+		Experts: max(c.LocalExperts, c.RoutedExperts, c.NumExperts), ExpertsPerTok: c.ExpertsPerTok, KVLoRARank: c.KVLoRARank, RoPEHeadDim: c.QKRoPEHeadDim}
 	if a.KVHeads == 0 {
 		a.KVHeads = a.Heads
 	}
@@ -213,7 +215,8 @@ func ParseHFConfig(name string, b []byte, parameters, activeParameters float64) 
 		v    int
 	}{{"intermediate_size", a.Intermediate}, {"moe_intermediate_size", c.MoEIntermediate}, {"kv_lora_rank", a.KVLoRARank},
 		{"qk_rope_head_dim", a.RoPEHeadDim}, {"max_position_embeddings", a.MaxContext}, {"num_experts_per_tok", a.ExpertsPerTok},
-		{"experts", a.Experts}, {"n_shared_experts", c.SharedExperts}, {"first_k_dense_replace", c.FirstDenseLayers}} {
+		{"experts", a.Experts}, {"n_shared_experts", c.SharedExperts}, {"first_k_dense_replace", c.FirstDenseLayers},
+		{"shared_expert_intermediate_size", c.SharedExpertInter}} {
 		if f.v < 0 || f.v > 1<<24 {
 			problems = append(problems, fmt.Sprintf("%s must be between 0 and %d, got %d", f.name, 1<<24, f.v))
 		}
@@ -250,7 +253,7 @@ func (a Architecture) estimate(c hfConfig) (total, active float64) {
 			inter = float64(a.Intermediate)
 		}
 		expert := 3 * h * inter
-		shared := float64(c.SharedExperts) * expert
+		shared := float64(c.SharedExperts)*expert + 3*h*float64(c.SharedExpertInter)
 		perLayerTotal = attn + float64(a.Experts)*expert + shared
 		perLayerActive = attn + float64(a.ExpertsPerTok)*expert + shared
 	}

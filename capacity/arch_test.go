@@ -57,6 +57,7 @@ func TestParseHFConfig(t *testing.T) {
 		{"llama-3.1-8b", 8.03e9, 8.03e9, 131072},
 		{"qwen2.5-7b", 7.62e9, 7.62e9, 57344},
 		{"mixtral-8x7b", 46.7e9, 12.9e9, 131072},
+		{"qwen1.5-moe-a2.7b", 14.3e9, 2.7e9, 2 * 24 * 16 * 128 * 2}, // routed and shared experts
 	} {
 		b, err := os.ReadFile("testdata/" + tc.file + ".config.json")
 		if err != nil {

@@ -42,6 +42,9 @@ type Autoscaler struct {
 
 	mu   sync.Mutex
 	calm map[poolKey]time.Time // since when the pool has been calm
+	// in remembers a scale-in decided at a pool's replica count: the figure stays one below that count until
+	// the count changes or the calm breaks, so every scraper and the HPA's stabilisation see it.
+	in map[poolKey]int
 }
 
 // Decision is one pool's autoscaling figure and why.
@@ -58,11 +61,12 @@ func NewAutoscaler(p *policies.Store, engines EngineView, now func() time.Time) 
 	if now == nil {
 		now = time.Now
 	}
-	return &Autoscaler{Policies: p, Engines: engines, Now: now, calm: map[poolKey]time.Time{}}
+	return &Autoscaler{Policies: p, Engines: engines, Now: now, calm: map[poolKey]time.Time{}, in: map[poolKey]int{}}
 }
 
 // Settled implements director.SettleObserver: the TTFT of every successful request seen chunk by chunk counts
-// for its pool.
+// for its pool, time queued in the gateway included (under admission the engines' queues stay short and the
+// wait moves to the gateway).
 func (a *Autoscaler) Settled(st director.Settlement) {
 	if !st.Routed || st.Outcome != director.OutcomeOK || !st.Timing.Chunked || st.Timing.TTFT <= 0 || st.HardwareClass == director.ManagedClass {
 		return
@@ -72,7 +76,7 @@ func (a *Autoscaler) Settled(st director.Settlement) {
 	if !ok {
 		r, _ = a.ttft.LoadOrStore(k, &ttftRing{})
 	}
-	r.(*ttftRing).add(a.Now().Unix(), st.Timing.TTFT-st.Timing.Queued)
+	r.(*ttftRing).add(a.Now().Unix(), st.Timing.TTFT) // as the client saw it: a wait in the admission queue counts
 }
 
 // Decide computes a pool's desired replicas now.
@@ -111,20 +115,30 @@ func (a *Autoscaler) Decide(snap *policies.Snapshot, m *policies.Model, p *polic
 		out, d.Reason = float64(d.TTFTP95)/(ttftOutShare*float64(target)), "TTFT p95 above 80% of its target"
 	}
 	d.Desired = d.Current
-	if d.Reason != "" {
+	calm := d.Waiting < 1 && (target == 0 || d.TTFTP95 < time.Duration(ttftInShare*float64(target))) && d.KVUsage < kvInShare
+	switch {
+	case d.Reason != "":
 		d.Desired = min(max(d.Current+1, int(math.Ceil(float64(d.Current)*out))), maxScaleFactor*max(d.Current, 1))
 		delete(a.calm, k)
-	} else if d.Waiting < 1 && (target == 0 || d.TTFTP95 < time.Duration(ttftInShare*float64(target))) && d.KVUsage < kvInShare {
+		delete(a.in, k)
+	case !calm:
+		delete(a.calm, k)
+		delete(a.in, k)
+	case a.in[k] != 0 && a.in[k] == d.Current:
+		d.Desired, d.Reason = d.Current-1, "calm for 5m: one replica fewer"
+	default:
+		if a.in[k] != 0 { // the count moved: the scale-in happened, and the next one waits its own calm period
+			delete(a.in, k)
+			a.calm[k] = now
+		}
 		since, ok := a.calm[k]
 		if !ok {
 			a.calm[k], since = now, now
 		}
 		if now.Sub(since) >= calmFor {
 			d.Desired, d.Reason = d.Current-1, "calm for 5m: one replica fewer"
-			a.calm[k] = now // the next step waits its own calm period
+			a.in[k] = d.Current
 		}
-	} else {
-		delete(a.calm, k)
 	}
 	if d.Desired < MinWarmPool {
 		d.Desired = MinWarmPool

@@ -95,6 +95,20 @@ func TestAutoscalerScalesInSlowly(t *testing.T) {
 	if d := a.Decide(snap, m, p); d.Desired != 3 {
 		t.Fatalf("after 5 calm minutes: %+v", d)
 	}
+	// The figure stays until the pool has shrunk: every scraper, and the HPA's stabilisation window, sees it.
+	clock.Advance(30 * time.Second)
+	if d := a.Decide(snap, m, p); d.Desired != 3 {
+		t.Fatalf("a scrape later: %+v", d)
+	}
+	// Shrunk to 3: the next scale-in waits five calm minutes of its own.
+	snap3, m3, p3 := scalePolicy(t, 3)
+	if d := a.Decide(snap3, m3, p3); d.Desired != 3 {
+		t.Fatalf("at 3 replicas: %+v", d)
+	}
+	clock.Advance(5 * time.Minute)
+	if d := a.Decide(snap3, m3, p3); d.Desired != 2 {
+		t.Fatalf("at 3 replicas, 5 calm minutes on: %+v", d)
+	}
 	// A burst resets the calm: the next scale-in waits another five minutes.
 	e["10.0.0.1:8000"] = fleet.EngineMetrics{Waiting: 100, Running: 8, KVUtil: 0.9}
 	if d := a.Decide(snap, m, p); d.Desired <= 4 {

@@ -16,8 +16,12 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxExposition bounds a gateway's /metrics read by --live.
-const maxExposition = 64 << 20
+// maxExposition bounds a gateway's /metrics read by --live; maxWallMinutes is the farthest wall reported (a
+// year): slower growth is no growth.
+const (
+	maxExposition  = 64 << 20
+	maxWallMinutes = 365 * 24 * 60
+)
 
 // LivePool is one pool as a running gateway sees it, over the interval between two readings.
 type LivePool struct {
@@ -139,12 +143,12 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 	}
 	kvUsed := func(fams map[string]*dto.MetricFamily) map[poolKey][2]float64 { // used and capacity tokens, or usage sum and count
 		out := map[poolKey][2]float64{}
-		caps := map[string]float64{}
-		eachPool(fams, "infergate_endpoint_kv_cache_capacity_tokens", "model", func(_ poolKey, m *dto.Metric) {
-			caps[labelOf(m, "endpoint")] = value(m)
+		caps := map[[3]string]float64{} // model, pool, endpoint
+		eachPool(fams, "infergate_endpoint_kv_cache_capacity_tokens", "model", func(k poolKey, m *dto.Metric) {
+			caps[[3]string{k.model, k.pool, labelOf(m, "endpoint")}] = value(m)
 		})
 		eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(k poolKey, m *dto.Metric) {
-			c := caps[labelOf(m, "endpoint")]
+			c := caps[[3]string{k.model, k.pool, labelOf(m, "endpoint")}]
 			v := out[k]
 			v[0] += value(m) * max(c, 1)
 			v[1] += max(c, 1)
@@ -178,11 +182,15 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 	}
 	p0, p1, c0, c1 := tokens(before, "prompt"), tokens(after, "prompt"), tokens(before, "cached"), tokens(after, "cached")
 	for k, v := range p1 {
-		if d := v - p0[k]; d > 0 {
-			get(k).HitRate = (c1[k] - c0[k]) / d
+		// A counter that went down (a gateway restarted between the readings) says nothing of the interval.
+		if d, dc := v-p0[k], c1[k]-c0[k]; d > 0 && dc >= 0 {
+			get(k).HitRate = min(1, dc/d)
 		}
 	}
 	for k, h := range ttftDeltas(before, after) {
+		if h.count < 0 {
+			continue // reset between the readings
+		}
 		p := get(k)
 		p.TTFTP95 = h.quantile(0.95)
 		if interval > 0 {
@@ -192,8 +200,8 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 	r := &LiveReport{Interval: interval}
 	for _, p := range pools {
 		p.Headroom = 1 - p.KVUsage
-		if p.KVGrowthPerMinute > 0 {
-			p.UntilWall = time.Duration(p.Headroom / p.KVGrowthPerMinute * float64(time.Minute))
+		if minutes := p.Headroom / p.KVGrowthPerMinute; p.KVGrowthPerMinute > 0 && minutes < maxWallMinutes {
+			p.UntilWall = time.Duration(minutes * float64(time.Minute))
 			if r.FirstWall == "" || p.UntilWall < r.FirstAfter {
 				r.FirstWall, r.FirstAfter = p.Model+"/"+p.Pool, p.UntilWall
 			}

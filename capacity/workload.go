@@ -170,12 +170,16 @@ func ParseWorkload(name string, b []byte) (*Workload, error) {
 	if len(w.Models) == 0 {
 		bad([]any{"models"}, "at least one model is required")
 	}
+	seen := map[string]bool{}
 	for i := range w.Models {
 		m := &w.Models[i]
 		at := func(f ...any) []any { return append([]any{"models", i}, f...) }
 		if m.Model == "" {
 			bad(at("model"), "required")
+		} else if seen[m.Model] {
+			bad(at("model"), "%q is listed twice", m.Model)
 		}
+		seen[m.Model] = true
 		if _, err := m.Weights.kvBytes(); err != nil && m.Weights != INT4 {
 			bad(at("weights"), "must be bf16, fp8 or int4, got %q", m.Weights)
 		}

@@ -198,7 +198,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if req.Snapshot.Adapter(body.Model) {
 		in.Adapter = body.Model
 	}
-	if plan, ok := req.Snapshot.Rollout(model); ok {
+	// An adapter runs on the baseline's engines under its own name: a candidate that is another served name
+	// of those engines cannot serve it, so such requests stay off the split.
+	if plan, ok := req.Snapshot.Rollout(model); ok && (in.Adapter == "" || plan.Candidate != nil) {
 		in.Split = d.split(req, rt, plan)
 	}
 	dec, started, refusal := d.place(ctx, req, rt, in, maxOut)
@@ -255,7 +257,12 @@ func (d *Director) split(req *Request, rt *Route, plan *policies.RolloutPlan) *p
 	if d.opts.Rollouts != nil {
 		rt.split.Share = d.opts.Rollouts.Share(plan.Model.Name)
 	}
-	if (req.RolloutArm == picker.ArmCandidate || req.RolloutArm == picker.ArmBaseline) && plan.Tester(req.Tenant) {
+	rt.split.Ungrouped = xxh3.HashString(req.RequestID) | 1
+	// A tester may pick the candidate only once it takes traffic (past its compatibility gate, not rolled back
+	// or aborted), and the baseline at any time.
+	switch {
+	case !plan.Tester(req.Tenant):
+	case req.RolloutArm == picker.ArmBaseline, req.RolloutArm == picker.ArmCandidate && rt.split.Share > 0:
 		rt.split.Force = req.RolloutArm
 	}
 	return &rt.split

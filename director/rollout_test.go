@@ -39,7 +39,8 @@ func TestRouteSplitsARolledOutModel(t *testing.T) {
 		wantPool, wantArm string
 	}{
 		{"no share yet: the baseline", "sk-demo-globex", "", 0, "llama70b-h200", picker.ArmBaseline},
-		{"a tester asks for the candidate", "sk-demo-acme", "candidate", 0, "llama70b-l40s", picker.ArmCandidate},
+		{"a tester asks for the candidate", "sk-demo-acme", "candidate", 0.0001, "llama70b-l40s", picker.ArmCandidate},
+		{"a tester asks before the candidate takes traffic", "sk-demo-acme", "candidate", 0, "llama70b-h200", picker.ArmBaseline},
 		{"a tester asks for the baseline", "sk-demo-acme", "baseline", 1, "llama70b-h200", picker.ArmBaseline},
 		{"someone else's header is ignored", "sk-demo-globex", "candidate", 0, "llama70b-h200", picker.ArmBaseline},
 		{"an unknown arm is ignored", "sk-demo-acme", "l40s", 0, "llama70b-h200", picker.ArmBaseline},
@@ -64,7 +65,8 @@ func TestRouteSplitsARolledOutModel(t *testing.T) {
 			t.Errorf("%s: pool %s arm %q, want %s %q", tc.name, rt.Pool(), rt.Decision.Arm, tc.wantPool, tc.wantArm)
 		}
 		d.Settle(rt, Outcome{Status: 200})
-		if len(heard) != 1 || heard[0].Arm != tc.wantArm {
+		chosen := tc.header != "" && tc.key == "sk-demo-acme" && tc.header != "l40s" && (tc.header == "baseline" || tc.share > 0)
+		if len(heard) != 1 || heard[0].Arm != tc.wantArm || heard[0].ArmChosen != chosen {
 			t.Errorf("%s: settlements %+v", tc.name, heard)
 		}
 	}

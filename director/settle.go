@@ -41,8 +41,10 @@ type Settlement struct {
 	// PromptSHA256 and OutputSHA256 are hex digests of the prompt field as sent and of the generated text,
 	// when the protocol stage computed them (for the audit log); TraceID names the request's trace.
 	PromptSHA256, OutputSHA256, TraceID string
-	// Arm is the rollout arm the request took (picker.ArmCandidate, picker.ArmBaseline), "" without a rollout.
-	Arm string
+	// Arm is the rollout arm the request took (picker.ArmCandidate, picker.ArmBaseline), "" without a rollout;
+	// ArmChosen says a tester chose it (x-infergate-rollout), so the gates leave the request out.
+	Arm       string
+	ArmChosen bool
 }
 
 // ManagedClass is the hardware class reported for requests served by a managed API.
@@ -210,6 +212,7 @@ func (rt *Route) settlement() Settlement {
 		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
 	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
 		st.Pool, st.ServedModel, st.Arm = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm
+		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
 		if p := rt.Decision.Pool; p != nil && rt.Decision.Fallback == nil {
 			st.HardwareClass = p.HardwareClass

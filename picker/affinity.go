@@ -197,18 +197,38 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	pr := p.hashPrompt(in, engineBlock)
 	defer p.releasePrompt(&pr)
 	if in.Split != nil {
-		group := in.Split.Conversation
-		if group == 0 && len(pr.hashes) > 0 {
-			group = GroupKey(pr.hashes)
-		}
-		var arm string
-		if cands, arm = applySplit(in.Split, in.Model.Name, group, cands); len(cands) == 0 {
-			return overflow(in.Model, in, saturated, unavailable)
-		}
-		d, err := p.place(snap, in, cands, pr, targets, slo, saturated, unavailable)
-		return in.Split.annotate(d, arm), err
+		return p.pickArm(snap, in, cands, pr, targets, slo, saturated, unavailable)
 	}
 	return p.place(snap, in, cands, pr, targets, slo, saturated, unavailable)
+}
+
+// pickArm places a rolled-out model's request on its arm's pools. A candidate arm that cannot take it (no
+// endpoint, or all full so that placement would overflow) leaves it to the baseline: the candidate's share is
+// a ceiling, never a reason to refuse or to pay the managed API.
+func (p *Affinity) pickArm(snap *policies.Snapshot, in Input, cands []scored, pr prompt, targets policies.Targets, slo bool, saturated, unavailable int) (Decision, error) {
+	sp := in.Split
+	group := sp.Conversation
+	if group == 0 && len(pr.hashes) > 0 {
+		group = GroupKey(pr.hashes)
+	}
+	if group == 0 {
+		group = sp.Ungrouped
+	}
+	arm := sp.arm(in.Model.Name, group)
+	if kept := sp.inArmOnly(cands, arm); len(kept) > 0 {
+		d, err := p.place(snap, in, kept, pr, targets, slo, saturated, unavailable)
+		if arm == ArmBaseline || sp.Force != "" || (err == nil && d.Fallback == nil) {
+			return sp.annotate(d, arm), err
+		}
+	} else if sp.Force == ArmBaseline {
+		return overflow(in.Model, in, saturated, unavailable)
+	}
+	base := sp.inArmOnly(cands, ArmBaseline)
+	if len(base) == 0 {
+		return overflow(in.Model, in, saturated, unavailable)
+	}
+	d, err := p.place(snap, in, base, pr, targets, slo, saturated, unavailable)
+	return sp.annotate(d, ArmBaseline), err
 }
 
 // place decides among the candidates for a hashed prompt.

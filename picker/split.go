@@ -24,6 +24,9 @@ type Split struct {
 	// hashed, else openai.Request.ConversationKey): it decides the arm instead of the prompt's prefix group,
 	// so that conversations sharing a long system prompt — one prefix group — still split by the share.
 	Conversation uint64
+	// Ungrouped names a request with neither a conversation nor a full prompt block (a short completion or
+	// embedding input): a hash of its request id, so such requests split by the share rather than all together.
+	Ungrouped uint64
 }
 
 // arm decides a request's arm from its conversation group: the group's hash, seeded by the model, read as a
@@ -56,23 +59,15 @@ func (s *Split) inArm(pool *policies.Pool, arm string) bool {
 	return false
 }
 
-// applySplit keeps the candidates of the request's arm and says which arm that was. A candidate arm with no
-// endpoint that can take the request falls back to the baseline: the canary's share is a ceiling, never a
-// reason to refuse.
-func applySplit(s *Split, model string, group uint64, cands []scored) ([]scored, string) {
-	arm := s.arm(model, group)
-	for _, a := range []string{arm, ArmBaseline} {
-		kept := cands[:0:0]
-		for _, c := range cands {
-			if s.inArm(c.pool, a) {
-				kept = append(kept, c)
-			}
-		}
-		if len(kept) > 0 || a == ArmBaseline {
-			return kept, a
+// inArmOnly keeps the candidates of one arm (a new slice: cands stays whole for the other arm).
+func (s *Split) inArmOnly(cands []scored, arm string) []scored {
+	kept := cands[:0:0]
+	for _, c := range cands {
+		if s.inArm(c.pool, arm) {
+			kept = append(kept, c)
 		}
 	}
-	return nil, ArmBaseline
+	return kept
 }
 
 // annotate records the arm in a decision and, for a candidate that is a served model name, the name the body

@@ -10,12 +10,16 @@ import (
 // AdminPath/{command}?model= runs an operator's command.
 const AdminPath = "/v1/rollouts"
 
+// AdminHeader must accompany every command (any value): a browser cannot send it cross-site without a CORS
+// preflight, which this endpoint never grants, so a web page cannot steer a rollout through a loopback port.
+const AdminHeader = "X-Infergate-Admin"
+
 // Handler is the admin endpoint infergate serve exposes and the CLI talks to. It has no authentication of its
 // own: serve binds it to loopback, or beyond only behind mutual TLS.
 func (c *Controller) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+AdminPath, func(w http.ResponseWriter, r *http.Request) {
-		all := c.Statuses(r.Context())
+		all := c.Statuses()
 		model := r.URL.Query().Get("model")
 		if model == "" {
 			writeJSON(w, http.StatusOK, all)
@@ -30,6 +34,10 @@ func (c *Controller) Handler() http.Handler {
 		writeError(w, http.StatusNotFound, ErrNoRollout)
 	})
 	mux.HandleFunc("POST "+AdminPath+"/{command}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(AdminHeader) == "" || r.Header.Get("Origin") != "" {
+			writeError(w, http.StatusForbidden, errors.New("commands need the "+AdminHeader+" header and come from no web page"))
+			return
+		}
 		cmd := Command(r.PathValue("command"))
 		switch cmd {
 		case Pause, Resume, Abort, Promote:

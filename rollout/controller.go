@@ -59,8 +59,12 @@ type Controller struct {
 	status  map[string]Status
 	gates   map[string]*GateStatus // the last evaluation of each model
 	// baseline is each model's last window in which the baseline had enough requests: at a 100 % step the
-	// baseline takes none, and the candidate is judged against it.
+	// baseline takes none, and the candidate is judged against it (stored in the state on entering the step).
 	baseline map[string]Summary
+	// since is the run (State.Since) each model's windows hold: a new run starts them empty.
+	since map[string]time.Time
+	// failed holds a failed gate's reason until the rollback is saved: the share is 0 meanwhile.
+	failed map[string]string
 }
 
 // Status is one model's rollout as this replica last read it, for the CLI.
@@ -102,7 +106,8 @@ func New(o Options) *Controller {
 		o.Now = time.Now
 	}
 	c := &Controller{opts: o, check: checker{engines: o.Engines, client: o.Client},
-		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Summary{}}
+		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Summary{},
+		since: map[string]time.Time{}, failed: map[string]string{}}
 	c.windows = NewWindows(c.windowOf, o.Now)
 	c.shares.Store(&map[string]float64{})
 	return c
@@ -168,6 +173,9 @@ func (c *Controller) Tick(ctx context.Context) {
 			delete(c.pending, model)
 			delete(c.gates, model)
 			delete(c.baseline, model)
+			delete(c.since, model)
+			delete(c.failed, model)
+			c.windows.reset(model)
 			c.opts.Metrics.forget(model)
 		}
 	}
@@ -199,24 +207,11 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed"}
 		}
 	case Progressing, Paused:
-		c.windows.judgeFrom(model, st.Since.Add(plan.Warmup))
-		cand, base := c.windows.Summaries(model)
-		if base.Requests >= plan.Gates.MinRequests {
-			c.baseline[model] = base
-		} else if last, ok := c.baseline[model]; ok && st.Share(plan) == 1 {
-			base = last
-		}
-		v := Evaluate(plan.Gates, cand, base)
-		verdict = &v
-		c.opts.Metrics.verdict(model, v)
-		more := c.pending[model] + c.windows.TakeCount(model)
-		c.pending[model] = 0
-		next, _ = st.Advance(plan, v, more, now)
-		if st.Phase == Paused {
-			next.StepRequests += more
-		}
+		next, verdict = c.judge(plan, st, now)
+	default:
+		delete(c.failed, model)
 	}
-	if len(raw) == 0 || next != st {
+	if len(raw) == 0 || !sameState(next, st) {
 		ok, err := c.swap(ctx, model, raw, next)
 		if !ok || err != nil {
 			if err != nil {
@@ -225,14 +220,76 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 			if next.Phase == st.Phase && next.Step == st.Step {
 				c.pending[model] += next.StepRequests - st.StepRequests // counted again next tick
 			}
+			if next.Phase == RolledBack && st.Phase == Progressing {
+				// The rollback holds here at once; the next tick saves it for every replica.
+				c.failed[model] = next.Reason
+				c.remember(plan, next, verdict)
+				return next, true
+			}
 			c.remember(plan, st, verdict)
 			return st, true
+		}
+		delete(c.failed, model)
+		if st.Phase == Checking && next.Phase == Progressing {
+			c.newRun(model, next.Since)
 		}
 		c.transition(plan, st, next, verdict)
 		st = next
 	}
 	c.remember(plan, st, verdict)
 	return st, true
+}
+
+// judge evaluates a progressing or paused rollout's gates over this replica's windows of its current run and
+// advances it.
+func (c *Controller) judge(plan *policies.RolloutPlan, st State, now time.Time) (State, *Verdict) {
+	model := plan.Model.Name
+	if !c.since[model].Equal(st.Since) {
+		c.newRun(model, st.Since) // another replica started it
+	}
+	c.windows.judgeFrom(model, st.Since.Add(plan.Warmup))
+	cand, base := c.windows.Summaries(model)
+	if base.Requests >= plan.Gates.MinRequests {
+		c.baseline[model] = base
+	} else if st.Share(plan) == 1 {
+		if st.Baseline != nil {
+			base = *st.Baseline
+		} else if last, ok := c.baseline[model]; ok {
+			base = last
+		}
+	}
+	v := Evaluate(plan.Gates, cand, base)
+	c.opts.Metrics.verdict(model, v)
+	more := c.pending[model] + c.windows.TakeCount(model)
+	c.pending[model] = 0
+	if reason, ok := c.failed[model]; ok && st.Phase == Progressing {
+		v = Verdict{Result: Fail, Reason: reason, Figures: v.Figures} // a failure not saved yet
+	}
+	next, _ := st.Advance(plan, v, more, now)
+	if st.Phase == Paused {
+		next.StepRequests += more
+	}
+	if next.Phase == Progressing && next.Step != st.Step && next.Share(plan) == 1 {
+		if last, ok := c.baseline[model]; ok {
+			next.Baseline = &last
+		}
+	}
+	return next, &v
+}
+
+// newRun starts a run of a model's rollout (the compatibility gate passed): its windows, pending count and
+// baseline reference start empty, so nothing of a previous run is judged.
+func (c *Controller) newRun(model string, since time.Time) {
+	c.windows.reset(model)
+	c.since[model], c.pending[model] = since, 0
+	delete(c.baseline, model)
+}
+
+// sameState compares states by value (the baseline summary's too).
+func sameState(a, b State) bool {
+	ab, bb := a.Baseline, b.Baseline
+	a.Baseline, b.Baseline = nil, nil
+	return a == b && (ab == nil) == (bb == nil) && (ab == nil || *ab == *bb)
 }
 
 // load reads a model's state; a missing, unreadable or other plan's state is a new rollout, checking.
@@ -245,7 +302,7 @@ func (c *Controller) load(ctx context.Context, plan *policies.RolloutPlan) ([]by
 	}
 	fp := Fingerprint(plan)
 	var st State
-	if raw == nil || json.Unmarshal(raw, &st) != nil || st.Plan != fp {
+	if raw == nil || json.Unmarshal(raw, &st) != nil || st.Plan != fp || !st.valid(plan) {
 		st = State{Plan: fp, Phase: Checking, StepStarted: c.opts.Now(), Reason: "a new rollout: checking the candidate's compatibility"}
 		if raw == nil {
 			raw = []byte{} // swap from "no state"
@@ -313,9 +370,8 @@ func (c *Controller) remember(plan *policies.RolloutPlan, st State, v *Verdict) 
 	c.opts.Metrics.state(plan.Model.Name, st, s.Share)
 }
 
-// Statuses returns every rollout as this replica last read it, after reading them afresh.
-func (c *Controller) Statuses(ctx context.Context) []Status {
-	c.Tick(ctx)
+// Statuses returns every rollout as this replica last read it (at its last tick, or command).
+func (c *Controller) Statuses() []Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]Status, 0, len(c.status))

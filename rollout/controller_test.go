@@ -124,7 +124,7 @@ func TestWarmupRequestsAreNotJudged(t *testing.T) {
 
 func (f *fixture) status(c *Controller) Status {
 	f.t.Helper()
-	for _, s := range c.Statuses(context.Background()) {
+	for _, s := range c.Statuses() {
 		if s.Model == "m" {
 			return s
 		}
@@ -451,5 +451,86 @@ func TestCompatibilityOfAServedModelCandidate(t *testing.T) {
 		if s := f.status(c); s.Phase != tc.want || s.Candidate != "servedModel:m-int4" {
 			t.Errorf("engines listing %v: %+v, want %s", tc.ids, s, tc.want)
 		}
+	}
+}
+
+// The baseline's reference for a 100 % step lives in the shared state: a replica restarted during the step
+// judges the candidate against it.
+func TestTheLastStepSurvivesARestart(t *testing.T) {
+	store := NewMemoryStore()
+	f := newFixture(t, store, "", "m")
+	c := f.controller(nil)
+	c.Tick(context.Background())
+	f.passStep(c)
+	f.passStep(c)
+	restarted := f.controller(nil)
+	restarted.Tick(context.Background())
+	if s := f.status(restarted); s.Step != 2 || s.State.Baseline == nil || s.State.Baseline.Requests != 40 {
+		t.Fatalf("after the restart: %+v", s.State)
+	}
+	f.clock.Advance(50 * time.Second)
+	for range 40 {
+		restarted.Settled(settle(picker.ArmCandidate, true, "ok", 800*time.Millisecond))
+	}
+	f.clock.Advance(11 * time.Second)
+	restarted.Tick(context.Background())
+	if s := f.status(restarted); s.Phase != RolledBack {
+		t.Fatalf("a slow candidate at 100 %% after a restart: %+v %+v", s.State, s.Gates)
+	}
+}
+
+// A stored state that cannot be in force (a step the plan does not have) starts the rollout over instead of
+// taking the controller down.
+func TestACorruptStateStartsOver(t *testing.T) {
+	store := NewMemoryStore()
+	f := newFixture(t, store, "", "m")
+	c := f.controller(nil)
+	c.Tick(context.Background())
+	raw, _ := store.Load(context.Background(), "m")
+	bad := strings.Replace(string(raw), `"step":0`, `"step":7`, 1)
+	if ok, _ := store.Swap(context.Background(), "m", raw, []byte(bad)); !ok {
+		t.Fatal("setup")
+	}
+	c.Tick(context.Background())
+	if s := f.status(c); s.Phase != Progressing || s.Step != 0 {
+		t.Fatalf("%+v", s.State)
+	}
+}
+
+// flakyStore loses every swap while lose is set (another replica keeps writing, or Redis fails).
+type flakyStore struct {
+	*MemoryStore
+	lose bool
+}
+
+func (s *flakyStore) Swap(ctx context.Context, model string, old, next []byte) (bool, error) {
+	if s.lose {
+		return false, nil
+	}
+	return s.MemoryStore.Swap(ctx, model, old, next)
+}
+
+// A failed gate takes the candidate's share to 0 at once, even when the state cannot be saved yet; the next
+// tick saves the rollback.
+func TestAFailedGateHoldsWhileUnsaved(t *testing.T) {
+	store := &flakyStore{MemoryStore: NewMemoryStore()}
+	f := newFixture(t, store, "", "m")
+	c := f.controller(nil)
+	c.Tick(context.Background())
+	f.passStep(c)
+	store.lose = true
+	f.clock.Advance(time.Second)
+	feed(c, 25, 700*time.Millisecond, 200*time.Millisecond, "ok")
+	f.clock.Advance(time.Second)
+	c.Tick(context.Background())
+	if c.Share("m") != 0 {
+		t.Fatalf("share %v after a failed gate that could not be saved", c.Share("m"))
+	}
+	store.lose = false
+	f.clock.Advance(time.Minute) // the slow requests have left the window: the failure must not be forgotten
+	c.Tick(context.Background())
+	raw, _ := store.Load(context.Background(), "m")
+	if !strings.Contains(string(raw), `"phase":"rolled_back"`) || c.Share("m") != 0 {
+		t.Fatalf("stored %s, share %v", raw, c.Share("m"))
 	}
 }

@@ -44,8 +44,22 @@ type State struct {
 	// Since is when the candidate first took traffic in this run of the rollout: the gates' warm-up counts
 	// from it.
 	Since time.Time `json:"since,omitzero"`
+	// Baseline is the baseline's last full window when the rollout entered a 100 % step, which gives the
+	// baseline no traffic: the candidate is judged against it, on every replica and across restarts.
+	Baseline *Summary `json:"baseline,omitempty"`
 	// Reason says why the last transition happened (a gate's figures, an operator's command).
 	Reason string `json:"reason,omitempty"`
+}
+
+// valid says whether a stored state can be in force for a plan (a corrupt document, or one of another number of
+// steps, is not).
+func (s State) valid(plan *policies.RolloutPlan) bool {
+	switch s.Phase {
+	case Checking, Progressing, Paused, Promoted, RolledBack, Aborted:
+	default:
+		return false
+	}
+	return s.Step >= 0 && s.Step < len(plan.Steps) && s.StepRequests >= 0
 }
 
 // Share is the candidate's share of traffic in this state.
@@ -121,17 +135,15 @@ func (s State) Apply(c Command, now time.Time) (State, bool) {
 	return s, true
 }
 
-// Fingerprint names a plan by what makes it the same rollout: its candidate, its baseline and its steps. A
-// stored state of another fingerprint is a finished or replaced rollout, and the plan starts over.
+// Fingerprint names a plan by what makes it the same rollout: its candidate and its steps. A stored state of
+// another fingerprint is a finished or replaced rollout, and the plan starts over. The baseline is left out:
+// adding or reordering the model's other pools must not restart (or un-promote) a rollout.
 func Fingerprint(plan *policies.RolloutPlan) string {
 	var b strings.Builder
 	if plan.Candidate != nil {
 		fmt.Fprintf(&b, "pool=%s;", plan.Candidate.Name)
 	} else {
 		fmt.Fprintf(&b, "served=%s;", plan.CandidateServed)
-	}
-	for _, p := range plan.Baseline {
-		fmt.Fprintf(&b, "base=%s;", p.Name)
 	}
 	for _, st := range plan.Steps {
 		fmt.Fprintf(&b, "step=%g/%v/%d;", st.Share, st.MinDuration, st.MinRequests)

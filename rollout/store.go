@@ -53,8 +53,9 @@ func (m *MemoryStore) Swap(_ context.Context, model string, old, next []byte) (b
 // Shared implements Store.
 func (*MemoryStore) Shared() bool { return false }
 
-// RedisStore keeps states in Redis under infergate:rollout:{model}, without expiry: they outlive every
-// gateway restart until the policy drops the rollout.
+// RedisStore keeps states in Redis under infergate:rollout:{model}, without expiry: they outlive every gateway
+// restart. A rollout dropped from the policy leaves its state; put back unchanged (same candidate and steps)
+// it resumes where it was, and any other rollout of the model starts over.
 type RedisStore struct {
 	client redis.UniversalClient
 }

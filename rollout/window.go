@@ -71,12 +71,12 @@ func (w *armWindow) slot(now int64) *second {
 	return s
 }
 
-func (w *armWindow) summary(now int64) Summary {
+func (w *armWindow) summary(now, from int64) Summary {
 	var sum Summary
 	var ttft, tpot [histBuckets]uint32
 	for i := range w.ring {
 		s := &w.ring[i]
-		if s.at <= now-int64(len(w.ring)) || s.at > now {
+		if s.at <= now-int64(len(w.ring)) || s.at > now || s.at < from {
 			continue
 		}
 		sum.Requests, sum.Good, sum.Errors = sum.Requests+s.requests, sum.Good+s.good, sum.Errors+s.errors
@@ -145,10 +145,10 @@ func (w *Windows) arms(model string) *[2]armWindow {
 	return arms
 }
 
-// Settled implements director.SettleObserver: a routed request of a rollout arm counts, unless it failed by
-// the tenant's doing (client errors, quotas) or went to a managed API.
+// Settled implements director.SettleObserver: a routed request of a rollout arm counts, unless a tester chose
+// its arm, it failed by the tenant's doing (client errors, quotas) or it went to a managed API.
 func (w *Windows) Settled(st director.Settlement) {
-	if !st.Routed || st.Arm == "" || st.HardwareClass == director.ManagedClass ||
+	if !st.Routed || st.Arm == "" || st.ArmChosen || st.HardwareClass == director.ManagedClass ||
 		st.Outcome == director.OutcomeClientError || st.Outcome == director.OutcomeQuota {
 		return
 	}
@@ -188,8 +188,19 @@ func (w *Windows) Summaries(model string) (candidate, baseline Summary) {
 	if arms == nil {
 		return Summary{}, Summary{}
 	}
-	now := w.now().Unix()
-	return arms[0].summary(now), arms[1].summary(now)
+	now, from := w.now().Unix(), w.from[model].Unix()
+	if w.from[model].IsZero() {
+		from = 0
+	}
+	return arms[0].summary(now, from), arms[1].summary(now, from)
+}
+
+// reset forgets a model's requests: a new run of its rollout judges only its own.
+func (w *Windows) reset(model string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.models, model)
+	delete(w.counts, model)
 }
 
 // TakeCount returns the candidate requests of a model since the last call, for a step's request count.

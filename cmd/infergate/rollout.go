@@ -23,8 +23,8 @@ const rolloutUsage = `usage: infergate rollout status [MODEL] [flags]
 
 Talks to the admin endpoint of a running infergate serve (--admin-addr). status shows every rollout: its
 phase, step, candidate share and this replica's last gate figures. pause holds the step; resume continues a
-paused rollout, or starts a rolled-back or aborted one over from its first step; abort returns all traffic to
-the baseline at once; promote gives the candidate all traffic.
+paused rollout, or starts a rolled-back or aborted one over at its compatibility gate; abort returns all
+traffic to the baseline at once; promote gives the candidate all traffic.
 
 Flags:`
 
@@ -134,6 +134,7 @@ func (f rolloutFlags) call(c *http.Client, method, path, model string, stdout, s
 		fmt.Fprintln(stderr, "infergate rollout:", err)
 		return 2
 	}
+	req.Header.Set(rollout.AdminHeader, "cli")
 	resp, err := c.Do(req)
 	if err != nil {
 		fmt.Fprintln(stderr, "infergate rollout: the admin endpoint did not answer:", err)

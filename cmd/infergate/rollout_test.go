@@ -15,6 +15,7 @@ import (
 
 	"github.com/infergate/infergate/rollout"
 	"github.com/infergate/infergate/test/tlstest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // rolloutServe runs serve on examples/rollout/policy.yaml with its engines replaced by one stand-in that
@@ -62,9 +63,17 @@ func rolloutCLI(t *testing.T, admin string, args ...string) (int, string, string
 
 func TestRolloutCommands(t *testing.T) {
 	admin := rolloutServe(t)
-	if code, out, errOut := rolloutCLI(t, admin, "status"); code != 0 || !strings.Contains(out, "chat-8b") ||
-		!strings.Contains(out, "progressing") || !strings.Contains(out, "1/4") || !strings.Contains(out, "10.0%") {
-		t.Fatalf("status: %d\n%s%s", code, out, errOut)
+	var out string
+	wait.For(t, "the rollout's first step", func() bool {
+		_, out, _ = rolloutCLI(t, admin, "status")
+		return strings.Contains(out, "progressing")
+	})
+	if !strings.Contains(out, "chat-8b") || !strings.Contains(out, "1/4") || !strings.Contains(out, "10.0%") {
+		t.Fatalf("status:\n%s", out)
+	}
+	// A command without the admin header (what a web page could send) is refused.
+	if resp, err := http.Post(admin+rollout.AdminPath+"/abort?model=chat-8b", "", nil); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a bare POST: %v %v", resp, err)
 	}
 	for _, tc := range []struct {
 		args  []string
@@ -110,6 +119,21 @@ func TestAdminBeyondLoopbackNeedsMutualTLS(t *testing.T) {
 	}
 }
 
+// A page whose host name rebinds to 127.0.0.1 reaches the loopback port, but not with a loopback Host.
+func TestAdminAnswersOnlyLoopbackHosts(t *testing.T) {
+	admin := rolloutServe(t)
+	req, _ := http.NewRequest(http.MethodGet, admin+rollout.AdminPath, nil)
+	req.Host = "attacker.example:9091"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("Host attacker.example: %d", resp.StatusCode)
+	}
+}
+
 // With --tls-cert the admin endpoint is HTTPS and, with a client CA, answers only clients with a certificate.
 func TestAdminOverMutualTLS(t *testing.T) {
 	dir := t.TempDir()
@@ -121,7 +145,7 @@ func TestAdminOverMutualTLS(t *testing.T) {
 	go func() {
 		exit <- run(ctx, []string{"serve", "--policy", "../../examples/rollout/policy.yaml", "--extproc-addr", "127.0.0.1:0",
 			"--metrics-addr", "", "--xds-addr", "", "--admin-addr", "127.0.0.1:0", "--scrape-interval", "0",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", clientCA.WriteCA(t, dir)}, io.Discard, logs.w)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", clientCA.WriteCA(t, dir), "--admin-client-names", "operator"}, io.Discard, logs.w)
 	}()
 	t.Cleanup(func() { cancel(); <-exit })
 	admin := "https://" + logs.waitFor(t, "admin listening")["addr"].(string)
@@ -133,11 +157,16 @@ func TestAdminOverMutualTLS(t *testing.T) {
 	}
 	clientCert, clientKey := clientCA.Client(t, "operator").Write(t, clientDir)
 	caFile := serverCA.WriteCA(t, serverDir)
-	if code, out, errOut := rolloutCLI(t, admin, "status", "--tls-ca", caFile, "--tls-cert", clientCert, "--tls-key", clientKey); code != 0 ||
-		!strings.Contains(out, "chat-8b") {
+	if code, out, errOut := rolloutCLI(t, admin, "status", "--tls-ca", caFile, "--tls-cert", clientCert, "--tls-key", clientKey); code != 0 {
 		t.Fatalf("with a client certificate: %d %s %s", code, out, errOut)
 	}
 	if code, _, _ := rolloutCLI(t, admin, "status", "--tls-ca", caFile); code != 1 {
 		t.Fatalf("without a client certificate: exit %d", code)
+	}
+	// A certificate from the same CA with another name (an Envoy's) is refused.
+	envoyCert, envoyKey := clientCA.Client(t, "envoy-1").Write(t, serverDir)
+	if code, _, errOut := rolloutCLI(t, admin, "status", "--tls-ca", caFile, "--tls-cert", envoyCert, "--tls-key", envoyKey); code != 1 ||
+		!strings.Contains(errOut, "names no admin client") {
+		t.Fatalf("another client's certificate: exit %d %s", code, errOut)
 	}
 }

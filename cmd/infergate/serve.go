@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -44,6 +45,7 @@ type serveConfig struct {
 	egAddr         string
 	metricsAddr    string
 	adminAddr      string
+	adminClients   string
 	redisAddr      string
 	redisCluster   bool
 	logLevel       string
@@ -68,6 +70,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.egAddr, "envoy-gateway-addr", "", "Envoy Gateway extension server (post-translation hook) listen address, e.g. "+xds.EnvoyGatewayHookAddr+"; empty disables it")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", "127.0.0.1:9090", "Prometheus /metrics and /healthz listen address; empty disables it")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:9091", "admin endpoint (rollout status and commands, for `infergate rollout`); beyond loopback only with --tls-cert, --tls-key and --tls-client-ca; empty disables it")
+	fs.StringVar(&cfg.adminClients, "admin-client-names", "", "comma-separated client certificate names (common name, DNS or URI SAN) the admin endpoint answers over mutual TLS; required beyond loopback, where an Envoy's certificate from the same CA must not steer rollouts")
 	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate for the gRPC listeners (ext_proc, xDS, Envoy Gateway hook); reloaded when the file changes")
 	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&cfg.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: with it every gRPC client must present a certificate it signed (mTLS)")
@@ -253,9 +256,14 @@ func serveMetrics(addr string, log *slog.Logger, reg *prometheus.Registry, drain
 // whoever reaches it can promote or abort a rollout. With --tls-cert it is TLS wherever it binds.
 func serveAdmin(cfg serveConfig, log *slog.Logger, h http.Handler, errc chan<- error) (func(), error) {
 	remote := !loopbackAddr(cfg.adminAddr)
-	if remote && (cfg.tlsCert == "" || cfg.tlsClientCA == "") {
-		return nil, fmt.Errorf("the admin endpoint %s binds beyond loopback: give --tls-cert, --tls-key and --tls-client-ca so that only clients with a certificate reach it, or bind it to loopback", cfg.adminAddr)
+	names := splitList(cfg.adminClients)
+	if remote && (cfg.tlsCert == "" || cfg.tlsClientCA == "" || len(names) == 0) {
+		return nil, fmt.Errorf("the admin endpoint %s binds beyond loopback: give --tls-cert, --tls-key, --tls-client-ca and --admin-client-names so that only the operators' certificates reach it, or bind it to loopback", cfg.adminAddr)
 	}
+	if len(names) > 0 && cfg.tlsClientCA == "" {
+		return nil, errors.New("--admin-client-names needs --tls-client-ca: without client certificates there are no names to check")
+	}
+	h = adminGuard(h, !remote && cfg.tlsCert == "", names)
 	lis, err := net.Listen("tcp", cfg.adminAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen admin on %s: %w", cfg.adminAddr, err)
@@ -276,6 +284,53 @@ func serveAdmin(cfg serveConfig, log *slog.Logger, h http.Handler, errc chan<- e
 		}
 	}()
 	return func() { _ = srv.Close() }, nil
+}
+
+// adminGuard admits an admin request only when it is addressed to loopback (loopbackOnly: a page that rebinds
+// its own host name to 127.0.0.1 reaches the port but not with a loopback Host) and, with names, when its
+// verified client certificate carries one of them.
+func adminGuard(h http.Handler, loopbackOnly bool, names []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if loopbackOnly && !loopbackHost(r.Host) {
+			http.Error(w, "the admin endpoint answers only requests addressed to loopback", http.StatusForbidden)
+			return
+		}
+		if len(names) > 0 && !certNamed(r, names) {
+			http.Error(w, "the client certificate names no admin client (--admin-client-names)", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// certNamed says whether the request's verified client certificate names one of names (CN, DNS or URI SAN).
+func certNamed(r *http.Request, names []string) bool {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
+		return false
+	}
+	c := r.TLS.PeerCertificates[0]
+	have := append([]string{c.Subject.CommonName}, c.DNSNames...)
+	for _, u := range c.URIs {
+		have = append(have, u.String())
+	}
+	for _, n := range have {
+		if n != "" && slices.Contains(names, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // http1Config narrows a gRPC listener's TLS configuration (ALPN h2) to HTTP/1.1 for the admin server.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleetsim"
@@ -74,6 +75,11 @@ type Options struct {
 	Tracing    *telemetry.Tracing
 	// RolloutInterval is gateway.Config's (default 1 s).
 	RolloutInterval time.Duration
+	// Kubernetes is gateway.Config's: the API pools naming a Service are discovered from (a fake clientset).
+	Kubernetes kubernetes.Interface
+	// BeforeGateway, when set, runs once the fleet is up and before the gateway starts (to announce the
+	// fleet's endpoints through Kubernetes, say).
+	BeforeGateway func(*fleetsim.Fleet) error
 }
 
 var addrRe = regexp.MustCompile(`127\.0\.0\.1:\d+`)
@@ -109,6 +115,11 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	fleet, err := fleetsim.Start(ctx, fcfg)
 	if err != nil {
 		return nil, err
+	}
+	if o.BeforeGateway != nil {
+		if err := o.BeforeGateway(fleet); err != nil {
+			return nil, err
+		}
 	}
 	real := map[string]string{} // address in the files -> address bound
 	for _, r := range fleet.Replicas {
@@ -197,8 +208,8 @@ func (st *Stack) replicaConfig(ecfg *envoysim.Config) gateway.Config {
 		scrape = 0
 	}
 	return gateway.Config{PolicyPath: st.policyPath, ScrapeInterval: scrape, Logger: o.Logger, RedisAddrs: o.RedisAddrs,
-		RolloutInterval: o.RolloutInterval,
-		SecretNodes:     []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
+		RolloutInterval: o.RolloutInterval, Kubernetes: o.Kubernetes,
+		SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
 	}
 }
 
