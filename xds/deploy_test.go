@@ -6,38 +6,103 @@ import (
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	istionetworking "istio.io/api/networking/v1alpha3"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/manifest"
 )
 
-// The Istio EnvoyFilter's embedded filter is a valid ext_proc config that keeps the envoy.lb metadata.
+// The Istio EnvoyFilter decodes into Istio's own type, and every patch's value into the Envoy type its
+// applyTo names, valid: the ext_proc filter (FULL_DUPLEX_STREAMED, envoy.lb kept), and for every pool of the
+// quickstart policy an override_host cluster and a route on x-infergate-pool to it.
 func TestIstioEnvoyFilter(t *testing.T) {
 	docs := manifest.DecodeAll(t, "../deploy/istio/envoyfilter.yaml")
 	if len(docs) != 1 || docs[0]["kind"] != "EnvoyFilter" {
 		t.Fatalf("docs %v", docs)
 	}
-	patches := manifest.Get(docs[0], "spec", "configPatches").([]any)
-	value := manifest.Get(patches[0], "patch", "value")
-	if manifest.Get(value, "name") != "envoy.filters.http.ext_proc" || manifest.Get(patches[0], "patch", "operation") != "INSERT_BEFORE" {
-		t.Fatalf("patch %v", patches[0])
+	spec, _ := json.Marshal(docs[0]["spec"])
+	var ef istionetworking.EnvoyFilter
+	if err := protojson.Unmarshal(spec, &ef); err != nil {
+		t.Fatalf("not an Istio EnvoyFilter: %v", err)
 	}
-	js, _ := json.Marshal(manifest.Get(value, "typed_config"))
-	var anyMsg map[string]any
-	_ = json.Unmarshal(js, &anyMsg)
-	delete(anyMsg, "@type")
-	js, _ = json.Marshal(anyMsg)
-	var ep extprocfilterv3.ExternalProcessor
-	if err := protojson.Unmarshal(js, &ep); err != nil {
-		t.Fatalf("ext_proc config: %v", err)
+	clusters, routes := map[string]*clusterv3.Cluster{}, map[string]*routev3.Route{}
+	var extproc *extprocfilterv3.ExternalProcessor
+	for i, p := range ef.GetConfigPatches() {
+		value, err := protojson.Marshal(p.GetPatch().GetValue())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msg interface {
+			proto.Message
+			ValidateAll() error
+		}
+		switch p.GetApplyTo() {
+		case istionetworking.EnvoyFilter_HTTP_FILTER:
+			msg = &hcmv3.HttpFilter{}
+		case istionetworking.EnvoyFilter_CLUSTER:
+			msg = &clusterv3.Cluster{}
+		case istionetworking.EnvoyFilter_HTTP_ROUTE:
+			msg = &routev3.Route{}
+		default:
+			t.Fatalf("patch %d: unexpected applyTo %v", i, p.GetApplyTo())
+		}
+		if err := protojson.Unmarshal(value, msg); err != nil {
+			t.Fatalf("patch %d (%v): %v", i, p.GetApplyTo(), err)
+		}
+		if err := msg.ValidateAll(); err != nil {
+			t.Fatalf("patch %d (%v): %v", i, p.GetApplyTo(), err)
+		}
+		switch m := msg.(type) {
+		case *hcmv3.HttpFilter:
+			extproc = &extprocfilterv3.ExternalProcessor{}
+			if err := m.GetTypedConfig().UnmarshalTo(extproc); err != nil {
+				t.Fatal(err)
+			}
+		case *clusterv3.Cluster:
+			clusters[m.GetName()] = m
+		case *routev3.Route:
+			routes[m.GetName()] = m
+		}
 	}
-	if err := ep.ValidateAll(); err != nil {
+	if extproc == nil || extproc.GetProcessingMode().GetRequestBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
+		extproc.GetProcessingMode().GetResponseBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		t.Fatalf("ext_proc filter %v: want FULL_DUPLEX_STREAMED both ways (no buffer limit on prompts)", extproc)
+	}
+	if ns := extproc.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(); len(ns) != 1 || ns[0] != contract.MetadataNamespace {
+		t.Errorf("receiving namespaces %v", ns)
+	}
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if ns := ep.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(); len(ns) != 1 || ns[0] != "envoy.lb" {
-		t.Errorf("receiving namespaces %v", ns)
+	for _, m := range snap.Policy.Spec.Models {
+		for _, p := range m.Pools {
+			name := contract.ClusterName(m.Name, p.Name)
+			c := clusters[name]
+			if c == nil {
+				t.Errorf("no cluster %s", name)
+				continue
+			}
+			var oh overridehostv3.OverrideHost
+			lb := c.GetLoadBalancingPolicy().GetPolicies()
+			if len(lb) != 1 || lb[0].GetTypedExtensionConfig().GetTypedConfig().UnmarshalTo(&oh) != nil ||
+				oh.GetOverrideHostSources()[0].GetHeader() != contract.HeaderDestination || oh.GetSelectedHostKey() == nil {
+				t.Errorf("cluster %s: no override_host policy on %s", name, contract.HeaderDestination)
+			}
+			r := routes[name]
+			if r == nil || r.GetRoute().GetCluster() != name || len(r.GetMatch().GetHeaders()) != 1 ||
+				r.GetMatch().GetHeaders()[0].GetName() != contract.HeaderPool || r.GetMatch().GetHeaders()[0].GetStringMatch().GetExact() != p.Name {
+				t.Errorf("no route on %s: %s to %s: %v", contract.HeaderPool, p.Name, name, r)
+			}
+		}
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
@@ -67,6 +67,41 @@ func TestShippedBootstraps(t *testing.T) {
 			t.Fatal(err)
 		}
 		decode(t, f, toJSON(t, doc), &bootstrapv3.Bootstrap{})
+	}
+}
+
+// The Istio EnvoyFilter's patches: the filter, the pool clusters and their routes.
+func TestIstioPatches(t *testing.T) {
+	b, err := os.ReadFile("../../istio/envoyfilter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Spec struct {
+			ConfigPatches []struct {
+				ApplyTo string `yaml:"applyTo"`
+				Patch   struct {
+					Value any `yaml:"value"`
+				} `yaml:"patch"`
+			} `yaml:"configPatches"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range doc.Spec.ConfigPatches {
+		var msg proto.Message
+		switch p.ApplyTo {
+		case "HTTP_FILTER":
+			msg = &hcmv3.HttpFilter{}
+		case "CLUSTER":
+			msg = &clusterv3.Cluster{}
+		case "HTTP_ROUTE":
+			msg = &routev3.Route{}
+		default:
+			t.Fatalf("patch %d: applyTo %s", i, p.ApplyTo)
+		}
+		decode(t, fmt.Sprintf("istio patch %d (%s)", i, p.ApplyTo), toJSON(t, p.Patch.Value), msg)
 	}
 }
 
