@@ -83,7 +83,8 @@ func (h *harness) enqueue(e entry) {
 	if e.ctx == nil {
 		e.ctx = context.Background()
 	}
-	before := h.q.Joined("m") + uint64(h.settled())
+	// Queued (joined) or refused at the door (answered): a previous entry settling late must not count.
+	before := h.q.Joined("m")
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -93,10 +94,8 @@ func (h *harness) enqueue(e entry) {
 		h.out[e.name] = out
 		h.mu.Unlock()
 	}()
-	wait.For(h.t, e.name+" queued", func() bool { return h.q.Joined("m")+uint64(h.settled()) > before })
+	wait.For(h.t, e.name+" queued", func() bool { return h.q.Joined("m") > before || h.answered(e.name) })
 }
-
-func (h *harness) settled() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.out) }
 
 func (h *harness) result(name string) Result {
 	h.t.Helper()
@@ -114,6 +113,14 @@ func (h *harness) warm(every time.Duration) {
 		h.clock.Advance(every)
 		h.drain(1)
 	}
+}
+
+// answered says whether an entry's Wait has returned.
+func (h *harness) answered(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.out[name]
+	return ok
 }
 
 // drain frees one slot at a time, kicking the queue, until n have started.

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/envoyproxy/gateway/proto/extension"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -68,7 +72,11 @@ func (h *EnvoyGatewayHook) PostTranslateModify(ctx context.Context, req *pb.Post
 		}
 		ours[c.GetName()] = c
 	}
-	out := &pb.PostTranslateModifyResponse{Listeners: req.GetListeners()}
+	listeners, err := raiseExtProcTimeouts(req.GetListeners(), extProc)
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.PostTranslateModifyResponse{Listeners: listeners}
 	for _, c := range req.GetClusters() {
 		if _, replaced := ours[c.GetName()]; !replaced {
 			out.Clusters = append(out.Clusters, c)
@@ -148,6 +156,58 @@ func ClusterForPoolHeader(snap *policies.Snapshot, model, pool string) string {
 		}
 	}
 	return ""
+}
+
+// extProcStreamTimeout is the gRPC timeout of infergate's ext_proc streams, as in the static configs: the stream
+// lasts as long as the response it processes, minutes for a long generation.
+const extProcStreamTimeout = 300 * time.Second
+
+// raiseExtProcTimeouts sets the gRPC timeout of the ext_proc filters that call infergate (cluster extProc) to
+// extProcStreamTimeout. Envoy Gateway builds them with a fixed 10 s, which would cut a response streamed for
+// longer, and its EnvoyExtensionPolicy has no field for it. Other filters and listeners pass unchanged.
+func raiseExtProcTimeouts(listeners []*listenerv3.Listener, extProc string) ([]*listenerv3.Listener, error) {
+	if extProc == "" {
+		return listeners, nil
+	}
+	out := make([]*listenerv3.Listener, 0, len(listeners))
+	for _, l := range listeners {
+		l = proto.Clone(l).(*listenerv3.Listener)
+		chains := l.GetFilterChains()
+		if d := l.GetDefaultFilterChain(); d != nil {
+			chains = append(chains[:len(chains):len(chains)], d)
+		}
+		for _, fc := range chains {
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				changed := false
+				for _, hf := range hcm.GetHttpFilters() {
+					ep := &extprocfilterv3.ExternalProcessor{}
+					if hf.GetTypedConfig() == nil || hf.GetTypedConfig().UnmarshalTo(ep) != nil ||
+						ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != extProc || ep.GetGrpcService().GetTimeout().AsDuration() >= extProcStreamTimeout {
+						continue
+					}
+					ep.GrpcService.Timeout = durationpb.New(extProcStreamTimeout)
+					a, err := anypb.New(ep)
+					if err != nil {
+						return nil, err
+					}
+					hf.ConfigType, changed = &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}, true
+				}
+				if changed {
+					a, err := anypb.New(hcm)
+					if err != nil {
+						return nil, err
+					}
+					f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+				}
+			}
+		}
+		out = append(out, l)
+	}
+	return out, nil
 }
 
 // extProcClusterOf finds the cluster through which Envoy Gateway reaches infergate's ext_proc (the one it built

@@ -47,6 +47,29 @@ func legTargets(t *testing.T, c *clusterv3.Cluster) []string {
 	return out
 }
 
+// extProcTimeout is the gRPC timeout of the first ext_proc filter in the listeners.
+func extProcTimeout(t *testing.T, listeners []*listenerv3.Listener) time.Duration {
+	t.Helper()
+	for _, l := range listeners {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				for _, hf := range hcm.GetHttpFilters() {
+					ep := &extprocfilterv3.ExternalProcessor{}
+					if hf.GetTypedConfig().UnmarshalTo(ep) == nil {
+						return ep.GetGrpcService().GetTimeout().AsDuration()
+					}
+				}
+			}
+		}
+	}
+	t.Fatal("no ext_proc filter")
+	return 0
+}
+
 const egExtProc = "envoyextensionpolicy/infergate/infergate/extproc/0"
 
 func TestEnvoyGatewayHook(t *testing.T) {
@@ -81,6 +104,11 @@ func TestEnvoyGatewayHook(t *testing.T) {
 	}
 	if got := legTargets(t, fb); len(got) != 1 || got[0] != egExtProc {
 		t.Errorf("the fallback's upstream ext_proc calls %v, want Envoy Gateway's cluster for infergate %s", got, egExtProc)
+	}
+	// Envoy Gateway's ext_proc filter has a fixed 10 s gRPC timeout: the hook gives infergate's streams 300 s,
+	// as a response may stream for minutes.
+	if got := extProcTimeout(t, resp.GetListeners()); got != extProcStreamTimeout {
+		t.Errorf("the ext_proc filter's gRPC timeout %v, want %v", got, extProcStreamTimeout)
 	}
 	// Without an ext_proc filter in Envoy Gateway's listeners there is no cluster to call: no upstream ext_proc.
 	req.Listeners = []*listenerv3.Listener{{Name: "infergate/llm-gateway/http"}}

@@ -39,8 +39,10 @@ type Stack struct {
 	ExtProcAddr string
 	// MetricsURL is the in-process gateway's /metrics (empty with Options.ExtprocAddr).
 	MetricsURL string
-	// Gateway is the in-process gateway (nil with Options.ExtprocAddr).
+	// Gateway is the in-process gateway (nil with Options.ExtprocAddr); Closed is closed once it has closed
+	// after the stack's context ended.
 	Gateway *gateway.Gateway
+	Closed  chan struct{}
 
 	// What AddReplica starts another gateway replica from.
 	policyPath string
@@ -177,6 +179,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			return nil, err
 		}
 		st.URL, st.ExtProcAddr, st.MetricsURL, st.Policies, st.Gateway = rep.URL, rep.ExtProcAddr, rep.MetricsURL, rep.Gateway.Policies, rep.Gateway
+		st.Closed = rep.Closed
 		return st, nil
 	}
 	st.ExtProcAddr = o.ExtprocAddr
@@ -228,6 +231,8 @@ func (st *Stack) AddReplica(ctx context.Context) (*Replica, error) {
 type Replica struct {
 	URL, ExtProcAddr, MetricsURL string
 	Gateway                      *gateway.Gateway
+	// Closed is closed once the gateway has closed after ctx ended (its audit log flushed).
+	Closed chan struct{}
 }
 
 // StartReplica builds a gateway from cfg with its ext_proc server, control plane and /metrics on free
@@ -242,8 +247,8 @@ func StartReplica(ctx context.Context, ecfg *envoysim.Config, cfg gateway.Config
 	if err != nil {
 		return nil, err
 	}
-	go func() { <-ctx.Done(); g.Close() }()
-	rep := &Replica{Gateway: g}
+	rep := &Replica{Gateway: g, Closed: make(chan struct{})}
+	go func() { <-ctx.Done(); g.Close(); close(rep.Closed) }()
 	gs := grpc.NewServer(extproc.ServerOptions()...)
 	g.ExtProc.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -44,6 +44,8 @@ func telemetryStack(t *testing.T, envoyFile string) (*Stack, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Before the audit folder goes (cleanups run last first): the gateway has flushed and closed its files.
+	t.Cleanup(func() { cancel(); <-st.Closed })
 	return st, auditDir
 }
 

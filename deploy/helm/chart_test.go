@@ -1,0 +1,317 @@
+package helm
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"gopkg.in/yaml.v3"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/infergate/infergate/policies"
+)
+
+const chartDir = "infergate"
+
+// rendered is every object the chart renders, decoded strictly into its real API type.
+type rendered struct {
+	deployments     []*appsv1.Deployment
+	services        []*corev1.Service
+	configMaps      []*corev1.ConfigMap
+	secrets         []*corev1.Secret
+	serviceAccounts []*corev1.ServiceAccount
+	pdbs            []*policyv1.PodDisruptionBudget
+	roles           []*rbacv1.Role
+	bindings        []*rbacv1.RoleBinding
+	netpols         []*networkingv1.NetworkPolicy
+	monitors        []*monitoringv1.ServiceMonitor
+	rules           []*monitoringv1.PrometheusRule
+	scaled          []*kedav1alpha1.ScaledObject
+	hpas            []*autoscalingv2.HorizontalPodAutoscaler
+}
+
+func values(t *testing.T, file string) map[string]any {
+	t.Helper()
+	if file == "" {
+		return map[string]any{}
+	}
+	v, err := chartutil.ReadValuesFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// render runs `helm template` through the SDK and decodes the output.
+func render(t *testing.T, valuesFile string) rendered {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	rv, err := chartutil.ToRenderValues(chrt, values(t, valuesFile), chartutil.ReleaseOptions{Name: "infergate", Namespace: "infergate",
+		IsInstall: true, Revision: 1}, caps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.Render(chrt, rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r rendered
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for k := range out {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		dec := yaml.NewDecoder(strings.NewReader(out[name]))
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); err != nil {
+				if err.Error() == "EOF" {
+					break
+				}
+				t.Fatalf("%s: %v", name, err)
+			}
+			if doc == nil {
+				continue
+			}
+			r.add(t, name, doc)
+		}
+	}
+	return r
+}
+
+func (r *rendered) add(t *testing.T, where string, doc map[string]any) {
+	t.Helper()
+	var into any
+	switch doc["kind"] {
+	case "Deployment":
+		d := &appsv1.Deployment{}
+		r.deployments, into = append(r.deployments, d), d
+	case "Service":
+		s := &corev1.Service{}
+		r.services, into = append(r.services, s), s
+	case "ConfigMap":
+		c := &corev1.ConfigMap{}
+		r.configMaps, into = append(r.configMaps, c), c
+	case "Secret":
+		s := &corev1.Secret{}
+		r.secrets, into = append(r.secrets, s), s
+	case "ServiceAccount":
+		s := &corev1.ServiceAccount{}
+		r.serviceAccounts, into = append(r.serviceAccounts, s), s
+	case "PodDisruptionBudget":
+		p := &policyv1.PodDisruptionBudget{}
+		r.pdbs, into = append(r.pdbs, p), p
+	case "Role":
+		x := &rbacv1.Role{}
+		r.roles, into = append(r.roles, x), x
+	case "RoleBinding":
+		x := &rbacv1.RoleBinding{}
+		r.bindings, into = append(r.bindings, x), x
+	case "NetworkPolicy":
+		x := &networkingv1.NetworkPolicy{}
+		r.netpols, into = append(r.netpols, x), x
+	case "ServiceMonitor":
+		x := &monitoringv1.ServiceMonitor{}
+		r.monitors, into = append(r.monitors, x), x
+	case "PrometheusRule":
+		x := &monitoringv1.PrometheusRule{}
+		r.rules, into = append(r.rules, x), x
+	case "ScaledObject":
+		x := &kedav1alpha1.ScaledObject{}
+		r.scaled, into = append(r.scaled, x), x
+	case "HorizontalPodAutoscaler":
+		x := &autoscalingv2.HorizontalPodAutoscaler{}
+		r.hpas, into = append(r.hpas, x), x
+	default:
+		t.Fatalf("%s: unexpected kind %v", where, doc["kind"])
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		t.Fatalf("%s: %v %v does not decode strictly: %v", where, doc["kind"], doc["metadata"], err)
+	}
+}
+
+func (r rendered) infergate(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	for _, d := range r.deployments {
+		if d.Name == "infergate" {
+			return d
+		}
+	}
+	t.Fatal("no infergate Deployment")
+	return nil
+}
+
+func TestLint(t *testing.T) {
+	for _, file := range []string{"", "testdata/everything.yaml"} {
+		l := lint.All(chartDir, values(t, file), "infergate", false)
+		for _, m := range l.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint (%q): %s", file, m)
+			}
+		}
+	}
+}
+
+func TestDefaultValues(t *testing.T) {
+	r := render(t, "")
+	d := r.infergate(t)
+	chrt, _ := loader.Load(chartDir)
+	c := d.Spec.Template.Spec.Containers[0]
+	if c.Image != "ghcr.io/infergate/infergate:"+chrt.Metadata.AppVersion {
+		t.Errorf("image %s: pinned to the appVersion, never latest", c.Image)
+	}
+	pod := d.Spec.Template.Spec.SecurityContext
+	sc := c.SecurityContext
+	if pod == nil || pod.RunAsNonRoot == nil || !*pod.RunAsNonRoot || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("security context: pod %+v container %+v", pod, sc)
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.GRPC == nil || p.GRPC.Port != 9002 {
+			t.Errorf("%s probe %+v: gRPC health on ext_proc", name, p)
+		}
+	}
+	if len(d.Spec.Template.Spec.TopologySpreadConstraints) != 1 || len(r.pdbs) != 1 || len(r.services) != 1 || len(r.serviceAccounts) != 1 {
+		t.Errorf("spread %v, PDBs %d, services %d, service accounts %d", d.Spec.Template.Spec.TopologySpreadConstraints, len(r.pdbs), len(r.services), len(r.serviceAccounts))
+	}
+	if len(r.monitors)+len(r.rules)+len(r.netpols)+len(r.scaled)+len(r.hpas)+len(r.secrets) != 0 {
+		t.Error("optional objects rendered by default")
+	}
+	// The rendered policy is valid, and every Service it discovers is covered by a Role.
+	if len(r.configMaps) != 1 {
+		t.Fatalf("config maps %d", len(r.configMaps))
+	}
+	snap, err := policies.Parse("configmap/policy.yaml", []byte(r.configMaps[0].Data["policy.yaml"]))
+	if err != nil {
+		t.Fatalf("the rendered policy: %v", err)
+	}
+	for _, ref := range snap.Services() {
+		if !hasRole(r, ref.Namespace) {
+			t.Errorf("no Role to watch EndpointSlices in %s", ref.Namespace)
+		}
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"serve", "--policy=/etc/infergate/policy/policy.yaml", "--extproc-addr=:9002", "--instance-id=$(POD_NAME)"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+}
+
+func hasRole(r rendered, ns string) bool {
+	for _, role := range r.roles {
+		if role.Namespace != ns || len(role.Rules) != 1 {
+			continue
+		}
+		rule := role.Rules[0]
+		if reflect.DeepEqual(rule.APIGroups, []string{"discovery.k8s.io"}) && reflect.DeepEqual(rule.Resources, []string{"endpointslices"}) &&
+			reflect.DeepEqual(rule.Verbs, []string{"get", "list", "watch"}) {
+			for _, b := range r.bindings {
+				if b.Namespace == ns && b.RoleRef.Name == role.Name && len(b.Subjects) == 1 && b.Subjects[0].Name == "infergate" && b.Subjects[0].Namespace == "infergate" {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func TestEverythingOn(t *testing.T) {
+	r := render(t, "testdata/everything.yaml")
+	d := r.infergate(t)
+	c := d.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--redis-addr=infergate-redis.infergate.svc:6379", "--tls-client-ca=/etc/infergate/tls/ca.crt",
+		"--xds-secret-nodes=llm-gateway-envoy"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+	if c.Image != "ghcr.io/infergate/infergate:0.1.0-rc.1" {
+		t.Errorf("image %s", c.Image)
+	}
+	// With TLS kubelet probes the HTTP health paths.
+	if c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness %+v", c.ReadinessProbe)
+	}
+	// The chart's Redis: a Deployment and the Service the address names.
+	var redisSvc bool
+	for _, s := range r.services {
+		redisSvc = redisSvc || s.Name == "infergate-redis"
+	}
+	if len(r.deployments) != 2 || !redisSvc {
+		t.Errorf("deployments %d, redis service %v", len(r.deployments), redisSvc)
+	}
+	// Fallback keys: a Secret mounted where apiKeyFrom: file:/etc/infergate/keys/<name> reads it.
+	if len(r.secrets) != 1 || r.secrets[0].StringData["together"] != "test-key" || !mounted(c, "/etc/infergate/keys") {
+		t.Errorf("fallback keys: %+v", r.secrets)
+	}
+	for _, ns := range []string{"inference", "batch"} {
+		if !hasRole(r, ns) {
+			t.Errorf("no EndpointSlice Role in %s", ns)
+		}
+	}
+	if len(r.monitors) != 1 || r.monitors[0].Spec.Endpoints[0].Port != "http-metrics" || len(r.rules) != 1 || len(r.rules[0].Spec.Groups) == 0 {
+		t.Errorf("monitoring: %d service monitors, %d rules", len(r.monitors), len(r.rules))
+	}
+	if len(r.netpols) != 1 || len(r.netpols[0].Spec.Ingress) != 2 {
+		t.Errorf("network policy %+v", r.netpols)
+	}
+	if len(r.scaled) != 2 || *r.scaled[0].Spec.MinReplicaCount != 2 || r.scaled[0].Spec.Triggers[0].Metadata["query"] !=
+		`max(infergate_pool_desired_replicas{model="llama-3.1-8b",pool="llama-h100"})` {
+		t.Errorf("scaled objects %+v", r.scaled)
+	}
+}
+
+func mounted(c corev1.Container, path string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == path {
+			return true
+		}
+	}
+	return false
+}
+
+// The chart's rules are deploy/observability's (the chart cannot read outside its folder).
+func TestRulesAreTheShippedOnes(t *testing.T) {
+	a, err := os.ReadFile("infergate/files/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../observability/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Error("deploy/helm/infergate/files/rules.yaml differs from deploy/observability/rules.yaml: copy it")
+	}
+}
+

@@ -1,0 +1,22 @@
+{{- define "infergate.name" -}}{{ .Release.Name }}{{- end -}}
+
+{{- define "infergate.labels" -}}
+app.kubernetes.io/name: infergate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
+{{- define "infergate.selector" -}}
+app.kubernetes.io/name: infergate
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "infergate.redisAddress" -}}
+{{- if .Values.redis.deploy -}}{{ include "infergate.name" . }}-redis.{{ .Release.Namespace }}.svc:6379{{- else -}}{{ .Values.redis.address }}{{- end -}}
+{{- end -}}
+
+{{- define "infergate.keysSecret" -}}
+{{- if .Values.fallbackKeys.existingSecret -}}{{ .Values.fallbackKeys.existingSecret }}{{- else -}}{{ include "infergate.name" . }}-fallback-keys{{- end -}}
+{{- end -}}
