@@ -172,38 +172,32 @@ func raiseExtProcTimeouts(listeners []*listenerv3.Listener, extProc string) ([]*
 	out := make([]*listenerv3.Listener, 0, len(listeners))
 	for _, l := range listeners {
 		l = proto.Clone(l).(*listenerv3.Listener)
-		chains := l.GetFilterChains()
-		if d := l.GetDefaultFilterChain(); d != nil {
-			chains = append(chains[:len(chains):len(chains)], d)
-		}
-		for _, fc := range chains {
-			for _, f := range fc.GetFilters() {
-				hcm := &hcmv3.HttpConnectionManager{}
-				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+		var err error
+		eachHCM(l, func(f *listenerv3.Filter, hcm *hcmv3.HttpConnectionManager) bool {
+			changed := false
+			for _, hf := range hcm.GetHttpFilters() {
+				ep := extProcOf(hf)
+				if ep == nil || ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != extProc || ep.GetGrpcService().GetTimeout().AsDuration() >= extProcStreamTimeout {
 					continue
 				}
-				changed := false
-				for _, hf := range hcm.GetHttpFilters() {
-					ep := &extprocfilterv3.ExternalProcessor{}
-					if hf.GetTypedConfig() == nil || hf.GetTypedConfig().UnmarshalTo(ep) != nil ||
-						ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != extProc || ep.GetGrpcService().GetTimeout().AsDuration() >= extProcStreamTimeout {
-						continue
-					}
-					ep.GrpcService.Timeout = durationpb.New(extProcStreamTimeout)
-					a, err := anypb.New(ep)
-					if err != nil {
-						return nil, err
-					}
-					hf.ConfigType, changed = &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}, true
+				ep.GrpcService.Timeout = durationpb.New(extProcStreamTimeout)
+				var a *anypb.Any
+				if a, err = anypb.New(ep); err != nil {
+					return false
 				}
-				if changed {
-					a, err := anypb.New(hcm)
-					if err != nil {
-						return nil, err
-					}
-					f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
-				}
+				hf.ConfigType, changed = &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}, true
 			}
+			if changed {
+				var a *anypb.Any
+				if a, err = anypb.New(hcm); err != nil {
+					return false
+				}
+				f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+			}
+			return true
+		})
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, l)
 	}
@@ -214,29 +208,51 @@ func raiseExtProcTimeouts(listeners []*listenerv3.Listener, extProc string) ([]*
 // for the EnvoyExtensionPolicy): that of the first ext_proc HTTP filter in the translated listeners; "" when
 // there is none.
 func extProcClusterOf(listeners []*listenerv3.Listener) string {
+	name := ""
 	for _, l := range listeners {
-		chains := l.GetFilterChains()
-		if d := l.GetDefaultFilterChain(); d != nil {
-			chains = append(chains[:len(chains):len(chains)], d)
-		}
-		for _, fc := range chains {
-			for _, f := range fc.GetFilters() {
-				hcm := &hcmv3.HttpConnectionManager{}
-				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
-					continue
-				}
-				for _, hf := range hcm.GetHttpFilters() {
-					ep := &extprocfilterv3.ExternalProcessor{}
-					if hf.GetTypedConfig() != nil && hf.GetTypedConfig().UnmarshalTo(ep) == nil {
-						if name := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName(); name != "" {
-							return name
-						}
-					}
+		eachHCM(l, func(_ *listenerv3.Filter, hcm *hcmv3.HttpConnectionManager) bool {
+			for _, hf := range hcm.GetHttpFilters() {
+				if n := extProcOf(hf).GetGrpcService().GetEnvoyGrpc().GetClusterName(); n != "" {
+					name = n
+					return false
 				}
 			}
+			return true
+		})
+		if name != "" {
+			return name
 		}
 	}
 	return ""
+}
+
+// eachHCM calls fn with every HTTP connection manager of a listener's filter chains (the default one too) and
+// the network filter holding it, until fn returns false.
+func eachHCM(l *listenerv3.Listener, fn func(*listenerv3.Filter, *hcmv3.HttpConnectionManager) bool) {
+	chains := l.GetFilterChains()
+	if d := l.GetDefaultFilterChain(); d != nil {
+		chains = append(chains[:len(chains):len(chains)], d)
+	}
+	for _, fc := range chains {
+		for _, f := range fc.GetFilters() {
+			hcm := &hcmv3.HttpConnectionManager{}
+			if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+				continue
+			}
+			if !fn(f, hcm) {
+				return
+			}
+		}
+	}
+}
+
+// extProcOf is an HTTP filter's ext_proc configuration, nil when it is another filter.
+func extProcOf(hf *hcmv3.HttpFilter) *extprocfilterv3.ExternalProcessor {
+	ep := &extprocfilterv3.ExternalProcessor{}
+	if hf.GetTypedConfig() == nil || hf.GetTypedConfig().UnmarshalTo(ep) != nil {
+		return nil
+	}
+	return ep
 }
 
 // retargetLegFilter points a fallback cluster's upstream ext_proc filter at Envoy Gateway's cluster for

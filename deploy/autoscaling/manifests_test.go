@@ -1,8 +1,6 @@
 package autoscaling_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,19 +17,6 @@ import (
 
 // These tests decode the examples into KEDA's and Kubernetes' own types, without the race detector (make
 // test), and check that they scale a pool of the quickstart policy on the series infergate exports.
-
-func strictDecode(t *testing.T, doc map[string]any, into any) {
-	t.Helper()
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		t.Fatalf("%s %v: %v", doc["kind"], manifest.Get(doc, "metadata", "name"), err)
-	}
-}
 
 func quickstartPool(t *testing.T, model, pool string) {
 	t.Helper()
@@ -59,7 +44,7 @@ func TestKEDAScaledObject(t *testing.T) {
 		t.Fatalf("%d documents", len(docs))
 	}
 	var so kedav1alpha1.ScaledObject
-	strictDecode(t, docs[0], &so)
+	manifest.StrictDecode(t, docs[0], &so)
 	if so.Kind != "ScaledObject" || so.Spec.ScaleTargetRef == nil || so.Spec.ScaleTargetRef.Kind != "Deployment" {
 		t.Fatalf("%+v", so)
 	}
@@ -90,9 +75,9 @@ func TestHPAOnTheExternalMetric(t *testing.T) {
 	for _, doc := range manifest.DecodeAll(t, "hpa-external-metric.yaml") {
 		switch doc["kind"] {
 		case "HorizontalPodAutoscaler":
-			strictDecode(t, doc, &hpa)
+			manifest.StrictDecode(t, doc, &hpa)
 		case "ConfigMap":
-			strictDecode(t, doc, &cm)
+			manifest.StrictDecode(t, doc, &cm)
 		default:
 			t.Fatalf("unexpected kind %v", doc["kind"])
 		}

@@ -1,8 +1,6 @@
 package envoygateway_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,20 +17,6 @@ import (
 
 // These tests decode the manifests into Envoy Gateway's and the Gateway API's Kubernetes types. They run
 // without the race detector (make test), which would otherwise recompile the Kubernetes libraries for nothing.
-
-// strictDecode turns one YAML document (as decodeAll reads it) into an API type, refusing unknown fields.
-func strictDecode(t *testing.T, doc map[string]any, into any) {
-	t.Helper()
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		t.Fatalf("%s %v: %v", doc["kind"], manifest.Get(doc, "metadata", "name"), err)
-	}
-}
 
 // Every document of deploy/envoy-gateway decodes into Envoy Gateway's and the Gateway API's own types, and
 // they agree with each other, with the quickstart policy and with infergate's Kubernetes Service.
@@ -55,7 +39,7 @@ func TestEnvoyGatewayManifests(t *testing.T) {
 		if !ok {
 			t.Fatalf("unexpected kind %q", kind)
 		}
-		strictDecode(t, doc, target)
+		manifest.StrictDecode(t, doc, target)
 		seen[kind] = true
 	}
 	if len(seen) != len(into) {

@@ -2,7 +2,6 @@ package helm
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"reflect"
 	"slices"
@@ -25,6 +24,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/manifest"
 )
 
 const chartDir = "infergate"
@@ -147,15 +147,7 @@ func (r *rendered) add(t *testing.T, where string, doc map[string]any) {
 	default:
 		t.Fatalf("%s: unexpected kind %v", where, doc["kind"])
 	}
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		t.Fatalf("%s: %v %v does not decode strictly: %v", where, doc["kind"], doc["metadata"], err)
-	}
+	manifest.StrictDecode(t, doc, into)
 }
 
 func (r rendered) infergate(t *testing.T) *appsv1.Deployment {
@@ -314,4 +306,3 @@ func TestRulesAreTheShippedOnes(t *testing.T) {
 		t.Error("deploy/helm/infergate/files/rules.yaml differs from deploy/observability/rules.yaml: copy it")
 	}
 }
-

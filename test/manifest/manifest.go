@@ -4,6 +4,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -45,4 +46,19 @@ func Get(m any, path ...string) any {
 		m = mm[k]
 	}
 	return m
+}
+
+// StrictDecode turns one document (as DecodeAll reads it) into an API type, refusing unknown fields: a field
+// the real type does not have is a manifest the cluster would reject or silently ignore.
+func StrictDecode(t testing.TB, doc map[string]any, into any) {
+	t.Helper()
+	js, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		t.Fatalf("%s %v: %v", doc["kind"], Get(doc, "metadata", "name"), err)
+	}
 }
