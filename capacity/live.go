@@ -150,7 +150,7 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 		eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(k poolKey, m *dto.Metric) {
 			c := caps[[3]string{k.model, k.pool, labelOf(m, "endpoint")}]
 			v := out[k]
-			v[0] += value(m) * max(c, 1)
+			v[0] += min(max(value(m), 0), 1) * max(c, 1) // a ratio: whatever an engine reports, 0..1
 			v[1] += max(c, 1)
 			out[k] = v
 		})
