@@ -23,7 +23,9 @@ type Server struct {
 	dir     string
 	cluster bool
 	persist bool
-	cmd     *exec.Cmd
+	// member: a node of a multi-node cluster (RealCluster), which assigns the slots itself.
+	member bool
+	cmd    *exec.Cmd
 }
 
 // Start runs a standalone server with persistence off.
@@ -60,7 +62,7 @@ func startWith(t testing.TB, s *Server) *Server {
 	s.Addr, s.dir = addr, t.TempDir()
 	s.Restart()
 	t.Cleanup(s.Kill)
-	if cluster {
+	if cluster && !s.member {
 		if _, err := s.Do("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
 			t.Fatal(err)
 		}
@@ -91,6 +93,10 @@ func (s *Server) Restart() {
 		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning"}
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"))
+	}
+	if s.member {
+		// A dead master is failed over within about a second.
+		args = append(args, "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0")
 	}
 	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {

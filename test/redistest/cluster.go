@@ -1,0 +1,117 @@
+package redistest
+
+import (
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// RealCluster is a Redis Cluster of several processes: masters with a replica each, slots spread by
+// redis-cli --cluster create, failover after a one-second node timeout.
+type RealCluster struct {
+	t     testing.TB
+	Nodes []*Server
+}
+
+// StartRealCluster starts masters × 2 redis-server processes on free loopback ports and forms a cluster of
+// masters with one replica each; it returns once every node sees every slot served.
+func StartRealCluster(t testing.TB, masters int) *RealCluster {
+	t.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		t.Fatal("redis-cli is not installed; `make test` installs it with redis-server (scripts/ensure-test-deps.sh)")
+	}
+	c := &RealCluster{t: t}
+	var addrs []string
+	for range 2 * masters {
+		s := startWith(t, &Server{t: t, cluster: true, member: true})
+		c.Nodes = append(c.Nodes, s)
+		addrs = append(addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.WaitHealthy()
+	return c
+}
+
+// Addrs are every node's address (a cluster client discovers the rest from any of them).
+func (c *RealCluster) Addrs() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		out = append(out, n.Addr)
+	}
+	return out
+}
+
+// WaitHealthy waits until every live node reports the cluster ok with all slots served by live masters.
+func (c *RealCluster) WaitHealthy() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok := true
+		for _, n := range c.Nodes {
+			if n.cmd == nil {
+				continue
+			}
+			info, err := n.Do("CLUSTER", "INFO")
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal("the cluster did not become healthy within 30 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// MasterOf returns the live node that is master of a key's slot, as the first live node sees it.
+func (c *RealCluster) MasterOf(key string) *Server {
+	c.t.Helper()
+	for _, n := range c.Nodes {
+		if n.cmd == nil {
+			continue
+		}
+		slotText, err := n.Do("CLUSTER", "KEYSLOT", key)
+		if err != nil {
+			continue
+		}
+		slot, _ := strconv.Atoi(slotText)
+		nodes, err := n.Do("CLUSTER", "NODES")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 9 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+				continue
+			}
+			addr := strings.SplitN(f[1], "@", 2)[0]
+			for _, r := range f[8:] {
+				lo, hi, _ := strings.Cut(r, "-")
+				a, errA := strconv.Atoi(lo)
+				b, errB := strconv.Atoi(hi)
+				if hi == "" {
+					b, errB = a, errA
+				}
+				if errA == nil && errB == nil && slot >= a && slot <= b {
+					for _, s := range c.Nodes {
+						if s.Addr == addr {
+							return s
+						}
+					}
+				}
+			}
+		}
+	}
+	c.t.Fatalf("no master for %s", key)
+	return nil
+}
