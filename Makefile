@@ -47,6 +47,10 @@ bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output 
 bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench
 
+.PHONY: bench-scale
+bench-scale: ## affinity across 1-16 gateway replicas on 16 simulated engines (issue #19; ≈ 8 min; table for BENCHMARKS.md)
+	$(GO) run ./test/routingbench -replicas 16 -gateways 1,2,4,8,16 -only "shared prefix," -runs 3
+
 .PHONY: chaos
 chaos: test-deps ## reliability suite: faults injected one at a time under load, table for RELIABILITY.md (≤ 10 min)
 	$(GO) run ./test/chaos

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,7 +212,10 @@ func main() {
 	only := flag.String("only", "", "run only workloads whose name contains this")
 	runs := flag.Int("runs", 3, "runs per policy and workload; the table shows medians")
 	onlyPolicies := flag.String("policies", "", "run only these policies (comma-separated names; round-robin always runs, as the baseline)")
+	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many independent pickers taking requests round-robin (issue #19's scale check)")
 	flag.Parse()
+	// Workloads grow with the fleet: the groups and the rate are those of four replicas, times replicas ÷ 4.
+	scale := float64(*replicas) / 4
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cfg := fleetsim.Config{TimeScale: timeScale}
@@ -271,10 +275,32 @@ spec:
 		}
 		return a
 	}
+	counts, err := gatewayCounts(*gateways)
+	if err != nil {
+		log.Fatal(err)
+	}
 	policiesUnder := func() []struct {
 		name string
 		rt   router
 	} {
+		if len(counts) > 0 {
+			out := []struct {
+				name string
+				rt   router
+			}{{"round-robin", &roundRobin{eps: eps}}}
+			for _, n := range counts {
+				r := &pickerRouter{snap: snap, model: model}
+				for range n {
+					in := &fleet.InFlight{}
+					r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, newAffinity(in, false))
+				}
+				out = append(out, struct {
+					name string
+					rt   router
+				}{fmt.Sprintf("infergate ×%d", n), r})
+			}
+			return out
+		}
 		one := &fleet.InFlight{}
 		two := []*fleet.InFlight{{}, {}}
 		least := &fleet.InFlight{}
@@ -298,10 +324,10 @@ spec:
 		work func() []request
 		rate float64
 	}{ // the target checks below name these
-		{"shared prefix, moderate", func() []request { return sharedPrefix(16, 64, 1500) }, 8},
-		{"shared prefix, near saturation", func() []request { return sharedPrefix(16, 64, 1500) }, 20},
-		{"multi-turn", func() []request { return multiTurn(32, 8) }, 10},
-		{"no shared prefix", func() []request { return noSharedPrefix(768) }, 6},
+		{"shared prefix, moderate", func() []request { return sharedPrefix(int(16*scale), 64, 1500) }, 8 * scale},
+		{"shared prefix, near saturation", func() []request { return sharedPrefix(int(16*scale), 64, 1500) }, 20 * scale},
+		{"multi-turn", func() []request { return multiTurn(int(32*scale), 8) }, 10 * scale},
+		{"no shared prefix", func() []request { return noSharedPrefix(int(768 * scale)) }, 6 * scale},
 	}
 	fmt.Printf("%d l40s replicas × %d KV blocks, simulated time (time scale %.2f); TTFT and throughput in simulated time\n\n", *replicas, *blocks, timeScale)
 	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | cache-hit | p95 / RR | throughput / RR |")
@@ -338,7 +364,45 @@ spec:
 				float64(res.p95)/float64(max(rr.p95, 1)), res.throughput/max(rr.throughput, 1e-9))
 		}
 	}
+	if len(counts) > 0 {
+		printScaleTargets(medians, counts)
+		return
+	}
 	printTargets(medians, ceilings)
+}
+
+// gatewayCounts reads -gateways.
+func gatewayCounts(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("-gateways: %q is not a count from 1 to 64", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// printScaleTargets checks issue #19's affinity target: with the most gateway replicas, cache hit within two
+// points of one replica's and TTFT p95 within 1.2×.
+func printScaleTargets(m map[string]map[string]result, counts []int) {
+	fmt.Println("\nTargets:")
+	most := slices.Max(counts)
+	for _, w := range slices.Sorted(maps.Keys(m)) {
+		one, ok1 := m[w]["infergate ×1"]
+		many, ok2 := m[w][fmt.Sprintf("infergate ×%d", most)]
+		if !ok1 || !ok2 || most == 1 {
+			continue
+		}
+		loadgen.Check(fmt.Sprintf("%s: %d replicas' cache-hit within 2 points of one", w, most), many.hit >= one.hit-0.02,
+			"%.1f%% against %.1f%%", 100*many.hit, 100*one.hit)
+		loadgen.Check(fmt.Sprintf("%s: %d replicas' TTFT p95 within 1.2× of one", w, most), float64(many.p95) <= 1.2*float64(one.p95),
+			"%.2f×", float64(many.p95)/float64(max(one.p95, 1)))
+	}
 }
 
 // printTargets checks the picker issue's targets against the medians (rows that did not run are skipped).
