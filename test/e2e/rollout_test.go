@@ -29,9 +29,10 @@ import (
 const rolloutLimit = 90 * time.Second
 
 // rolloutPolicy is examples/rollout/policy.yaml with steps of seconds instead of minutes: 30, 60 and 100 %
-// of conversations, each at least a second and 15 candidate requests, judged over 3-second windows of at
-// least 20 requests an arm, without a warm-up (every conversation has a prompt of its own: no cache to warm).
-func rolloutPolicy(t *testing.T) string {
+// of conversations, each at least step long and 15 candidate requests, judged over 5-second windows of at
+// least 20 requests an arm (enough on a loaded machine running the race detector), without a warm-up (every
+// conversation has a prompt of its own: no cache to warm).
+func rolloutPolicy(t *testing.T, step time.Duration) string {
 	t.Helper()
 	root, err := FindRoot()
 	if err != nil {
@@ -47,18 +48,18 @@ func rolloutPolicy(t *testing.T) string {
 		t.Fatal("examples/rollout/policy.yaml lost its steps")
 	}
 	src = src[:start] + "      steps:\n" +
-		"      - {percent: 30, minDuration: 1s, minRequests: 15}\n" +
-		"      - {percent: 60, minDuration: 1s, minRequests: 15}\n" +
-		"      - {percent: 100, minDuration: 1s, minRequests: 15}\n" + src[end:]
+		fmt.Sprintf("      - {percent: 30, minDuration: %s, minRequests: 15}\n", step) +
+		fmt.Sprintf("      - {percent: 60, minDuration: %s, minRequests: 15}\n", step) +
+		fmt.Sprintf("      - {percent: 100, minDuration: %s, minRequests: 15}\n", step) + src[end:]
 	// TTFT here is mostly the test machine's own overhead; the engines' speed shows in TPOT.
-	r := strings.NewReplacer("window: 20s", "window: 3s", "maxTTFTP95Ratio: 1.5", "maxTTFTP95Ratio: 2.5",
+	r := strings.NewReplacer("window: 20s", "window: 5s", "maxTTFTP95Ratio: 1.5", "maxTTFTP95Ratio: 2.5",
 		"minRequests: 50 ", "minRequests: 20 ", "warmup: 30s", "warmup: 0s")
 	return r.Replace(src)
 }
 
-func rolloutStack(t *testing.T, ctx context.Context, redis []string) *Stack {
+func rolloutStack(t *testing.T, ctx context.Context, redis []string, step time.Duration) *Stack {
 	t.Helper()
-	dir := stackFiles(t, map[string]string{"policy.yaml": rolloutPolicy(t), "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml",
+	dir := stackFiles(t, map[string]string{"policy.yaml": rolloutPolicy(t, step), "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml",
 		"fleet.yaml": "repo:examples/rollout/fleet.yaml"})
 	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
 		FreePorts: true, RedisAddrs: redis, RolloutInterval: 100 * time.Millisecond})
@@ -191,7 +192,7 @@ func transitions(t *testing.T, st *Stack, phase string) float64 {
 func TestRolloutHealthyCandidateIsPromoted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st := rolloutStack(t, ctx, nil)
+	st := rolloutStack(t, ctx, nil, time.Second)
 	load := startLoad([]string{st.URL}, 6)
 	var worst rollout.Figures
 	wait.Within(t, "the candidate promoted", rolloutLimit, func() bool {
@@ -233,7 +234,7 @@ func TestRolloutHealthyCandidateIsPromoted(t *testing.T) {
 func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st := rolloutStack(t, ctx, nil)
+	st := rolloutStack(t, ctx, nil, time.Hour)
 	settled := collect(ctx, st)
 	load := startLoad([]string{st.URL}, 6)
 	ctl := st.Gateway.Rollouts
@@ -289,7 +290,7 @@ func TestRolloutReplicasShareTheState(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	redis := redistest.Start(t)
-	st := rolloutStack(t, ctx, []string{redis.Addr})
+	st := rolloutStack(t, ctx, []string{redis.Addr}, time.Second)
 	bctx, stopB := context.WithCancel(ctx)
 	b, err := st.AddReplica(bctx)
 	if err != nil {
