@@ -12,8 +12,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/fleet"
 )
 
 // maxExposition bounds a gateway's /metrics read by --live; maxWallMinutes is the farthest wall reported (a
@@ -94,22 +94,12 @@ func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, erro
 	return ParseExposition(io.LimitReader(resp.Body, maxExposition))
 }
 
-// ParseExposition reads the Prometheus text format with prometheus/common.
+// ParseExposition reads the Prometheus text format (fleet.ParseFamilies: prometheus/common's parser).
 func ParseExposition(r io.Reader) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(r)
+	return fleet.ParseFamilies(r)
 }
 
 type poolKey struct{ model, pool string }
-
-func labelOf(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
 
 // eachPool calls fn with every sample of a family and its pool (by the model/pool labels given).
 func eachPool(fams map[string]*dto.MetricFamily, name, modelLabel string, fn func(poolKey, *dto.Metric)) {
@@ -118,18 +108,8 @@ func eachPool(fams map[string]*dto.MetricFamily, name, modelLabel string, fn fun
 		return
 	}
 	for _, m := range f.GetMetric() {
-		fn(poolKey{labelOf(m, modelLabel), labelOf(m, "pool")}, m)
+		fn(poolKey{fleet.Label(m, modelLabel), fleet.Label(m, "pool")}, m)
 	}
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	}
-	return 0
 }
 
 // Compare turns two readings of a gateway's metrics into the live report.
@@ -141,41 +121,22 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 		}
 		return pools[k]
 	}
-	kvUsed := func(fams map[string]*dto.MetricFamily) map[poolKey][2]float64 { // used and capacity tokens, or usage sum and count
-		out := map[poolKey][2]float64{}
-		caps := map[[3]string]float64{} // model, pool, endpoint
-		eachPool(fams, "infergate_endpoint_kv_cache_capacity_tokens", "model", func(k poolKey, m *dto.Metric) {
-			caps[[3]string{k.model, k.pool, labelOf(m, "endpoint")}] = value(m)
-		})
-		eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(k poolKey, m *dto.Metric) {
-			c := caps[[3]string{k.model, k.pool, labelOf(m, "endpoint")}]
-			v := out[k]
-			v[0] += min(max(value(m), 0), 1) * max(c, 1) // a ratio: whatever an engine reports, 0..1
-			v[1] += max(c, 1)
-			out[k] = v
-		})
-		return out
-	}
-	used0, used1 := kvUsed(before), kvUsed(after)
+	used0, used1 := readKV(before), readKV(after)
 	for k, v := range used1 {
 		p := get(k)
-		p.KVUsage = v[0] / v[1]
-		if v[1] > float64(countOf(after, k)) { // capacities known
-			p.KVCapacityTokens = v[1]
+		p.KVUsage, p.KVCapacityTokens, p.Replicas = v.usage(), v.capacity, v.endpoints
+		if old, ok := used0[k]; ok && old.weight > 0 && interval > 0 {
+			p.KVGrowthPerMinute = (p.KVUsage - old.usage()) / interval.Minutes()
 		}
-		if old, ok := used0[k]; ok && old[1] > 0 && interval > 0 {
-			p.KVGrowthPerMinute = (p.KVUsage - old[0]/old[1]) / interval.Minutes()
-		}
-		p.Replicas = countOf(after, k)
 	}
-	eachPool(after, "infergate_endpoint_waiting_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Waiting += value(m) })
-	eachPool(after, "infergate_endpoint_running_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Running += value(m) })
-	eachPool(after, "infergate_pool_desired_replicas", "model", func(k poolKey, m *dto.Metric) { get(k).DesiredReplicas = value(m) })
+	eachPool(after, "infergate_endpoint_waiting_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Waiting += fleet.Value(m) })
+	eachPool(after, "infergate_endpoint_running_requests", "model", func(k poolKey, m *dto.Metric) { get(k).Running += fleet.Value(m) })
+	eachPool(after, "infergate_pool_desired_replicas", "model", func(k poolKey, m *dto.Metric) { get(k).DesiredReplicas = fleet.Value(m) })
 	tokens := func(fams map[string]*dto.MetricFamily, kind string) map[poolKey]float64 {
 		out := map[poolKey]float64{}
 		eachPool(fams, "infergate_pool_tokens_total", "model", func(k poolKey, m *dto.Metric) {
-			if labelOf(m, "kind") == kind {
-				out[k] += value(m)
+			if fleet.Label(m, "kind") == kind {
+				out[k] += fleet.Value(m)
 			}
 		})
 		return out
@@ -212,14 +173,31 @@ func Compare(before, after map[string]*dto.MetricFamily, interval time.Duration)
 	return r
 }
 
-func countOf(fams map[string]*dto.MetricFamily, k poolKey) int {
-	n := 0
-	eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(kk poolKey, _ *dto.Metric) {
-		if kk == k {
-			n++
-		}
+// kvReading is a pool's KV usage in one reading: each endpoint's ratio weighted by its capacity (1 when its
+// engine exports none), the capacity known, and the endpoints reporting.
+type kvReading struct {
+	weighted, weight, capacity float64
+	endpoints                  int
+}
+
+func (r kvReading) usage() float64 { return r.weighted / r.weight }
+
+func readKV(fams map[string]*dto.MetricFamily) map[poolKey]kvReading {
+	caps := map[[3]string]float64{} // model, pool, endpoint
+	eachPool(fams, "infergate_endpoint_kv_cache_capacity_tokens", "model", func(k poolKey, m *dto.Metric) {
+		caps[[3]string{k.model, k.pool, fleet.Label(m, "endpoint")}] = fleet.Value(m)
 	})
-	return n
+	out := map[poolKey]kvReading{}
+	eachPool(fams, "infergate_endpoint_kv_cache_usage_ratio", "model", func(k poolKey, m *dto.Metric) {
+		c := max(caps[[3]string{k.model, k.pool, fleet.Label(m, "endpoint")}], 0)
+		r := out[k]
+		r.weighted += min(max(fleet.Value(m), 0), 1) * max(c, 1) // a ratio: whatever an engine reports, 0..1
+		r.weight += max(c, 1)
+		r.capacity += c
+		r.endpoints++
+		out[k] = r
+	})
+	return out
 }
 
 // histDelta is a TTFT histogram's growth over the interval, summed over a pool's series.

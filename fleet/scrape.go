@@ -62,7 +62,7 @@ func sum(fams map[string]*dto.MetricFamily, names ...string) float64 {
 		if f := fams[n]; f != nil {
 			total := 0.0
 			for _, m := range f.GetMetric() {
-				total += value(m)
+				total += Value(m)
 			}
 			return total
 		}
@@ -70,7 +70,9 @@ func sum(fams map[string]*dto.MetricFamily, names ...string) float64 {
 	return 0
 }
 
-func value(m *dto.Metric) float64 {
+// Value is a sample's value, whatever its type (gauge, counter, untyped): engines and gateways export the
+// same facts under different types.
+func Value(m *dto.Metric) float64 {
 	switch {
 	case m.GetGauge() != nil:
 		return m.GetGauge().GetValue()
@@ -82,7 +84,8 @@ func value(m *dto.Metric) float64 {
 	return 0
 }
 
-func label(m *dto.Metric, name string) string {
+// Label is a sample's label value, "" when it has none of that name.
+func Label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {
 			return l.GetValue()
@@ -103,11 +106,11 @@ func (vllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 		KVUtil: sum(f, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 	}
 	if m, ok := first(f, "vllm:cache_config_info"); ok {
-		em.BlockSize, _ = strconv.Atoi(label(m, "block_size"))
-		em.NumBlocks, _ = strconv.Atoi(label(m, "num_gpu_blocks"))
+		em.BlockSize, _ = strconv.Atoi(Label(m, "block_size"))
+		em.NumBlocks, _ = strconv.Atoi(Label(m, "num_gpu_blocks"))
 	}
 	if m, ok := first(f, "vllm:lora_requests_info"); ok {
-		for _, a := range strings.Split(label(m, "running_lora_adapters"), ",") {
+		for _, a := range strings.Split(Label(m, "running_lora_adapters"), ",") {
 			if a = strings.TrimSpace(a); a != "" {
 				em.LoRAs = append(em.LoRAs, a)
 			}
@@ -121,7 +124,7 @@ func (vllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 // that need the rollout's engineVersion gate add it (a sidecar, an image label exporter).
 func buildVersion(f map[string]*dto.MetricFamily, name string) string {
 	if m, ok := first(f, name); ok {
-		return label(m, "version")
+		return Label(m, "version")
 	}
 	return ""
 }
@@ -137,8 +140,8 @@ func (sglang) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 		KVUtil:  sum(f, "sglang:token_usage"),
 	}
 	if m, ok := first(f, "sglang:cache_config_info"); ok {
-		em.BlockSize, _ = strconv.Atoi(label(m, "page_size"))
-		em.NumBlocks, _ = strconv.Atoi(label(m, "num_pages"))
+		em.BlockSize, _ = strconv.Atoi(Label(m, "page_size"))
+		em.NumBlocks, _ = strconv.Atoi(Label(m, "num_pages"))
 	}
 	em.Version = buildVersion(f, "sglang:build_info")
 	return em
@@ -159,10 +162,15 @@ func (trtllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 	return em
 }
 
-// Parse reads a Prometheus text exposition with prometheus/common and applies a dialect.
-func Parse(r io.Reader, d Dialect) (EngineMetrics, error) {
+// ParseFamilies reads a Prometheus text exposition with prometheus/common.
+func ParseFamilies(r io.Reader) (map[string]*dto.MetricFamily, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	return p.TextToMetricFamilies(r)
+}
+
+// Parse reads a Prometheus text exposition and applies a dialect.
+func Parse(r io.Reader, d Dialect) (EngineMetrics, error) {
+	fams, err := ParseFamilies(r)
 	if err != nil {
 		return EngineMetrics{}, fmt.Errorf("parse %s metrics: %w", d.Name(), err)
 	}
