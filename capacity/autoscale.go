@@ -9,6 +9,7 @@ import (
 
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/latency"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -185,22 +186,13 @@ func (a *Autoscaler) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// ttftRing keeps a minute of TTFTs per second in log buckets (10 % apart from 1 ms), for a p95.
+// ttftRing keeps a minute of TTFTs, a histogram per second, for a p95.
 type ttftRing struct {
 	mu   sync.Mutex
 	secs [60]struct {
-		at      int64
-		buckets [ttftBuckets]uint32
+		at int64
+		h  latency.Histogram
 	}
-}
-
-const ttftBuckets = 120
-
-func ttftBucket(d time.Duration) int {
-	if d <= time.Millisecond {
-		return 0
-	}
-	return min(ttftBuckets-1, int(math.Log(float64(d)/float64(time.Millisecond))/math.Log(1.1))+1)
 }
 
 func (r *ttftRing) add(now int64, d time.Duration) {
@@ -208,34 +200,19 @@ func (r *ttftRing) add(now int64, d time.Duration) {
 	defer r.mu.Unlock()
 	s := &r.secs[now%int64(len(r.secs))]
 	if s.at != now {
-		s.at, s.buckets = now, [ttftBuckets]uint32{}
+		s.at, s.h = now, latency.Histogram{}
 	}
-	s.buckets[ttftBucket(d)]++
+	s.h.Add(d)
 }
 
 func (r *ttftRing) p95(now int64) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var sum [ttftBuckets]uint64
-	var n uint64
+	var sum latency.Histogram
 	for i := range r.secs {
-		s := &r.secs[i]
-		if s.at <= now-int64(ttftWindow/time.Second) || s.at > now {
-			continue
-		}
-		for b, c := range s.buckets {
-			sum[b] += uint64(c)
-			n += uint64(c)
+		if s := &r.secs[i]; s.at > now-int64(ttftWindow/time.Second) && s.at <= now {
+			sum.Merge(&s.h)
 		}
 	}
-	if n == 0 {
-		return 0
-	}
-	rank, seen := uint64(math.Ceil(0.95*float64(n))), uint64(0)
-	for b, c := range sum {
-		if seen += c; seen >= rank {
-			return time.Duration(float64(time.Millisecond) * math.Pow(1.1, float64(b)))
-		}
-	}
-	return 0
+	return sum.Quantile(0.95)
 }

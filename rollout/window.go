@@ -4,33 +4,14 @@
 package rollout
 
 import (
-	"math"
 	"sync"
 	"time"
+
+	"github.com/infergate/infergate/latency"
 
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/picker"
 )
-
-// histBuckets are log-spaced latency buckets from 1 ms (bucket 0) growing by 10 % each: about 145 buckets
-// up to 1,000 s, enough for a p95 within 10 %.
-const (
-	histBuckets = 145
-	histBase    = 1.1
-	histFloor   = time.Millisecond
-)
-
-func bucketOf(d time.Duration) int {
-	if d <= histFloor {
-		return 0
-	}
-	return min(histBuckets-1, int(math.Log(float64(d)/float64(histFloor))/math.Log(histBase))+1)
-}
-
-// bucketUpper is the upper bound of a bucket, the value a percentile falling in it reports.
-func bucketUpper(b int) time.Duration {
-	return time.Duration(float64(histFloor) * math.Pow(histBase, float64(b)))
-}
 
 // Summary is one arm's requests over a window.
 type Summary struct {
@@ -55,7 +36,7 @@ func ratio(a, b int) float64 {
 type second struct {
 	at                     int64 // unix second
 	requests, good, errors int
-	ttft, tpot             [histBuckets]uint32
+	ttft, tpot             latency.Histogram
 }
 
 // armWindow is a ring of seconds.
@@ -73,38 +54,18 @@ func (w *armWindow) slot(now int64) *second {
 
 func (w *armWindow) summary(now, from int64) Summary {
 	var sum Summary
-	var ttft, tpot [histBuckets]uint32
+	var ttft, tpot latency.Histogram
 	for i := range w.ring {
 		s := &w.ring[i]
 		if s.at <= now-int64(len(w.ring)) || s.at > now || s.at < from {
 			continue
 		}
 		sum.Requests, sum.Good, sum.Errors = sum.Requests+s.requests, sum.Good+s.good, sum.Errors+s.errors
-		for b := range histBuckets {
-			ttft[b] += s.ttft[b]
-			tpot[b] += s.tpot[b]
-		}
+		ttft.Merge(&s.ttft)
+		tpot.Merge(&s.tpot)
 	}
-	sum.TTFTP95, sum.TPOTP95 = p95(&ttft), p95(&tpot)
+	sum.TTFTP95, sum.TPOTP95 = ttft.Quantile(0.95), tpot.Quantile(0.95)
 	return sum
-}
-
-func p95(h *[histBuckets]uint32) time.Duration {
-	var n uint64
-	for _, c := range h {
-		n += uint64(c)
-	}
-	if n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(0.95 * float64(n)))
-	var seen uint64
-	for b, c := range h {
-		if seen += uint64(c); seen >= rank {
-			return bucketUpper(b)
-		}
-	}
-	return bucketUpper(histBuckets - 1)
 }
 
 // Windows measures every rolled-out model's arms over its rollout's window: a settle observer.
@@ -173,10 +134,10 @@ func (w *Windows) Settled(st director.Settlement) {
 		s.errors++
 	}
 	if st.Timing.TTFT > 0 && st.Timing.Chunked {
-		s.ttft[bucketOf(st.Timing.TTFT)]++
+		s.ttft.Add(st.Timing.TTFT)
 	}
 	if st.Timing.TPOT > 0 {
-		s.tpot[bucketOf(st.Timing.TPOT)]++
+		s.tpot.Add(st.Timing.TPOT)
 	}
 }
 
