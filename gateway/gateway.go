@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/placements"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/rollout"
@@ -42,6 +43,10 @@ type Config struct {
 	RedisCluster bool
 	// InstanceID names this gateway across restarts (see quota.Options.InstanceID).
 	InstanceID string
+	// SharePlacements publishes the picker's new placements to the other gateway replicas over Redis pub/sub
+	// and learns theirs (the placements package), so that many replicas keep one replica's prefix affinity.
+	// Without Redis it does nothing.
+	SharePlacements bool
 	// ScrapeInterval is how often engines' metrics are read; 0: routing on in-flight counts only.
 	ScrapeInterval time.Duration
 	// SecretNodes are the Envoy node ids that may receive managed-API keys over SDS.
@@ -79,9 +84,12 @@ type Gateway struct {
 	Rollouts *rollout.Controller
 	// Autoscaler computes each pool's desired replicas (a collector and a settle observer).
 	Autoscaler *capacity.Autoscaler
+	// Placements carries the picker's placements to and from the other gateway replicas; nil unless
+	// Config.SharePlacements and Redis.
+	Placements *placements.Bus
 
 	stopQuotas context.CancelFunc
-	redis      redis.UniversalClient // the rollouts' state store, nil without Redis
+	redis      redis.UniversalClient // the rollouts' state store and the placements' bus, nil without Redis
 	// stopRollouts ends the rollout controller's loop, which closes rolloutsDone.
 	stopRollouts context.CancelFunc
 	rolloutsDone chan struct{}
@@ -158,7 +166,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	g.rollouts(c, engines, func() { refresh() })
 	observers = append(observers, g.Rollouts)
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
-		InFlight: inflight, OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil,
+		InFlight: inflight, Picker: g.sharingPicker(ctx, c, inflight, engines), OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil,
 		Queue: queue, Rollouts: g.Rollouts})
 
 	state = rolloutFleet{state: state, shares: g.Rollouts}
@@ -278,9 +286,8 @@ func (g *Gateway) rollouts(c Config, engines picker.EngineView, onShareChange fu
 	if engines != nil {
 		o.Engines = engines
 	}
-	if len(c.RedisAddrs) > 0 {
-		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1})
-		o.Store = rollout.NewRedisStore(g.redis)
+	if client := g.sharedRedis(c); client != nil {
+		o.Store = rollout.NewRedisStore(client)
 	}
 	g.Rollouts = rollout.New(o)
 	warn := func(snap *policies.Snapshot) {
@@ -290,6 +297,33 @@ func (g *Gateway) rollouts(c Config, engines picker.EngineView, onShareChange fu
 	}
 	warn(g.Policies.Current())
 	g.Policies.OnChange(warn)
+}
+
+// sharedRedis is the client of the rollouts' state and the placements' bus (the quotas keep their own), made
+// on first use; nil without Redis.
+func (g *Gateway) sharedRedis(c Config) redis.UniversalClient {
+	if g.redis == nil && len(c.RedisAddrs) > 0 {
+		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1})
+	}
+	return g.redis
+}
+
+// sharingPicker is the prefix-affinity picker publishing its placements to the other gateway replicas and
+// learning theirs until ctx ends, when SharePlacements is on and there is Redis; otherwise nil, the
+// director's default picker.
+func (g *Gateway) sharingPicker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView) picker.Picker {
+	client := g.sharedRedis(c)
+	if !c.SharePlacements || client == nil {
+		return nil
+	}
+	a := picker.NewAffinity(inflight, engines)
+	a.PolicyChanged(g.Policies.Current())
+	g.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index, and are not learnt
+	g.Placements = placements.New(placements.Options{Client: client, Metrics: placements.NewMetrics(g.Registry), Logger: g.log})
+	a.Placements = g.Placements
+	go g.Placements.Run(ctx, a.Learn)
+	g.log.Info("placements shared with the other gateway replicas over Redis pub/sub", "channel", placements.Channel)
+	return a
 }
 
 // rolloutFleet is the fleet state with the rollouts' shares, which weight the proxyless gRPC routes.

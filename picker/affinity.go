@@ -41,6 +41,11 @@ type Affinity struct {
 	PrefixWeight, LoadWeight float64
 	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
+	// Placements, when set, hears every new group or new copy of one this replica places, for the other
+	// gateway replicas to Learn (see Placement).
+	Placements Placements
+
+	live liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
 
 	pool    sync.Pool // []uint64 hash buffers
 	pred    predictor
@@ -69,11 +74,9 @@ func (p *Affinity) Observe(d Decision, u openai.Usage) {
 	if len(d.Endpoints) > 0 && d.ServedBy != "" && d.ServedBy != d.Endpoints[0] {
 		// Envoy retried the request elsewhere: the chosen endpoint never saw the prompt, so what the index
 		// recorded there is not true. The served endpoint's cache is learnt from its own later answers.
-		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
-		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
+		p.forget(d.Endpoints[0], d)
 	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
-		p.Index.Forget(d.Endpoints[0], d.FirstBlock)
-		p.Index.Forget(d.Endpoints[0], d.GroupBlock)
+		p.forget(d.Endpoints[0], d)
 	}
 	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
 	if estimated <= 0 || real <= 0 {
@@ -176,6 +179,11 @@ func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
 		}
 	}
 	p.Index.Retain(func(ep string) bool { return live[ep] })
+	endpoints := make(map[string]bool, len(live))
+	for ep := range live {
+		endpoints[ep] = true
+	}
+	p.live.Store(&endpoints)
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
 		for _, f := range m.Fallbacks {

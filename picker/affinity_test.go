@@ -196,6 +196,25 @@ func TestColdPrefixRendezvousAgreesAcrossReplicas(t *testing.T) {
 // the fleet idle and with requests in flight (each replica then sees different loads).
 func TestTwoReplicasKeepAffinity(t *testing.T) {
 	snap, m := affinitySnap(t)
+	for _, maxInFlight := range []int{0, 12} {
+		one := groupHitRate(t, snap, m, []*Affinity{newTestAffinity()}, maxInFlight)
+		two := groupHitRate(t, snap, m, []*Affinity{newTestAffinity(), newTestAffinity()}, maxInFlight)
+		t.Logf("up to %d in flight: hit rate one replica %.3f, two replicas %.3f", maxInFlight, one, two)
+		if two < 0.9*one {
+			t.Errorf("up to %d in flight: two replicas reach %.3f, below 90%% of one replica's %.3f", maxInFlight, two, one)
+		}
+	}
+}
+
+func newTestAffinity() *Affinity {
+	return &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+}
+
+// groupHitRate sends 16 groups × 64 prompts, shuffled, to the pickers in turn and returns the share that found
+// their group cached; with maxInFlight > 0 each request stays in flight for a random number (up to maxInFlight)
+// of the requests that follow it.
+func groupHitRate(t *testing.T, snap *policies.Snapshot, m *policies.Model, pickers []*Affinity, maxInFlight int) float64 {
+	t.Helper()
 	type req struct{ group, i int }
 	var work []req
 	for g := range 16 {
@@ -208,62 +227,47 @@ func TestTwoReplicasKeepAffinity(t *testing.T) {
 	for g := range systems {
 		systems[g] = fmt.Sprintf("Tenant group %d. %s", g, strings.Repeat("Follow the policy handbook precisely. ", 150))
 	}
-	// hitRate sends the workload; with maxInFlight > 0 each request stays in flight for a random number (up to
-	// maxInFlight) of the requests that follow it.
-	hitRate := func(pickers []*Affinity, maxInFlight int) float64 {
-		rng := rand.New(rand.NewPCG(3, 4))
-		type flight struct {
-			p         *Affinity
-			ep        string
-			endsAfter int
-		}
-		var flying []flight
-		// The replicas' real caches: each holds its four most recently served groups (16 groups, 5 replicas:
-		// the fleet holds every group once, not twice).
-		cached := map[string][]int{}
-		hits := 0
-		for k, w := range work {
-			kept := flying[:0]
-			for _, f := range flying {
-				if f.endsAfter <= k {
-					f.p.InFlight.Done(f.ep)
-				} else {
-					kept = append(kept, f)
-				}
-			}
-			flying = kept
-			p := pickers[k%len(pickers)]
-			d, err := p.Pick(snap, Input{Model: m, Request: request(t, systems[w.group], fmt.Sprintf("question %d", w.i))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ep := d.Endpoints[0]
-			if maxInFlight > 0 {
-				p.InFlight.Start(ep)
-				flying = append(flying, flight{p, ep, k + 1 + rng.IntN(maxInFlight)})
-			}
-			if i := slices.Index(cached[ep], w.group); i >= 0 {
-				hits++
-				cached[ep] = slices.Delete(cached[ep], i, i+1)
-			}
-			cached[ep] = append(cached[ep], w.group)
-			if len(cached[ep]) > 4 {
-				cached[ep] = cached[ep][1:]
+	rng := rand.New(rand.NewPCG(3, 4))
+	type flight struct {
+		p         *Affinity
+		ep        string
+		endsAfter int
+	}
+	var flying []flight
+	// The replicas' real caches: each holds its four most recently served groups (16 groups, 5 replicas:
+	// the fleet holds every group once, not twice).
+	cached := map[string][]int{}
+	hits := 0
+	for k, w := range work {
+		kept := flying[:0]
+		for _, f := range flying {
+			if f.endsAfter <= k {
+				f.p.InFlight.Done(f.ep)
+			} else {
+				kept = append(kept, f)
 			}
 		}
-		return float64(hits) / float64(len(work))
-	}
-	newPicker := func() *Affinity {
-		return &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
-	}
-	for _, maxInFlight := range []int{0, 12} {
-		one := hitRate([]*Affinity{newPicker()}, maxInFlight)
-		two := hitRate([]*Affinity{newPicker(), newPicker()}, maxInFlight)
-		t.Logf("up to %d in flight: hit rate one replica %.3f, two replicas %.3f", maxInFlight, one, two)
-		if two < 0.9*one {
-			t.Errorf("up to %d in flight: two replicas reach %.3f, below 90%% of one replica's %.3f", maxInFlight, two, one)
+		flying = kept
+		p := pickers[k%len(pickers)]
+		d, err := p.Pick(snap, Input{Model: m, Request: request(t, systems[w.group], fmt.Sprintf("question %d", w.i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := d.Endpoints[0]
+		if maxInFlight > 0 {
+			p.InFlight.Start(ep)
+			flying = append(flying, flight{p, ep, k + 1 + rng.IntN(maxInFlight)})
+		}
+		if i := slices.Index(cached[ep], w.group); i >= 0 {
+			hits++
+			cached[ep] = slices.Delete(cached[ep], i, i+1)
+		}
+		cached[ep] = append(cached[ep], w.group)
+		if len(cached[ep]) > 4 {
+			cached[ep] = cached[ep][1:]
 		}
 	}
+	return float64(hits) / float64(len(work))
 }
 
 // BenchmarkAffinityPick: one decision for a 2 KiB chat prompt over five endpoints, ranked by score

@@ -39,6 +39,7 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 			capacity = p.IndexBlocks
 		}
 		p.Index.Credit(best.endpoint, pr.hashes, capacity)
+		p.share(&best, pr, capacity)
 	}
 	limit := snap.Gateway().MaxEndpointsPerDecision
 	chosen := []string{best.endpoint}

@@ -48,6 +48,7 @@ type serveConfig struct {
 	adminClients   string
 	redisAddr      string
 	redisCluster   bool
+	sharePlacement bool
 	logLevel       string
 	drainTimeout   time.Duration
 	scrapeInterval time.Duration
@@ -77,6 +78,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.secretNodes, "xds-secret-nodes", "envoy-quickstart", "comma-separated Envoy node ids that may receive managed-API keys over SDS; each must present a client certificate naming it (or connect over loopback without TLS)")
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
+	fs.BoolVar(&cfg.sharePlacement, "share-placements", true, "with --redis-addr, tell the other gateway replicas over Redis pub/sub where this one starts each conversation group, and learn theirs, so that many replicas keep one replica's prefix affinity")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -122,7 +124,7 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID,
+	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, SharePlacements: cfg.sharePlacement,
 		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")

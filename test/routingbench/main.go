@@ -76,6 +76,9 @@ func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 	ep := d.Endpoints[0]
 	p.inflight[i].Start(ep)
 	return ep, func(o outcome) {
+		if o.ok {
+			predictions.note(d.ExpectedCachedTokens, o.cached)
+		}
 		p.inflight[i].Done(ep)
 		if obs, ok := p.pickers[i].(picker.Observer); ok && o.ok {
 			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
@@ -84,6 +87,66 @@ func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 			obs.ObserveTiming(p.model.Name, d, o.ttft, o.tpot)
 		}
 	}
+}
+
+// bus carries placements between the benchmark's gateway replicas as Redis pub/sub carries them between real
+// ones (the placements package): asynchronously, delay after they were published, to every other replica.
+type bus struct {
+	delay   time.Duration // real time
+	members []*picker.Affinity
+}
+
+// join adds a replica and returns its end of the bus.
+func (b *bus) join(a *picker.Affinity) picker.Placements {
+	b.members = append(b.members, a)
+	return busEnd{b: b, from: a}
+}
+
+type busEnd struct {
+	b    *bus
+	from *picker.Affinity
+}
+
+func (e busEnd) Publish(pl picker.Placement) {
+	time.AfterFunc(e.b.delay, func() {
+		for _, m := range e.b.members {
+			if m != e.from {
+				m.Learn(pl)
+			}
+		}
+	})
+}
+
+// predictions sorts the pickers' decisions by what the index expected against what the engine had cached
+// (-v prints them per run): confirmed hits, stale entries (the engine had evicted or never held the prefix),
+// hits the index did not know of, and misses it expected.
+var predictions prediction
+
+type prediction struct{ confirmed, stale, unknown, miss atomic.Int64 }
+
+func (p *prediction) note(expected int, cached int64) {
+	switch {
+	case expected > 0 && 2*cached >= int64(expected):
+		p.confirmed.Add(1)
+	case expected > 0:
+		p.stale.Add(1)
+	case cached > 0:
+		p.unknown.Add(1)
+	default:
+		p.miss.Add(1)
+	}
+}
+
+func (p *prediction) reset() {
+	p.confirmed.Store(0)
+	p.stale.Store(0)
+	p.unknown.Store(0)
+	p.miss.Store(0)
+}
+
+func (p *prediction) String() string {
+	return fmt.Sprintf("index right about a hit %d, stale (expected a hit, engine missed) %d, hit it did not know of %d, expected miss %d",
+		p.confirmed.Load(), p.stale.Load(), p.unknown.Load(), p.miss.Load())
 }
 
 type roundRobin struct {
@@ -212,7 +275,9 @@ func main() {
 	only := flag.String("only", "", "run only workloads whose name contains this")
 	runs := flag.Int("runs", 3, "runs per policy and workload; the table shows medians")
 	onlyPolicies := flag.String("policies", "", "run only these policies (comma-separated names; round-robin always runs, as the baseline)")
-	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many independent pickers taking requests round-robin (issue #19's scale check)")
+	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many pickers taking requests round-robin, independent and sharing placements (issue #19's scale check)")
+	verbose := flag.Bool("v", false, "print, per run, how often the pickers' prefix index was right about the engine's cache")
+	shareDelay := flag.Duration("share-delay", 5*time.Millisecond, "simulated time a shared placement takes to reach the other gateway replicas (Redis pub/sub)")
 	flag.Parse()
 	// Workloads grow with the fleet: the groups and the rate are those of four replicas, times replicas ÷ 4.
 	scale := float64(*replicas) / 4
@@ -267,13 +332,28 @@ spec:
 	go scraper.Run(ctx)
 	time.Sleep(200 * time.Millisecond)
 
-	newAffinity := func(inflight *fleet.InFlight, prefixOnly bool) picker.Picker {
+	newAffinity := func(inflight *fleet.InFlight, prefixOnly bool) *picker.Affinity {
 		a := picker.NewAffinity(inflight, scraper) // the configuration infergate serve ships
 		a.IndexBlocks = *blocks
 		if prefixOnly {
 			a.Engines, a.LoadWeight, a.PrefixWeight, a.Epsilon = nil, 0, 1, 1e9
 		}
 		return a
+	}
+	// gatewaysOf builds n gateway replicas' pickers; shared ones publish their placements to each other, as
+	// infergate serve's replicas do over Redis.
+	gatewaysOf := func(snap *policies.Snapshot, model *policies.Model, n int, shared bool) *pickerRouter {
+		r := &pickerRouter{snap: snap, model: model}
+		b := &bus{delay: time.Duration(float64(*shareDelay) * timeScale)}
+		for range n {
+			in := &fleet.InFlight{}
+			a := newAffinity(in, false)
+			if shared {
+				a.Placements = b.join(a)
+			}
+			r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, a)
+		}
+		return r
 	}
 	counts, err := gatewayCounts(*gateways)
 	if err != nil {
@@ -289,23 +369,23 @@ spec:
 				rt   router
 			}{{"round-robin", &roundRobin{eps: eps}}}
 			for _, n := range counts {
-				r := &pickerRouter{snap: snap, model: model}
-				for range n {
-					in := &fleet.InFlight{}
-					r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, newAffinity(in, false))
-				}
 				out = append(out, struct {
 					name string
 					rt   router
-				}{fmt.Sprintf("infergate ×%d", n), r})
+				}{fmt.Sprintf("infergate ×%d", n), gatewaysOf(snap, model, n, false)})
+				if n > 1 {
+					out = append(out, struct {
+						name string
+						rt   router
+					}{fmt.Sprintf("infergate ×%d shared", n), gatewaysOf(snap, model, n, true)})
+				}
 			}
 			return out
 		}
 		one := &fleet.InFlight{}
-		two := []*fleet.InFlight{{}, {}}
 		least := &fleet.InFlight{}
 		pfx := &fleet.InFlight{}
-		sloOne, sloTwo := &fleet.InFlight{}, []*fleet.InFlight{{}, {}}
+		sloOne := &fleet.InFlight{}
 		return []struct {
 			name string
 			rt   router
@@ -314,9 +394,9 @@ spec:
 			{"least-loaded", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{&picker.LeastInFlight{InFlight: least}}, inflight: []*fleet.InFlight{least}}},
 			{"prefix-only", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(pfx, true)}, inflight: []*fleet.InFlight{pfx}}},
 			{"infergate", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(one, false)}, inflight: []*fleet.InFlight{one}}},
-			{"infergate ×2", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(two[0], false), newAffinity(two[1], false)}, inflight: two}},
+			{"infergate ×2", gatewaysOf(snap, model, 2, true)},
 			{"infergate SLO", &pickerRouter{snap: sloSnap, model: sloModel, pickers: []picker.Picker{newAffinity(sloOne, false)}, inflight: []*fleet.InFlight{sloOne}}},
-			{"infergate SLO ×2", &pickerRouter{snap: sloSnap, model: sloModel, pickers: []picker.Picker{newAffinity(sloTwo[0], false), newAffinity(sloTwo[1], false)}, inflight: sloTwo}},
+			{"infergate SLO ×2", gatewaysOf(sloSnap, sloModel, 2, true)},
 		}
 	}
 	workloads := []struct {
@@ -346,7 +426,11 @@ spec:
 					continue
 				}
 				// Each run starts from a cold fleet: fresh prompts (tagged by run and policy) miss every cache.
+				predictions.reset()
 				results[i] = append(results[i], run(p.rt, tag(w.work(), k*10+i), w.rate))
+				if *verbose && p.name != "round-robin" {
+					fmt.Printf("%s, %s, run %d: %s\n", w.name, p.name, k+1, &predictions)
+				}
 			}
 		}
 		var rr result
@@ -387,20 +471,20 @@ func gatewayCounts(list string) ([]int, error) {
 	return out, nil
 }
 
-// printScaleTargets checks issue #19's affinity target: with the most gateway replicas, cache hit within two
-// points of one replica's and TTFT p95 within 1.2×.
+// printScaleTargets checks issue #19's affinity target: with the most gateway replicas (sharing placements),
+// cache hit within two points of one replica's and TTFT p95 within 1.2×.
 func printScaleTargets(m map[string]map[string]result, counts []int) {
 	fmt.Println("\nTargets:")
 	most := slices.Max(counts)
 	for _, w := range slices.Sorted(maps.Keys(m)) {
 		one, ok1 := m[w]["infergate ×1"]
-		many, ok2 := m[w][fmt.Sprintf("infergate ×%d", most)]
+		many, ok2 := m[w][fmt.Sprintf("infergate ×%d shared", most)] // replicas sharing placements, as they ship with Redis
 		if !ok1 || !ok2 || most == 1 {
 			continue
 		}
-		loadgen.Check(fmt.Sprintf("%s: %d replicas' cache-hit within 2 points of one", w, most), many.hit >= one.hit-0.02,
+		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' cache-hit within 2 points of one", w, most), many.hit >= one.hit-0.02,
 			"%.1f%% against %.1f%%", 100*many.hit, 100*one.hit)
-		loadgen.Check(fmt.Sprintf("%s: %d replicas' TTFT p95 within 1.2× of one", w, most), float64(many.p95) <= 1.2*float64(one.p95),
+		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' TTFT p95 within 1.2× of one", w, most), float64(many.p95) <= 1.2*float64(one.p95),
 			"%.2f×", float64(many.p95)/float64(max(one.p95, 1)))
 	}
 }

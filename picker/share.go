@@ -1,0 +1,91 @@
+package picker
+
+import (
+	"sync/atomic"
+)
+
+// Placement is a gateway replica's news that it started a prompt on an endpoint where its index did not hold
+// the prompt's conversation group. The other replicas credit it to their own index (Learn), so that all of
+// them know where every group lives and balance new groups on the same counts: what one replica alone does
+// with its whole view of the traffic, N replicas then do together, at the cost of one message per new copy of
+// a group rather than a round trip per request.
+type Placement struct {
+	Endpoint string
+	// Hashes are the prompt's leading block hashes (at most MaxSharedBlocks), seeded by model and adapter as
+	// every replica seeds them.
+	Hashes []uint64
+	// Capacity is the endpoint's index size in blocks at the sender, for a receiver that has not indexed the
+	// endpoint yet (0: the receiver's default).
+	Capacity int
+	// Forgotten reports the opposite news: the endpoint answered with far fewer cached tokens than the index
+	// promised (its engine evicted the group), or never saw the prompt (Envoy retried it elsewhere). Hashes
+	// are then the prompt's first block and group block, which receivers forget there, so that the group is
+	// placed again once, where every replica places it, instead of missing once at every replica.
+	Forgotten bool
+}
+
+// Placements carries this replica's placements to the others (the placements package does it over Redis
+// pub/sub). Publish is called on the request path: it must not block, and it owns the Placement it is given.
+type Placements interface {
+	Publish(Placement)
+}
+
+// MaxSharedBlocks is how many leading blocks a placement carries: 256 blocks of 16 tokens cover the system
+// prompts and conversation heads that make groups, and keep a message under 2.1 KB.
+const MaxSharedBlocks = 256
+
+// MaxLearntCapacity bounds the index size a placement from elsewhere may ask for (2M blocks of 16 tokens is
+// more KV cache than an 8-GPU node holds for any model).
+const MaxLearntCapacity = 1 << 21
+
+// Learn credits another replica's placement to this replica's index (or forgets what it reports forgotten).
+// It reports false, and learns nothing, for an endpoint the policy does not list (once PolicyChanged has run)
+// or a placement without blocks.
+func (p *Affinity) Learn(pl Placement) bool {
+	if len(pl.Hashes) == 0 || pl.Endpoint == "" {
+		return false
+	}
+	if live := p.live.Load(); live != nil && !(*live)[pl.Endpoint] {
+		return false
+	}
+	if pl.Forgotten {
+		for _, h := range pl.Hashes[:min(len(pl.Hashes), 2)] {
+			p.Index.Forget(pl.Endpoint, h)
+		}
+		return true
+	}
+	// The endpoint's index keeps the size this replica gave it (the sender's estimate of tokens differs a
+	// little, and every resize copies the index); the sender's size only starts a new one.
+	capacity := p.Index.Capacity(pl.Endpoint)
+	if capacity == 0 {
+		capacity = pl.Capacity
+		if capacity <= 0 || capacity > MaxLearntCapacity {
+			capacity = p.IndexBlocks
+		}
+	}
+	p.Index.Credit(pl.Endpoint, pl.Hashes[:min(len(pl.Hashes), MaxSharedBlocks)], capacity)
+	return true
+}
+
+// share publishes a placement when the chosen endpoint did not hold the prompt's group in this replica's
+// index: a new group, or a new copy of one (a spill). Requests that follow a held prefix publish nothing.
+func (p *Affinity) share(best *scored, pr prompt, capacity int) {
+	if p.Placements == nil || len(pr.hashes) == 0 || best.matched >= min(len(pr.hashes), rendezvousBlocks) {
+		return
+	}
+	hashes := make([]uint64, min(len(pr.hashes), MaxSharedBlocks))
+	copy(hashes, pr.hashes)
+	p.Placements.Publish(Placement{Endpoint: best.endpoint, Hashes: hashes, Capacity: capacity})
+}
+
+// forget drops a prompt's group from an endpoint in the index and tells the other replicas.
+func (p *Affinity) forget(endpoint string, d Decision) {
+	p.Index.Forget(endpoint, d.FirstBlock)
+	p.Index.Forget(endpoint, d.GroupBlock)
+	if p.Placements != nil {
+		p.Placements.Publish(Placement{Endpoint: endpoint, Hashes: []uint64{d.FirstBlock, d.GroupBlock}, Forgotten: true})
+	}
+}
+
+// liveSet is the set of endpoints the policy lists (for Learn), replaced whole on each policy change.
+type liveSet = atomic.Pointer[map[string]bool]

@@ -1,0 +1,151 @@
+package picker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/infergate/infergate/openai"
+)
+
+// syncBus delivers every placement at once to the other members, as Redis pub/sub does a moment later.
+type syncBus struct {
+	members []*Affinity
+	sent    []Placement
+}
+
+type syncEnd struct {
+	b    *syncBus
+	from *Affinity
+}
+
+func (e syncEnd) Publish(pl Placement) {
+	e.b.sent = append(e.b.sent, pl)
+	for _, m := range e.b.members {
+		if m != e.from {
+			m.Learn(pl)
+		}
+	}
+}
+
+// sharing links n new pickers by a syncBus.
+func sharing(n int) ([]*Affinity, *syncBus) {
+	b := &syncBus{}
+	for range n {
+		a := newTestAffinity()
+		a.Placements = syncEnd{b: b, from: a}
+		b.members = append(b.members, a)
+	}
+	return b.members, b
+}
+
+func TestSharedPlacementsKeepManyReplicasTogether(t *testing.T) {
+	snap, m := affinitySnap(t)
+	for _, maxInFlight := range []int{0, 12} {
+		one := groupHitRate(t, snap, m, []*Affinity{newTestAffinity()}, maxInFlight)
+		var alone []*Affinity
+		for range 8 {
+			alone = append(alone, newTestAffinity())
+		}
+		apart := groupHitRate(t, snap, m, alone, maxInFlight)
+		together, bus := sharing(8)
+		shared := groupHitRate(t, snap, m, together, maxInFlight)
+		t.Logf("up to %d in flight: hit rate one replica %.3f; eight replicas %.3f alone, %.3f sharing (%d placements for 1,024 requests)",
+			maxInFlight, one, apart, shared, len(bus.sent))
+		if shared < one-0.02 {
+			t.Errorf("up to %d in flight: eight sharing replicas reach %.3f, more than 2 points below one replica's %.3f", maxInFlight, shared, one)
+		}
+		if shared <= apart {
+			t.Errorf("up to %d in flight: sharing placements (%.3f) did not beat replicas alone (%.3f)", maxInFlight, shared, apart)
+		}
+		if len(bus.sent) > 1024/10 {
+			t.Errorf("up to %d in flight: %d placements published for 1,024 requests: sharing should cost a message per new copy of a group, not per request", maxInFlight, len(bus.sent))
+		}
+	}
+}
+
+func TestPlacementsPublishedAndLearnt(t *testing.T) {
+	snap, m := affinitySnap(t)
+	pickers, bus := sharing(2)
+	a, b := pickers[0], pickers[1]
+	a.PolicyChanged(snap)
+	b.PolicyChanged(snap)
+	sys := strings.Repeat("A shared system prompt for the support desk. ", 40)
+	d, err := a.Pick(snap, Input{Model: m, Request: request(t, sys, "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := d.Endpoints[0]
+	if len(bus.sent) != 1 || bus.sent[0].Endpoint != ep || bus.sent[0].Forgotten || len(bus.sent[0].Hashes) == 0 {
+		t.Fatalf("a new group published %+v, want one placement on %s", bus.sent, ep)
+	}
+	// The other replica sends the group where the first started it, and publishes nothing: it is not new there.
+	d2, err := b.Pick(snap, Input{Model: m, Request: request(t, sys, "second")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.Endpoints[0] != ep || d2.ExpectedCachedTokens == 0 {
+		t.Errorf("the second replica chose %s expecting %d cached tokens, want %s where the group was placed", d2.Endpoints[0], d2.ExpectedCachedTokens, ep)
+	}
+	if len(bus.sent) != 1 {
+		t.Errorf("following a held group published %d placements, want none", len(bus.sent)-1)
+	}
+	// The engine answered with nothing cached: the group was evicted. Both replicas forget it there.
+	b.Observe(d2, openai.Usage{PromptTokens: 500, CachedTokens: 0, CachedReported: true})
+	if len(bus.sent) != 2 || !bus.sent[1].Forgotten || bus.sent[1].Endpoint != ep {
+		t.Fatalf("an eviction found published %+v, want a Forgotten placement on %s", bus.sent[1:], ep)
+	}
+	probe := request(t, sys, "third")
+	pr := a.hashPrompt(Input{Model: m, Request: probe}, 0)
+	defer a.releasePrompt(&pr)
+	if n := a.Index.Match(ep, pr.hashes); n != 0 {
+		t.Errorf("the first replica still believes %s holds %d blocks of the evicted group", ep, n)
+	}
+}
+
+func TestLearnIsBounded(t *testing.T) {
+	snap, _ := affinitySnap(t)
+	a := newTestAffinity()
+	a.PolicyChanged(snap)
+	hashes := make([]uint64, MaxSharedBlocks+50)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	tests := []struct {
+		name string
+		pl   Placement
+		ok   bool
+	}{
+		{"an endpoint of the policy", Placement{Endpoint: "10.0.0.1:1", Hashes: hashes[:8]}, true},
+		{"an endpoint the policy does not list", Placement{Endpoint: "10.9.9.9:1", Hashes: hashes[:8]}, false},
+		{"no blocks", Placement{Endpoint: "10.0.0.2:1"}, false},
+		{"no endpoint", Placement{Hashes: hashes[:8]}, false},
+		{"too many blocks and a huge capacity", Placement{Endpoint: "10.0.0.3:1", Hashes: hashes, Capacity: 1 << 40}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := a.Learn(tc.pl); got != tc.ok {
+				t.Errorf("Learn = %v, want %v", got, tc.ok)
+			}
+		})
+	}
+	if n := a.Index.Match("10.0.0.3:1", hashes); n != MaxSharedBlocks {
+		t.Errorf("learnt %d blocks, want the first %d", n, MaxSharedBlocks)
+	}
+	if c := a.Index.Capacity("10.0.0.3:1"); c != DefaultIndexBlocks {
+		t.Errorf("a capacity of 2^40 blocks made an index of %d, want the default %d", c, DefaultIndexBlocks)
+	}
+	if a.Index.Capacity("10.9.9.9:1") != 0 {
+		t.Error("an endpoint the policy does not list was indexed")
+	}
+	// An endpoint this replica has indexed keeps its size.
+	a.Index.Credit("10.0.0.4:1", hashes[:4], 100)
+	a.Learn(Placement{Endpoint: "10.0.0.4:1", Hashes: hashes[4:8], Capacity: 5000})
+	if c := a.Index.Capacity("10.0.0.4:1"); c != 100 {
+		t.Errorf("a learnt placement resized an index of 100 blocks to %d", c)
+	}
+	// Forgotten drops the blocks it names.
+	a.Learn(Placement{Endpoint: "10.0.0.1:1", Hashes: hashes[:1], Forgotten: true})
+	if n := a.Index.Match("10.0.0.1:1", hashes[:8]); n != 0 {
+		t.Errorf("after a Forgotten placement of its first block, %d blocks still match", n)
+	}
+}

@@ -1,0 +1,156 @@
+package placements
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/picker"
+)
+
+// DefaultQueue is how many placements may wait to be published; beyond it they are dropped (and counted),
+// never waited for: a replica that misses one places that group on its own view, as without sharing.
+const DefaultQueue = 4096
+
+// Options configure a Bus.
+type Options struct {
+	Client  redis.UniversalClient
+	Metrics *Metrics // default: unregistered
+	Logger  *slog.Logger
+	Queue   int // default DefaultQueue
+}
+
+// Bus carries placements between gateway replicas: Publish queues this replica's, Run sends them and hands
+// every other replica's to learn. It implements picker.Placements.
+type Bus struct {
+	client  redis.UniversalClient
+	origin  Origin
+	queue   chan []byte
+	metrics *Metrics
+	log     *slog.Logger
+	ready   chan struct{}
+	once    sync.Once
+
+	errMu   sync.Mutex
+	errLast time.Time
+}
+
+// New builds a Bus with a fresh random origin.
+func New(o Options) *Bus {
+	b := &Bus{client: o.Client, queue: make(chan []byte, cmp.Or(max(0, o.Queue), DefaultQueue)), metrics: o.Metrics,
+		log: o.Logger, ready: make(chan struct{})}
+	if b.metrics == nil {
+		b.metrics = NewMetrics(nil)
+	}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	_, _ = rand.Read(b.origin[:])
+	return b
+}
+
+// Publish queues a placement for the other replicas; it never blocks.
+func (b *Bus) Publish(pl picker.Placement) {
+	select {
+	case b.queue <- Encode(b.origin, pl):
+	default:
+		b.metrics.dropped.WithLabelValues("queue_full").Inc()
+	}
+}
+
+// Ready is closed once the first subscription is confirmed: from then on this replica hears the others.
+func (b *Bus) Ready() <-chan struct{} { return b.ready }
+
+// Run publishes queued placements and delivers the others' to learn until ctx ends. go-redis reconnects and
+// subscribes again by itself after a connection loss; what was published meanwhile is lost, which costs
+// agreement, not correctness.
+func (b *Bus) Run(ctx context.Context, learn func(picker.Placement) bool) {
+	var wg sync.WaitGroup
+	wg.Go(func() { b.publish(ctx) })
+	b.subscribe(ctx, learn)
+	wg.Wait()
+}
+
+func (b *Bus) publish(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg := <-b.queue:
+			if err := b.client.Publish(ctx, Channel, msg).Err(); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				b.metrics.dropped.WithLabelValues("redis").Inc()
+				b.warn("placement not published", err)
+				continue
+			}
+			b.metrics.published.Inc()
+		}
+	}
+}
+
+func (b *Bus) subscribe(ctx context.Context, learn func(picker.Placement) bool) {
+	ps := b.client.Subscribe(ctx, Channel)
+	defer func() { _ = ps.Close() }()
+	for ctx.Err() == nil {
+		if _, err := ps.Receive(ctx); err == nil {
+			break
+		} else if ctx.Err() == nil {
+			b.warn("placements: subscribing", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	b.once.Do(func() { close(b.ready) })
+	msgs := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			b.receive([]byte(m.Payload), learn)
+		}
+	}
+}
+
+// receive decodes one message and hands it to learn, unless it is this replica's own.
+func (b *Bus) receive(payload []byte, learn func(picker.Placement) bool) {
+	origin, pl, err := Decode(payload)
+	switch {
+	case err != nil:
+		b.metrics.received.WithLabelValues("malformed").Inc()
+		b.warn("placement message dropped", err)
+	case origin == b.origin:
+		b.metrics.received.WithLabelValues("own").Inc()
+	case !learn(pl):
+		b.metrics.received.WithLabelValues("unknown_endpoint").Inc()
+	case pl.Forgotten:
+		b.metrics.received.WithLabelValues("forgotten").Inc()
+	default:
+		b.metrics.received.WithLabelValues("learnt").Inc()
+	}
+}
+
+// warn logs at most once every ten seconds (a Redis outage would otherwise log every placement).
+func (b *Bus) warn(msg string, err error) {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	if now := time.Now(); now.Sub(b.errLast) >= 10*time.Second {
+		b.errLast = now
+		b.log.Warn(msg, "err", err, "channel", Channel)
+	}
+}

@@ -1,0 +1,157 @@
+package placements
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
+)
+
+const policy = `apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  hardwareClasses: {l40s: {costPerHour: 1.1, prefillTokensPerSecond: 7000, decodeTokensPerSecond: 1200}}
+  models:
+  - name: m
+    pools:
+    - {name: a, hardwareClass: l40s, engine: vllm, endpoints: ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"]}
+  tenants:
+  - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
+`
+
+// replica is one gateway's picker on the bus.
+type replica struct {
+	picker *picker.Affinity
+	bus    *Bus
+	reg    *prometheus.Registry
+}
+
+func startReplica(t *testing.T, ctx context.Context, addr string, snap *policies.Snapshot, wg *sync.WaitGroup) replica {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	r := replica{picker: picker.NewAffinity(&fleet.InFlight{}, nil), reg: prometheus.NewRegistry()}
+	r.picker.PolicyChanged(snap)
+	r.bus = New(Options{Client: client, Metrics: NewMetrics(r.reg)})
+	r.picker.Placements = r.bus
+	wg.Go(func() { r.bus.Run(ctx, r.picker.Learn) })
+	select {
+	case <-r.bus.Ready():
+	case <-ctx.Done():
+		t.Fatal("never subscribed")
+	}
+	return r
+}
+
+func prompt(t *testing.T, system, user string) *openai.Request {
+	t.Helper()
+	body := `{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]}`
+	r, err := openai.ParseRequest(openai.EndpointChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+// Two gateway replicas on a real redis-server: a group one of them starts, the other sends to the same
+// endpoint; an eviction one of them finds, the other forgets; neither learns its own messages, and what is not a
+// placement is counted and dropped.
+func TestReplicasShareOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, err := policies.Parse("p.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a := startReplica(t, ctx, srv.Addr, snap, &wg)
+	b := startReplica(t, ctx, srv.Addr, snap, &wg)
+
+	sys := strings.Repeat("You answer questions about the billing system only. ", 40)
+	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := d.Endpoints[0]
+	wait.For(t, "the second replica hears the placement", func() bool {
+		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")) == 1
+	})
+	for i := range 5 { // whatever each replica's index says, the group stays where it started
+		d2, err := b.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "more "+strings.Repeat("x", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d2.Endpoints[0] != placed || d2.ExpectedCachedTokens == 0 {
+			t.Fatalf("request %d at the second replica went to %s (expecting %d cached tokens), want %s", i, d2.Endpoints[0], d2.ExpectedCachedTokens, placed)
+		}
+		d = d2
+	}
+	if got := testutil.ToFloat64(a.bus.metrics.published); got != 1 {
+		t.Errorf("the first replica published %v placements, want 1", got)
+	}
+	if got := testutil.ToFloat64(b.bus.metrics.published); got != 0 {
+		t.Errorf("the second replica, following a held group, published %v placements, want 0", got)
+	}
+	wait.For(t, "each replica hears its own message back and skips it", func() bool {
+		return testutil.ToFloat64(a.bus.metrics.received.WithLabelValues("own")) == 1
+	})
+
+	// The engine evicted the group: the second replica learns it from usage, the first from the bus.
+	b.picker.Observe(d, openai.Usage{PromptTokens: 600, CachedTokens: 0, CachedReported: true})
+	wait.For(t, "the first replica hears the eviction", func() bool {
+		return testutil.ToFloat64(a.bus.metrics.received.WithLabelValues("forgotten")) == 1
+	})
+	d3, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "after the eviction")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d3.ExpectedCachedTokens != 0 {
+		t.Errorf("after the eviction the first replica still expects %d cached tokens", d3.ExpectedCachedTokens)
+	}
+
+	// Another publisher's garbage and an endpoint the policy does not list.
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer func() { _ = raw.Close() }()
+	if err := raw.Publish(ctx, Channel, "not a placement").Err(); err != nil {
+		t.Fatal(err)
+	}
+	stranger := Encode(Origin{9}, picker.Placement{Endpoint: "192.0.2.1:80", Hashes: []uint64{1, 2, 3}})
+	if err := raw.Publish(ctx, Channel, stranger).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "malformed and unknown messages counted", func() bool {
+		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("malformed")) == 1 &&
+			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("unknown_endpoint")) == 1
+	})
+	if b.picker.Index.Capacity("192.0.2.1:80") != 0 {
+		t.Error("a placement on an endpoint outside the policy was indexed")
+	}
+}
+
+// Publish never blocks the request path: with Redis unreachable and the queue full, placements are dropped and
+// counted.
+func TestPublishNeverBlocks(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer func() { _ = client.Close() }()
+	b := New(Options{Client: client, Queue: 2})
+	for range 5 {
+		b.Publish(picker.Placement{Endpoint: "e:1", Hashes: []uint64{1}})
+	}
+	if got := testutil.ToFloat64(b.metrics.dropped.WithLabelValues("queue_full")); got != 3 {
+		t.Errorf("dropped %v placements for a full queue of 2 after 5, want 3", got)
+	}
+}

@@ -1,0 +1,102 @@
+// Package placements shares the picker's placements between gateway replicas over Redis pub/sub: each replica
+// publishes where it started a conversation group (or found one evicted), and every other replica credits it
+// to its own prefix index (picker.Affinity.Learn). Messages flow only when a group gets a new copy, not per
+// request, so the cost grows with the traffic's new groups and never adds a round trip to a decision.
+package placements
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/infergate/infergate/picker"
+)
+
+// Channel is the Redis pub/sub channel every gateway replica publishes to and subscribes on.
+const Channel = "infergate:placements:v1"
+
+// wireVersion is the first byte of every message; a receiver drops versions it does not know.
+const wireVersion = 1
+
+// OriginBytes is the length of a replica's origin: random per process, so that a replica skips its own
+// messages, which Redis delivers back to it.
+const OriginBytes = 16
+
+// MaxEndpointBytes bounds an endpoint's address in a message (host:port, or a fallback's cluster name).
+const MaxEndpointBytes = 256
+
+const flagForgotten = 1
+
+// Origin names the replica a message came from.
+type Origin [OriginBytes]byte
+
+// ErrMalformed is any message that is not a placement this version can read.
+var ErrMalformed = errors.New("malformed placement message")
+
+// Encode writes a placement: version, flags, origin, capacity, endpoint, block hashes (little-endian).
+func Encode(origin Origin, pl picker.Placement) []byte {
+	hashes := pl.Hashes[:min(len(pl.Hashes), picker.MaxSharedBlocks)]
+	ep := pl.Endpoint[:min(len(pl.Endpoint), MaxEndpointBytes)]
+	b := make([]byte, 0, 2+OriginBytes+3*binary.MaxVarintLen64+len(ep)+8*len(hashes))
+	var flags byte
+	if pl.Forgotten {
+		flags |= flagForgotten
+	}
+	b = append(b, wireVersion, flags)
+	b = append(b, origin[:]...)
+	b = binary.AppendUvarint(b, uint64(max(0, pl.Capacity)))
+	b = binary.AppendUvarint(b, uint64(len(ep)))
+	b = append(b, ep...)
+	b = binary.AppendUvarint(b, uint64(len(hashes)))
+	for _, h := range hashes {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return b
+}
+
+// Decode reads a message Encode wrote. Every length is bounded before anything is allocated, and the
+// message must end where its hashes do.
+func Decode(b []byte) (Origin, picker.Placement, error) {
+	var origin Origin
+	var pl picker.Placement
+	if len(b) < 2+OriginBytes {
+		return origin, pl, fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] != wireVersion {
+		return origin, pl, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
+	}
+	if b[1]&^flagForgotten != 0 {
+		return origin, pl, fmt.Errorf("%w: flags %#x", ErrMalformed, b[1])
+	}
+	pl.Forgotten = b[1]&flagForgotten != 0
+	copy(origin[:], b[2:2+OriginBytes])
+	rest := b[2+OriginBytes:]
+	capacity, rest, err := uvarint(rest, picker.MaxLearntCapacity)
+	if err != nil {
+		return origin, pl, fmt.Errorf("capacity: %w", err)
+	}
+	pl.Capacity = int(capacity)
+	n, rest, err := uvarint(rest, MaxEndpointBytes)
+	if err != nil || n == 0 || uint64(len(rest)) < n {
+		return origin, pl, fmt.Errorf("%w: endpoint", ErrMalformed)
+	}
+	pl.Endpoint, rest = string(rest[:n]), rest[n:]
+	count, rest, err := uvarint(rest, picker.MaxSharedBlocks)
+	if err != nil || count == 0 || uint64(len(rest)) != 8*count {
+		return origin, pl, fmt.Errorf("%w: block hashes", ErrMalformed)
+	}
+	pl.Hashes = make([]uint64, count)
+	for i := range pl.Hashes {
+		pl.Hashes[i] = binary.LittleEndian.Uint64(rest[8*i:])
+	}
+	return origin, pl, nil
+}
+
+// uvarint reads one bounded unsigned varint.
+func uvarint(b []byte, limit uint64) (uint64, []byte, error) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 || v > limit {
+		return 0, nil, fmt.Errorf("%w: length field", ErrMalformed)
+	}
+	return v, b[n:], nil
+}
