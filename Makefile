@@ -51,6 +51,11 @@ bench-routing: ## routing policies compared on the simulated fleet (table for BE
 bench-scale: ## affinity across 1-16 gateway replicas on 16 simulated engines (issue #19; ≈ 8 min; table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench -replicas 16 -gateways 1,2,4,8,16 -only "shared prefix," -runs 3
 
+.PHONY: bench-fleetstate
+bench-fleetstate: ## what keeping the fleet's state costs: 20 gateway replicas × 200 engines, scraping alone and through the relay (issue #19; ≈ 5 min; needs redis-server)
+	$(GO) run ./test/scrapebench -engines 200 -gateways 20 -window 5s -runs 3
+	$(GO) run ./test/scrapebench -engines 50 -gateways 4 -window 5s -runs 3
+
 .PHONY: chaos
 chaos: test-deps ## reliability suite: faults injected one at a time under load, table for RELIABILITY.md (≤ 10 min)
 	$(GO) run ./test/chaos

@@ -191,22 +191,80 @@ type Scraper struct {
 	// Now replaces the clock that stamps readings and judges their age (tests).
 	Now    func() time.Time
 	Client *http.Client
-	// OnRound, when set, is called after every round of scrapes (the admission queue looks for room again).
+	// OnRound, when set, is called after every round of scrapes, and after every round of relayed readings
+	// (the admission queue looks for room again).
 	OnRound func()
+	// Relay, when set, shares rounds of readings with the other gateway replicas: a round it says to skip is
+	// not scraped (another replica's readings arrive through AcceptRound), and every round scraped is handed
+	// to it.
+	Relay Relay
 
-	mu      sync.RWMutex
-	targets []Target
-	latest  map[string]EngineMetrics
+	mu        sync.RWMutex
+	targets   []Target
+	targetSet map[string]bool
+	latest    map[string]EngineMetrics
 
 	firstMu   sync.Mutex
 	firstCh   chan struct{}
 	firstOnce sync.Once
 }
 
+// Relay shares the engines' readings between gateway replicas, so that the engines are scraped once per
+// interval, not once per replica (the relay package).
+type Relay interface {
+	// Skip reports whether this round's scrapes are unnecessary: another replica's readings are arriving.
+	Skip() bool
+	// Publish hears the readings of a round this replica scraped; it must not block.
+	Publish([]Reading)
+}
+
+// Reading is one engine's metrics, as a relay carries them; Failed marks an engine the round tried and could
+// not read (its Metrics are empty).
+type Reading struct {
+	Addr    string
+	Metrics EngineMetrics
+	Failed  bool
+}
+
+// AcceptRound stores a round of readings another replica scraped, keeping only this scraper's targets and,
+// for each, the newer reading; then it ends the first round and calls OnRound, as a round of its own does.
+// It reports whether the round covered every target (read or failed): a replica whose policy lists an engine
+// the round did not try must scrape for itself.
+func (s *Scraper) AcceptRound(readings []Reading) (complete bool) {
+	s.mu.Lock()
+	if s.latest == nil {
+		s.latest = map[string]EngineMetrics{}
+	}
+	covered := 0
+	for _, r := range readings {
+		if !s.targetSet[r.Addr] {
+			continue
+		}
+		covered++
+		if r.Failed {
+			continue
+		}
+		if held, ok := s.latest[r.Addr]; !ok || r.Metrics.At.After(held.At) {
+			s.latest[r.Addr] = r.Metrics
+		}
+	}
+	complete = covered >= len(s.targetSet)
+	s.mu.Unlock()
+	s.firstOnce.Do(func() { close(s.first()) })
+	if s.OnRound != nil {
+		s.OnRound()
+	}
+	return complete
+}
+
 // SetTargets replaces the endpoints to scrape (on policy reload).
 func (s *Scraper) SetTargets(ts []Target) {
 	s.mu.Lock()
 	s.targets = ts
+	s.targetSet = make(map[string]bool, len(ts))
+	for _, t := range ts {
+		s.targetSet[t.Addr] = true
+	}
 	if s.latest == nil {
 		s.latest = map[string]EngineMetrics{}
 	}
@@ -254,31 +312,47 @@ func (s *Scraper) Run(ctx context.Context) {
 	t := time.NewTicker(s.interval())
 	defer t.Stop()
 	for {
-		s.mu.RLock()
-		targets := s.targets
-		s.mu.RUnlock()
-		var wg sync.WaitGroup
-		for _, tg := range targets {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if m, err := s.scrape(ctx, client, tg); err == nil {
-					s.mu.Lock()
-					s.latest[tg.Addr] = m
-					s.mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		s.firstOnce.Do(func() { close(s.first()) })
-		if s.OnRound != nil {
-			s.OnRound()
+		if s.Relay == nil || !s.Relay.Skip() {
+			s.round(ctx, client)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// round scrapes every target once, concurrently, and hands the readings to the relay.
+func (s *Scraper) round(ctx context.Context, client *http.Client) {
+	s.mu.RLock()
+	targets := s.targets
+	s.mu.RUnlock()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var readings []Reading
+	for _, tg := range targets {
+		wg.Go(func() {
+			m, err := s.scrape(ctx, client, tg)
+			if err == nil {
+				s.mu.Lock()
+				s.latest[tg.Addr] = m
+				s.mu.Unlock()
+			}
+			if s.Relay != nil {
+				mu.Lock()
+				readings = append(readings, Reading{Addr: tg.Addr, Metrics: m, Failed: err != nil})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	s.firstOnce.Do(func() { close(s.first()) })
+	if s.Relay != nil && len(readings) > 0 {
+		s.Relay.Publish(readings)
+	}
+	if s.OnRound != nil {
+		s.OnRound()
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/infergate/infergate/placements"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
+	"github.com/infergate/infergate/relay"
 	"github.com/infergate/infergate/rollout"
 	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/xds"
@@ -47,6 +48,10 @@ type Config struct {
 	// and learns theirs (the placements package), so that many replicas keep one replica's prefix affinity.
 	// Without Redis it does nothing.
 	SharePlacements bool
+	// RelayScrapes lets one gateway replica scrape the engines for all of them (a lease in Redis, the readings
+	// over pub/sub; the relay package): the engines' scrape load grows with the engines, not replicas ×
+	// engines. Without Redis or scraping it does nothing.
+	RelayScrapes bool
 	// ScrapeInterval is how often engines' metrics are read; 0: routing on in-flight counts only.
 	ScrapeInterval time.Duration
 	// SecretNodes are the Envoy node ids that may receive managed-API keys over SDS.
@@ -87,6 +92,8 @@ type Gateway struct {
 	// Placements carries the picker's placements to and from the other gateway replicas; nil unless
 	// Config.SharePlacements and Redis.
 	Placements *placements.Bus
+	// Relay shares the engines' readings between replicas; nil unless Config.RelayScrapes, scraping and Redis.
+	Relay *relay.Relay
 
 	stopQuotas context.CancelFunc
 	redis      redis.UniversalClient // the rollouts' state store and the placements' bus, nil without Redis
@@ -137,6 +144,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	var engines picker.EngineView
 	var state xds.FleetState
 	if c.ScrapeInterval > 0 {
+		g.relayScrapes(ctx, c)
 		go g.Scraper.Run(ctx)
 		engines, state = g.Scraper, xds.ScrapedFleet{View: g.Scraper}
 		// The first requests are not routed on no data at all (they would all find the fleet stale).
@@ -306,6 +314,20 @@ func (g *Gateway) sharedRedis(c Config) redis.UniversalClient {
 		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1})
 	}
 	return g.redis
+}
+
+// relayScrapes lets the replica holding the relay lease scrape for all, when RelayScrapes is on and there is
+// Redis.
+func (g *Gateway) relayScrapes(ctx context.Context, c Config) {
+	client := g.sharedRedis(c)
+	if !c.RelayScrapes || client == nil {
+		return
+	}
+	g.Relay = relay.New(relay.Options{Client: client, Scraper: g.Scraper, Interval: c.ScrapeInterval,
+		Metrics: relay.NewMetrics(g.Registry), Logger: g.log})
+	g.Scraper.Relay = g.Relay
+	go g.Relay.Run(ctx)
+	g.log.Info("engine readings relayed between gateway replicas over Redis: one replica scrapes for all", "channel", relay.Channel)
 }
 
 // sharingPicker is the prefix-affinity picker publishing its placements to the other gateway replicas and

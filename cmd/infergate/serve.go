@@ -49,6 +49,7 @@ type serveConfig struct {
 	redisAddr      string
 	redisCluster   bool
 	sharePlacement bool
+	relayScrapes   bool
 	logLevel       string
 	drainTimeout   time.Duration
 	scrapeInterval time.Duration
@@ -78,6 +79,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.secretNodes, "xds-secret-nodes", "envoy-quickstart", "comma-separated Envoy node ids that may receive managed-API keys over SDS; each must present a client certificate naming it (or connect over loopback without TLS)")
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
+	fs.BoolVar(&cfg.relayScrapes, "relay-scrapes", true, "with --redis-addr, let one gateway replica (a lease in Redis) scrape the engines for all and relay the readings over pub/sub; the others scrape themselves whenever the relay is two intervals late")
 	fs.BoolVar(&cfg.sharePlacement, "share-placements", true, "with --redis-addr, tell the other gateway replicas over Redis pub/sub where this one starts each conversation group, and learn theirs, so that many replicas keep one replica's prefix affinity")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
@@ -125,6 +127,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, SharePlacements: cfg.sharePlacement,
+		RelayScrapes:   cfg.relayScrapes,
 		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")

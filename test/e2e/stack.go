@@ -211,7 +211,7 @@ func (st *Stack) replicaConfig(ecfg *envoysim.Config) gateway.Config {
 		scrape = 0
 	}
 	return gateway.Config{PolicyPath: st.policyPath, ScrapeInterval: scrape, Logger: o.Logger, RedisAddrs: o.RedisAddrs,
-		RolloutInterval: o.RolloutInterval, Kubernetes: o.Kubernetes, SharePlacements: true, // serve's default
+		RolloutInterval: o.RolloutInterval, Kubernetes: o.Kubernetes, SharePlacements: true, RelayScrapes: true, // serve's defaults
 		SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
 	}
 }

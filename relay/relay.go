@@ -1,0 +1,231 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/fleet"
+)
+
+// Options configure a Relay.
+type Options struct {
+	Client  redis.UniversalClient
+	Scraper *fleet.Scraper // receives the other replicas' rounds
+	// Interval is the scrape interval: the lease is renewed every interval and lasts five, and a replica
+	// scrapes itself once no round has arrived for two.
+	Interval time.Duration
+	Metrics  *Metrics // default: unregistered
+	Logger   *slog.Logger
+	// Now replaces the clock (tests).
+	Now func() time.Time
+}
+
+// Relay is one replica's part: the scraper's fleet.Relay, the lease, the publisher and the subscriber.
+type Relay struct {
+	o      Options
+	origin string
+	leader atomic.Bool
+	heard  atomic.Int64 // unix nanoseconds of the last round accepted from another replica
+	out    chan []fleet.Reading
+	ready  chan struct{}
+	once   sync.Once
+
+	errMu   sync.Mutex
+	errLast time.Time
+}
+
+// lease takes the key if it is free and renews it if this replica holds it.
+var lease = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0`)
+
+// New builds a Relay with a fresh random origin.
+func New(o Options) *Relay {
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Interval <= 0 {
+		o.Interval = 100 * time.Millisecond
+	}
+	var id [16]byte
+	_, _ = rand.Read(id[:])
+	return &Relay{o: o, origin: hex.EncodeToString(id[:]), out: make(chan []fleet.Reading, 1), ready: make(chan struct{})}
+}
+
+// Leader reports whether this replica holds the lease and scrapes for the others.
+func (r *Relay) Leader() bool { return r.leader.Load() }
+
+// Ready is closed once the subscription is confirmed.
+func (r *Relay) Ready() <-chan struct{} { return r.ready }
+
+// Skip implements fleet.Relay: a replica that does not hold the lease skips its scrapes while another's
+// rounds keep arriving.
+func (r *Relay) Skip() bool {
+	if r.leader.Load() {
+		return false
+	}
+	if r.o.Now().Sub(time.Unix(0, r.heard.Load())) < 2*r.o.Interval {
+		r.o.Metrics.rounds.WithLabelValues("relayed").Inc()
+		return true
+	}
+	r.o.Metrics.rounds.WithLabelValues("scraped_relay_late").Inc()
+	return false
+}
+
+// Publish implements fleet.Relay: the lease holder's rounds go out, the newest first if the publisher is
+// behind (an older round is worth nothing once a newer one exists).
+func (r *Relay) Publish(rs []fleet.Reading) {
+	if !r.leader.Load() {
+		return
+	}
+	r.o.Metrics.rounds.WithLabelValues("scraped_leader").Inc()
+	for {
+		select {
+		case r.out <- rs:
+			return
+		default:
+		}
+		select {
+		case <-r.out:
+			r.o.Metrics.dropped.Inc()
+		default:
+		}
+	}
+}
+
+// Run holds or waits for the lease, publishes this replica's rounds while it holds it and accepts the
+// others' until ctx ends.
+func (r *Relay) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { r.keepLease(ctx) })
+	wg.Go(func() { r.publish(ctx) })
+	r.subscribe(ctx)
+	wg.Wait()
+}
+
+func (r *Relay) keepLease(ctx context.Context) {
+	t := time.NewTicker(r.o.Interval)
+	defer t.Stop()
+	ttl := (5 * r.o.Interval).Milliseconds()
+	for {
+		got, err := lease.Run(ctx, r.o.Client, []string{LeaseKey}, r.origin, ttl).Int()
+		held := err == nil && got == 1
+		if err != nil && ctx.Err() == nil {
+			r.warn("fleet relay lease", err)
+		}
+		if was := r.leader.Swap(held); was != held {
+			r.o.Logger.Info("fleet relay", "scraping_for_all_replicas", held)
+		}
+		r.o.Metrics.leader.Set(b2f(held))
+		select {
+		case <-ctx.Done():
+			r.leader.Store(false)
+			r.o.Metrics.leader.Set(0)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) publish(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rs := <-r.out:
+			msg, err := encode(r.origin, rs, r.o.Now())
+			if err == nil {
+				err = r.o.Client.Publish(ctx, Channel, msg).Err()
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				r.o.Metrics.dropped.Inc()
+				r.warn("fleet relay: round not published", err)
+			}
+		}
+	}
+}
+
+func (r *Relay) subscribe(ctx context.Context) {
+	ps := r.o.Client.Subscribe(ctx, Channel)
+	defer func() { _ = ps.Close() }()
+	for ctx.Err() == nil {
+		if _, err := ps.Receive(ctx); err == nil {
+			break
+		} else if ctx.Err() == nil {
+			r.warn("fleet relay: subscribing", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	r.once.Do(func() { close(r.ready) })
+	msgs := ps.Channel(redis.WithChannelSize(16))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			r.receive([]byte(m.Payload))
+		}
+	}
+}
+
+func (r *Relay) receive(payload []byte) {
+	now := r.o.Now()
+	origin, rs, err := decode(payload, now)
+	switch {
+	case err != nil:
+		r.o.Metrics.received.WithLabelValues("malformed").Inc()
+		r.warn("fleet relay: message dropped", err)
+	case origin == r.origin:
+		r.o.Metrics.received.WithLabelValues("own").Inc()
+	case !r.o.Scraper.AcceptRound(rs):
+		// The round misses engines this replica's policy lists (a reload on its way, say): its own scrapes go on.
+		r.o.Metrics.received.WithLabelValues("partial").Inc()
+	default:
+		r.heard.Store(now.UnixNano())
+		r.o.Metrics.received.WithLabelValues("accepted").Inc()
+	}
+}
+
+// warn logs at most once every ten seconds.
+func (r *Relay) warn(msg string, err error) {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	if now := time.Now(); now.Sub(r.errLast) >= 10*time.Second {
+		r.errLast = now
+		r.o.Logger.Warn(msg, "err", err, "channel", Channel)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
