@@ -48,8 +48,8 @@ bench-routing: ## routing policies compared on the simulated fleet (table for BE
 	$(GO) run ./test/routingbench
 
 .PHONY: bench-scale
-bench-scale: ## affinity across 1-16 gateway replicas on 16 simulated engines (issue #19; ≈ 8 min; table for BENCHMARKS.md)
-	$(GO) run ./test/routingbench -replicas 16 -gateways 1,2,4,8,16 -only "shared prefix," -runs 3
+bench-scale: ## affinity across 1-16 gateway replicas, alone and sharing placements, on 16 simulated engines (issue #19; ≈ 20 min; table for BENCHMARKS.md)
+	$(GO) run ./test/routingbench -replicas 16 -gateways 1,2,4,8,16 -only "shared prefix," -runs 3 -timescale 0.1
 
 .PHONY: bench-fleetstate
 bench-fleetstate: ## what keeping the fleet's state costs: 20 gateway replicas × 200 engines, scraping alone and through the relay (issue #19; ≈ 5 min; needs redis-server)

@@ -16,7 +16,9 @@ import (
 // policy's routing section, add up to each candidate's score:
 //
 //   - prefix: the share of the prompt's leading blocks this gateway has sent to the endpoint;
-//   - load: the endpoint's requests in flight (this gateway's) plus its engine queue, against the busiest;
+//   - load: the endpoint's requests in flight (this gateway's, or the engine's running batch plus what this
+//     gateway sent since the reading when that is more: other replicas' requests are in it) plus its engine
+//     queue, against the busiest;
 //   - prefill: how fast the endpoint's hardware class computes the prompt's uncached tokens (τ/(t+τ), t in
 //     seconds), so long uncached prompts prefer the class with faster prefill;
 //   - lora: 1 where the requested adapter is loaded.
@@ -149,7 +151,8 @@ const prefillTau = 0.25 // seconds
 type scored struct {
 	pool       *policies.Pool
 	endpoint   string
-	load       int64 // this gateway's requests in flight to the endpoint
+	load       int64 // requests in flight at the endpoint: this gateway's, or the engine's running batch plus this gateway's sends since, if more
+	own        int64 // this gateway's requests in flight there (placement of unshared prompts)
 	queue      int64 // the engine's waiting requests, from its metrics
 	capacity   int   // the engine's KV blocks, 0 when unknown
 	prefillTPS float64

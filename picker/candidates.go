@@ -25,7 +25,8 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cand
 		}
 		speed := snap.Speed(pool)
 		for _, ep := range pool.Endpoints {
-			c := scored{pool: pool, endpoint: ep, load: p.InFlight.Count(ep), prefillTPS: speed.PrefillTokensPerSecond,
+			own := p.InFlight.Count(ep)
+			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
 				cost: speed.CostPerToken(), speed: speed}
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
@@ -41,8 +42,13 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cand
 				// when scoring): a cache hit needs few new blocks, a miss needs them all.
 				c.kvFull = m.KVUtil >= routing.MaxKVUtilisation && m.Waiting > 0
 				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
+				since := p.InFlight.SinceReading(ep, m.At)
+				// The engine's running batch holds every gateway replica's requests; with this gateway's sends
+				// since the reading it is the load all replicas see alike, where this gateway's own in-flight
+				// count is a share of it.
+				c.load = max(c.load, int64(m.Running)+since)
 				if slo {
-					c.running, c.since = m.Running, float64(p.InFlight.SinceReading(ep, m.At))
+					c.running, c.since = m.Running, float64(since)
 				}
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize

@@ -78,7 +78,7 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // replica receiving a share of the same traffic has seen about the same groups, so they agree on where the
 // next one starts — and the groups stay spread evenly, which a bare rendezvous hash does not do for a few
 // dozen groups. When prompts do not come back, agreement is worth nothing and balance is all: the least
-// loaded endpoint (this gateway's requests in flight plus the engine's queue), and among equals the one sent a
+// loaded endpoint (this gateway's own requests in flight plus the engine's queue), and among equals the one sent a
 // request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
 // tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
 // group at all before the rendezvous rank: otherwise the few groups a slower class gets could all hash to one
@@ -105,12 +105,14 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 			band, rest = rest, nil
 		}
 	} else {
+		// This gateway's own requests, not the engine's batch that every replica reads alike: replicas that
+		// balance alike would all pick the same least loaded endpoint until its next reading.
 		least := int64(math.MaxInt64)
 		for _, c := range eligible {
-			least = min(least, c.load+c.queue)
+			least = min(least, c.own+c.queue)
 		}
 		for _, c := range eligible {
-			if c.load+c.queue == least {
+			if c.own+c.queue == least {
 				c.lastStarted = p.InFlight.LastStarted(c.endpoint)
 				band = append(band, c)
 			} else {

@@ -53,9 +53,9 @@ func (p *Affinity) weightsFor(routing policies.Routing) weights {
 	return w
 }
 
-// eligible scores the candidates within the bounded load — this gateway's own in-flight counts against (1+ε)
-// × their mean, +1: every gateway replica sees a similar share of the traffic, so their bounds agree and so do
-// their choices, while the engines' queues, which all replicas see alike, weigh in the load score. A candidate
+// eligible scores the candidates within the bounded load — their in-flight counts (at least the engine's
+// running batch, which every gateway replica reads alike) against (1+ε) × their mean, +1: so the replicas'
+// bounds agree and so do their choices, while the engines' queues weigh in the load score. A candidate
 // whose KV cache is full and holds none of the prompt is out (counted in kvFull). When the bound leaves no one
 // it is dropped. anyMatch reports whether some candidate holds a prefix of the prompt.
 //

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"math"
 	"sync/atomic"
 )
 
@@ -68,9 +69,15 @@ func (p *Affinity) Learn(pl Placement) bool {
 }
 
 // share publishes a placement when the chosen endpoint did not hold the prompt's group in this replica's
-// index: a new group, or a new copy of one (a spill). Requests that follow a held prefix publish nothing.
+// index: a new group, or a new copy of one (a spill). Requests that follow a held prefix publish nothing, and
+// neither does anything while prompts do not come back (the sharing estimate below consistentPlacement): a
+// prompt never seen again is worth no message, and a fleet of distinct prompts would otherwise publish one per
+// request.
 func (p *Affinity) share(best *scored, pr prompt, capacity int) {
 	if p.Placements == nil || len(pr.hashes) == 0 || best.matched >= min(len(pr.hashes), rendezvousBlocks) {
+		return
+	}
+	if b := p.sharing.Load(); b != 0 && math.Float64frombits(b) < consistentPlacement {
 		return
 	}
 	hashes := make([]uint64, min(len(pr.hashes), MaxSharedBlocks))

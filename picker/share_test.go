@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -147,5 +148,20 @@ func TestLearnIsBounded(t *testing.T) {
 	a.Learn(Placement{Endpoint: "10.0.0.1:1", Hashes: hashes[:1], Forgotten: true})
 	if n := a.Index.Match("10.0.0.1:1", hashes[:8]); n != 0 {
 		t.Errorf("after a Forgotten placement of its first block, %d blocks still match", n)
+	}
+}
+
+// Distinct prompts that never come back publish nothing once the picker has seen that they do not.
+func TestDistinctPromptsPublishNothing(t *testing.T) {
+	snap, m := affinitySnap(t)
+	pickers, bus := sharing(2)
+	for i := range 200 {
+		sys := fmt.Sprintf("Prompt %d: %s", i, strings.Repeat("a distinct document to summarise ", 30))
+		if _, err := pickers[i%2].Pick(snap, Input{Model: m, Request: request(t, sys, "summarise")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(bus.sent) > 60 {
+		t.Errorf("200 distinct prompts published %d placements; once prompts are seen not to come back, none should be", len(bus.sent))
 	}
 }

@@ -155,3 +155,46 @@ func TestPublishNeverBlocks(t *testing.T) {
 		t.Errorf("dropped %v placements for a full queue of 2 after 5, want 3", got)
 	}
 }
+
+// On a real Redis Cluster (three masters, a replica each) a placement published through one node reaches a
+// replica subscribed through another: classic pub/sub is broadcast to the whole cluster.
+func TestReplicasShareOverARealCluster(t *testing.T) {
+	cluster := redistest.StartRealCluster(t, 3)
+	snap, err := policies.Parse("p.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var reps []replica
+	for i := range 2 {
+		addrs := cluster.Addrs()
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addrs[i%len(addrs)]}})
+		t.Cleanup(func() { _ = client.Close() })
+		r := replica{picker: picker.NewAffinity(&fleet.InFlight{}, nil)}
+		r.picker.PolicyChanged(snap)
+		r.bus = New(Options{Client: client})
+		r.picker.Placements = r.bus
+		wg.Go(func() { r.bus.Run(ctx, r.picker.Learn) })
+		<-r.bus.Ready()
+		reps = append(reps, r)
+	}
+	sys := strings.Repeat("You answer questions about shipping only. ", 40)
+	d, err := reps[0].picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "the placement to cross the cluster", func() bool {
+		return testutil.ToFloat64(reps[1].bus.metrics.received.WithLabelValues("learnt")) == 1
+	})
+	d2, err := reps[1].picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "second")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.Endpoints[0] != d.Endpoints[0] {
+		t.Errorf("the second replica chose %s, the first placed the group on %s", d2.Endpoints[0], d.Endpoints[0])
+	}
+}

@@ -48,7 +48,11 @@ type gatewayReplica struct {
 
 func startGateway(t *testing.T, redisAddr string, targets []fleet.Target) *gatewayReplica {
 	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	return startGatewayWith(t, redis.NewClient(&redis.Options{Addr: redisAddr}), targets)
+}
+
+func startGatewayWith(t *testing.T, client redis.UniversalClient, targets []fleet.Target) *gatewayReplica {
+	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &gatewayReplica{scraper: &fleet.Scraper{Interval: interval}, stop: cancel, done: make(chan struct{})}
@@ -160,5 +164,32 @@ func TestWithoutRedisEveryReplicaScrapes(t *testing.T) {
 	})
 	if r.Leader() {
 		t.Error("a replica without Redis holds the lease")
+	}
+}
+
+// On a real Redis Cluster the lease is one key on one master and the rounds reach every replica.
+func TestRelayOnARealCluster(t *testing.T) {
+	exposition, err := os.ReadFile("../fleet/testdata/vllm-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := redistest.StartRealCluster(t, 3)
+	e := startEngine(t, exposition)
+	targets := []fleet.Target{{Addr: e.addr(), Dialect: fleet.DialectFor("vllm")}}
+	var gs []*gatewayReplica
+	for i := range 2 {
+		addrs := cluster.Addrs()
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addrs[i%len(addrs)]}})
+		gs = append(gs, startGatewayWith(t, client, targets))
+	}
+	wait.For(t, "one replica to hold the lease", func() bool { n, _ := leaders(gs); return n == 1 })
+	_, leader := leaders(gs)
+	for _, g := range gs {
+		if g == leader {
+			continue
+		}
+		wait.For(t, "the other replica to take the relayed rounds", func() bool {
+			return testutil.ToFloat64(g.relay.o.Metrics.received.WithLabelValues("accepted")) >= 5
+		})
 	}
 }

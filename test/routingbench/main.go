@@ -32,7 +32,9 @@ import (
 	"github.com/infergate/infergate/test/loadgen"
 )
 
-const timeScale = 0.05 // twenty times faster than the modelled GPUs; results are reported in simulated time
+// timeScale is real time per simulated time (-timescale): 0.05 runs twenty times faster than the modelled
+// GPUs; results are reported in simulated time.
+var timeScale = 0.05
 
 type request struct {
 	system, user string
@@ -276,6 +278,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs per policy and workload; the table shows medians")
 	onlyPolicies := flag.String("policies", "", "run only these policies (comma-separated names; round-robin always runs, as the baseline)")
 	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many pickers taking requests round-robin, independent and sharing placements (issue #19's scale check)")
+	flag.Float64Var(&timeScale, "timescale", timeScale, "real time per simulated time: larger is slower and steadier on a loaded machine")
 	verbose := flag.Bool("v", false, "print, per run, how often the pickers' prefix index was right about the engine's cache")
 	shareDelay := flag.Duration("share-delay", 5*time.Millisecond, "simulated time a shared placement takes to reach the other gateway replicas (Redis pub/sub)")
 	flag.Parse()
