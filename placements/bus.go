@@ -6,11 +6,11 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/pubsub"
 )
 
 // DefaultQueue is how many placements may wait to be published; beyond it they are dropped (and counted),
@@ -36,8 +36,7 @@ type Bus struct {
 	ready   chan struct{}
 	once    sync.Once
 
-	errMu   sync.Mutex
-	errLast time.Time
+	warner pubsub.Warner
 }
 
 // New builds a Bus with a fresh random origin.
@@ -50,6 +49,7 @@ func New(o Options) *Bus {
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
+	b.warner.Log = b.log
 	_, _ = rand.Read(b.origin[:])
 	return b
 }
@@ -66,13 +66,13 @@ func (b *Bus) Publish(pl picker.Placement) {
 // Ready is closed once the first subscription is confirmed: from then on this replica hears the others.
 func (b *Bus) Ready() <-chan struct{} { return b.ready }
 
-// Run publishes queued placements and delivers the others' to learn until ctx ends. go-redis reconnects and
-// subscribes again by itself after a connection loss; what was published meanwhile is lost, which costs
-// agreement, not correctness.
+// Run publishes queued placements and delivers the others' to learn until ctx ends. A message lost while
+// Redis is away costs agreement, not correctness.
 func (b *Bus) Run(ctx context.Context, learn func(picker.Placement) bool) {
 	var wg sync.WaitGroup
 	wg.Go(func() { b.publish(ctx) })
-	b.subscribe(ctx, learn)
+	pubsub.Subscribe(ctx, b.client, Channel, func() { b.once.Do(func() { close(b.ready) }) },
+		func(msg []byte) { b.receive(msg, learn) }, &b.warner)
 	wg.Wait()
 }
 
@@ -87,42 +87,10 @@ func (b *Bus) publish(ctx context.Context) {
 					return
 				}
 				b.metrics.dropped.WithLabelValues("redis").Inc()
-				b.warn("placement not published", err)
+				b.warner.Warn("placement not published", err, "channel", Channel)
 				continue
 			}
 			b.metrics.published.Inc()
-		}
-	}
-}
-
-func (b *Bus) subscribe(ctx context.Context, learn func(picker.Placement) bool) {
-	ps := b.client.Subscribe(ctx, Channel)
-	defer func() { _ = ps.Close() }()
-	for ctx.Err() == nil {
-		if _, err := ps.Receive(ctx); err == nil {
-			break
-		} else if ctx.Err() == nil {
-			b.warn("placements: subscribing", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	b.once.Do(func() { close(b.ready) })
-	msgs := ps.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			b.receive([]byte(m.Payload), learn)
 		}
 	}
 }
@@ -133,7 +101,7 @@ func (b *Bus) receive(payload []byte, learn func(picker.Placement) bool) {
 	switch {
 	case err != nil:
 		b.metrics.received.WithLabelValues("malformed").Inc()
-		b.warn("placement message dropped", err)
+		b.warner.Warn("placement message dropped", err, "channel", Channel)
 	case origin == b.origin:
 		b.metrics.received.WithLabelValues("own").Inc()
 	case !learn(pl):
@@ -142,15 +110,5 @@ func (b *Bus) receive(payload []byte, learn func(picker.Placement) bool) {
 		b.metrics.received.WithLabelValues("forgotten").Inc()
 	default:
 		b.metrics.received.WithLabelValues("learnt").Inc()
-	}
-}
-
-// warn logs at most once every ten seconds (a Redis outage would otherwise log every placement).
-func (b *Bus) warn(msg string, err error) {
-	b.errMu.Lock()
-	defer b.errMu.Unlock()
-	if now := time.Now(); now.Sub(b.errLast) >= 10*time.Second {
-		b.errLast = now
-		b.log.Warn(msg, "err", err, "channel", Channel)
 	}
 }

@@ -30,6 +30,17 @@ spec:
   - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
 `
 
+// testSnap parses the test policy.
+func testSnap(t *testing.T) (*policies.Snapshot, *policies.Model) {
+	t.Helper()
+	snap, err := policies.Parse("p.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	return snap, m
+}
+
 // replica is one gateway's picker on the bus.
 type replica struct {
 	picker *picker.Affinity
@@ -39,7 +50,12 @@ type replica struct {
 
 func startReplica(t *testing.T, ctx context.Context, addr string, snap *policies.Snapshot, wg *sync.WaitGroup) replica {
 	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: addr})
+	return startReplicaOn(t, ctx, redis.NewClient(&redis.Options{Addr: addr}), snap, wg)
+}
+
+// startReplicaOn starts a replica on client (closed at the test's end) and waits for its subscription.
+func startReplicaOn(t *testing.T, ctx context.Context, client redis.UniversalClient, snap *policies.Snapshot, wg *sync.WaitGroup) replica {
+	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
 	r := replica{picker: picker.NewAffinity(&fleet.InFlight{}, nil), reg: prometheus.NewRegistry()}
 	r.picker.PolicyChanged(snap)
@@ -69,11 +85,7 @@ func prompt(t *testing.T, system, user string) *openai.Request {
 // placement is counted and dropped.
 func TestReplicasShareOverRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	snap, err := policies.Parse("p.yaml", []byte(policy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _ := snap.Model("m")
+	snap, m := testSnap(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -160,27 +172,15 @@ func TestPublishNeverBlocks(t *testing.T) {
 // replica subscribed through another: classic pub/sub is broadcast to the whole cluster.
 func TestReplicasShareOverARealCluster(t *testing.T) {
 	cluster := redistest.StartRealCluster(t, 3)
-	snap, err := policies.Parse("p.yaml", []byte(policy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _ := snap.Model("m")
+	snap, m := testSnap(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	var reps []replica
-	for i := range 2 {
+	for i := range 2 { // each through another node
 		addrs := cluster.Addrs()
-		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addrs[i%len(addrs)]}})
-		t.Cleanup(func() { _ = client.Close() })
-		r := replica{picker: picker.NewAffinity(&fleet.InFlight{}, nil)}
-		r.picker.PolicyChanged(snap)
-		r.bus = New(Options{Client: client})
-		r.picker.Placements = r.bus
-		wg.Go(func() { r.bus.Run(ctx, r.picker.Learn) })
-		<-r.bus.Ready()
-		reps = append(reps, r)
+		reps = append(reps, startReplicaOn(t, ctx, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addrs[i%len(addrs)]}}), snap, &wg))
 	}
 	sys := strings.Repeat("You answer questions about shipping only. ", 40)
 	d, err := reps[0].picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})

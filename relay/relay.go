@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/pubsub"
 )
 
 // Options configure a Relay.
@@ -37,8 +38,7 @@ type Relay struct {
 	ready  chan struct{}
 	once   sync.Once
 
-	errMu   sync.Mutex
-	errLast time.Time
+	warner pubsub.Warner
 }
 
 // lease takes the key if it is free and renews it if this replica holds it.
@@ -64,7 +64,8 @@ func New(o Options) *Relay {
 	}
 	var id [16]byte
 	_, _ = rand.Read(id[:])
-	return &Relay{o: o, origin: hex.EncodeToString(id[:]), out: make(chan []fleet.Reading, 1), ready: make(chan struct{})}
+	return &Relay{o: o, origin: hex.EncodeToString(id[:]), out: make(chan []fleet.Reading, 1), ready: make(chan struct{}),
+		warner: pubsub.Warner{Log: o.Logger}}
 }
 
 // Leader reports whether this replica holds the lease and scrapes for the others.
@@ -114,7 +115,7 @@ func (r *Relay) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.keepLease(ctx) })
 	wg.Go(func() { r.publish(ctx) })
-	r.subscribe(ctx)
+	pubsub.Subscribe(ctx, r.o.Client, Channel, func() { r.once.Do(func() { close(r.ready) }) }, r.receive, &r.warner)
 	wg.Wait()
 }
 
@@ -126,7 +127,7 @@ func (r *Relay) keepLease(ctx context.Context) {
 		got, err := lease.Run(ctx, r.o.Client, []string{LeaseKey}, r.origin, ttl).Int()
 		held := err == nil && got == 1
 		if err != nil && ctx.Err() == nil {
-			r.warn("fleet relay lease", err)
+			r.warner.Warn("fleet relay lease", err, "key", LeaseKey)
 		}
 		if was := r.leader.Swap(held); was != held {
 			r.o.Logger.Info("fleet relay", "scraping_for_all_replicas", held)
@@ -157,40 +158,8 @@ func (r *Relay) publish(ctx context.Context) {
 					return
 				}
 				r.o.Metrics.dropped.Inc()
-				r.warn("fleet relay: round not published", err)
+				r.warner.Warn("fleet relay: round not published", err, "channel", Channel)
 			}
-		}
-	}
-}
-
-func (r *Relay) subscribe(ctx context.Context) {
-	ps := r.o.Client.Subscribe(ctx, Channel)
-	defer func() { _ = ps.Close() }()
-	for ctx.Err() == nil {
-		if _, err := ps.Receive(ctx); err == nil {
-			break
-		} else if ctx.Err() == nil {
-			r.warn("fleet relay: subscribing", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	r.once.Do(func() { close(r.ready) })
-	msgs := ps.Channel(redis.WithChannelSize(16))
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			r.receive([]byte(m.Payload))
 		}
 	}
 }
@@ -201,7 +170,7 @@ func (r *Relay) receive(payload []byte) {
 	switch {
 	case err != nil:
 		r.o.Metrics.received.WithLabelValues("malformed").Inc()
-		r.warn("fleet relay: message dropped", err)
+		r.warner.Warn("fleet relay: message dropped", err, "channel", Channel)
 	case origin == r.origin:
 		r.o.Metrics.received.WithLabelValues("own").Inc()
 	case !r.o.Scraper.AcceptRound(rs):
@@ -210,16 +179,6 @@ func (r *Relay) receive(payload []byte) {
 	default:
 		r.heard.Store(now.UnixNano())
 		r.o.Metrics.received.WithLabelValues("accepted").Inc()
-	}
-}
-
-// warn logs at most once every ten seconds.
-func (r *Relay) warn(msg string, err error) {
-	r.errMu.Lock()
-	defer r.errMu.Unlock()
-	if now := time.Now(); now.Sub(r.errLast) >= 10*time.Second {
-		r.errLast = now
-		r.o.Logger.Warn(msg, "err", err, "channel", Channel)
 	}
 }
 

@@ -169,20 +169,18 @@ func (c *roundCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 var transport = &http.Transport{MaxIdleConnsPerHost: 4}
 
 func sumRounds(cs []*roundCounter) int64 {
-	var n int64
-	for _, c := range cs {
-		c.mu.Lock()
-		n += c.rounds
-		c.mu.Unlock()
-	}
-	return n
+	return sumOf(cs, func(c *roundCounter) int64 { return c.rounds })
 }
 
 func sumScrapes(cs []*roundCounter) int64 {
+	return sumOf(cs, func(c *roundCounter) int64 { return c.scrapes })
+}
+
+func sumOf(cs []*roundCounter, field func(*roundCounter) int64) int64 {
 	var n int64
 	for _, c := range cs {
 		c.mu.Lock()
-		n += c.scrapes
+		n += field(c)
 		c.mu.Unlock()
 	}
 	return n
