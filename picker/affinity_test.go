@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fastjson"
 
@@ -271,12 +272,18 @@ func groupHitRate(t *testing.T, snap *policies.Snapshot, m *policies.Model, pick
 }
 
 // BenchmarkAffinityPick: one decision for a 2 KiB chat prompt over five endpoints, ranked by score
-// (affinity) and placed by predicted timing and cost under a TTFT target (slo).
+// (affinity) and placed by predicted timing and cost under a TTFT target (slo), without and with engine
+// metrics (the load then includes the engines' running batches).
 func BenchmarkAffinityPick(b *testing.B) {
-	for _, mode := range []struct{ name, policy string }{
-		{"affinity", testPolicy},
-		{"slo", strings.Replace(testPolicy, "  models:", "  slo: {ttft: 1s, tpot: 50ms}\n  models:", 1)},
+	for _, mode := range []struct {
+		name, policy string
+		engines      bool
+	}{
+		{"affinity", testPolicy, false},
+		{"affinity+engines", testPolicy, true},
+		{"slo", strings.Replace(testPolicy, "  models:", "  slo: {ttft: 1s, tpot: 50ms}\n  models:", 1), false},
 	} {
+		withEngines := mode.engines
 		b.Run(mode.name, func(b *testing.B) {
 			snap, err := policies.Parse("p.yaml", []byte(mode.policy))
 			if err != nil {
@@ -284,6 +291,15 @@ func BenchmarkAffinityPick(b *testing.B) {
 			}
 			m, _ := snap.Model("m")
 			p := &Affinity{InFlight: &fleet.InFlight{}, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64, MaxBlocks: 256}}
+			if withEngines {
+				e := engines{}
+				for i := range snap.Policy.Spec.Models[0].Pools {
+					for _, ep := range snap.Policy.Spec.Models[0].Pools[i].Endpoints {
+						e[ep] = fleet.EngineMetrics{Running: 3, NumBlocks: 4096, At: time.Now()}
+					}
+				}
+				p.Engines = e
+			}
 			r := request(b, strings.Repeat("You are a helpful assistant. ", 70), "q")
 			b.ReportAllocs()
 			for b.Loop() {
