@@ -21,19 +21,7 @@ func clusterPolicy(t *testing.T, n int, quota, settings string) (*policies.Snaps
 	for i := range n {
 		fmt.Fprintf(&b, "  - {name: tenant%d, apiKeys: [%q], models: [\"*\"], quota: {%s}}\n", i, policies.HashKey(fmt.Sprint("sk-cluster-", i)), quota)
 	}
-	snap, err := policies.Parse("p.yaml", []byte(`apiVersion: infergate.io/v1alpha1
-kind: Policy
-spec:
-  quotas: {`+settings+`}
-  hardwareClasses:
-    h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}
-  models:
-  - name: m
-    pricing: {inputPerMTok: 1, outputPerMTok: 2}
-    pools:
-    - {name: a, hardwareClass: h200, engine: vllm, endpoints: ["10.0.0.1:8000"]}
-  tenants:
-`+b.String()))
+	snap, err := policies.Parse("p.yaml", []byte(policyHead(settings)+b.String()))
 	if err != nil {
 		t.Fatal(err)
 	}

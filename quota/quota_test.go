@@ -15,9 +15,9 @@ import (
 	"github.com/infergate/infergate/test/wait"
 )
 
-func policy(t testing.TB, quota, settings string) (*policies.Snapshot, *policies.Tenant, *policies.Model) {
-	t.Helper()
-	src := `apiVersion: infergate.io/v1alpha1
+// policyHead is the tests' policy up to its tenants: one model on one pool, with the quota settings given.
+func policyHead(settings string) string {
+	return `apiVersion: infergate.io/v1alpha1
 kind: Policy
 spec:
   quotas: {` + settings + `}
@@ -29,7 +29,12 @@ spec:
     pools:
     - {name: a, hardwareClass: h200, engine: vllm, endpoints: ["10.0.0.1:8000"]}
   tenants:
-  - name: acme
+`
+}
+
+func policy(t testing.TB, quota, settings string) (*policies.Snapshot, *policies.Tenant, *policies.Model) {
+	t.Helper()
+	src := policyHead(settings) + `  - name: acme
     apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"]
     models: ["*"]
     quota: {` + quota + `}
