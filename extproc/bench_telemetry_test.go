@@ -25,7 +25,7 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.AlwaysSample(), nil)
+	tracing := telemetry.NewTracing(telemetry.ExportCopies(tracetest.NewNoopExporter()), sdktrace.AlwaysSample(), nil)
 	b.Cleanup(func() { _ = tracing.Shutdown(context.Background()) })
 	alog, err := audit.New(audit.Options{Dir: b.TempDir()})
 	if err != nil {

@@ -147,6 +147,8 @@ type settlement struct {
 	tenant, id string
 	items      []settleItem
 	attempts   int
+	// resharding: the last attempt met a slot in migration (see resharding), which does not count as one.
+	resharding bool
 }
 
 // settleItem corrects one key: a counter by delta, or frees one concurrency slot (member).
@@ -182,8 +184,8 @@ func newRedisBackend(client redis.UniversalClient) *redisBackend {
 }
 
 // admit runs the admission script for a ticket's entries: each sends its amount (0 when this gateway's lease
-// already covers it) and asks for its extra. Settlements waiting to be sent ride in the same pipeline, so under
-// load settling costs no round trip of its own. It returns the extra granted per entry.
+// already covers it) and asks for its extra. Settlements waiting to be sent ride in the same pipeline, after
+// it, so under load settling costs no round trip of its own. It returns the extra granted per entry.
 func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]int64, *Rejection, error) {
 	if len(t.entries) == 0 {
 		return nil, nil, nil
@@ -198,12 +200,17 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 	batch := b.take(maxBatch)
 	var res []int64
 	var err error
-	for attempt := 0; attempt < 2; attempt++ {
+	reloaded := false
+	for attempt := 0; ; attempt++ {
 		var admitCmd *redis.Cmd
 		var settleCmds []*redis.Cmd
 		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			settleCmds = addSettlements(ctx, p, batch)
+			// The admission goes first: when a node's first command meets an error go-redis retries (TRYAGAIN
+			// mid-resharding, LOADING, READONLY…), it sends that node's whole pipeline again, commands that
+			// succeeded too. Settlements are idempotent; an admission is not, and as the first command it is
+			// resent only when it did not run.
 			admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
+			settleCmds = addSettlements(ctx, p, batch)
 			return nil
 		})
 		// Settlements that failed go back in the queue (settling is idempotent); the admission's outcome is
@@ -215,10 +222,14 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 			res, err = admitCmd.Int64Slice()
 			break
 		}
-		if !isNoScript(err) {
+		if redis.IsTryAgainError(err) && attempt < maxTryAgain && pause(ctx, tryAgainPause) {
+			continue // the slot is migrating and the script did not run: the move takes milliseconds
+		}
+		if !isNoScript(err) || reloaded {
 			break
 		}
 		// Redis lost its script cache (a restart): the admission did not run; load the scripts and retry.
+		reloaded = true
 		if lerr := b.loadScripts(ctx); lerr != nil {
 			err = lerr
 			break
@@ -257,6 +268,25 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 	e := t.entries[res[1]-1]
 	return nil, &Rejection{Kind: e.kind, Scope: e.scope, Used: res[2], Limit: res[3], Requested: e.amount,
 		Reset: time.Duration(res[4]) * time.Millisecond}, nil
+}
+
+// maxTryAgain and tryAgainPause bound the retries of an admission that met a slot in migration (TRYAGAIN):
+// moving a slot's keys takes milliseconds per batch, and the request's redisTimeout still bounds the total.
+const (
+	maxTryAgain   = 8
+	tryAgainPause = 5 * time.Millisecond
+)
+
+// pause waits d unless ctx ends first; it reports whether the wait was complete.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // extraMember names the j-th extra concurrency slot the admission script adds for ticket id.
@@ -363,6 +393,9 @@ func (b *redisBackend) requeue(batch []settlement) {
 	for _, s := range batch {
 		if b.holding.Load() {
 			b.pending = append(b.pending, s) // Redis is down: this failure says nothing about the settlement
+		} else if s.resharding {
+			s.resharding = false // the slot is moving: this says nothing about the settlement either
+			b.pending = append(b.pending, s)
 		} else if s.attempts++; s.attempts < maxSettleAttempts {
 			b.pending = append(b.pending, s)
 		}
@@ -414,10 +447,27 @@ func failedSettlements(batch []settlement, cmds []*redis.Cmd) []settlement {
 	var out []settlement
 	for k, c := range cmds {
 		if c != nil && c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
-			out = append(out, batch[k])
+			s := batch[k]
+			s.resharding = resharding(c.Err())
+			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// resharding reports an error that means the command's slot is being moved between masters, not that Redis
+// or the command failed: TRYAGAIN (mid-migration, a script's keys are split between the two masters; the
+// settled marker a settlement creates is always new, so every settlement meets it until the slot's keys have
+// moved), or a redirect go-redis gave up following. The command did not run; it will once the move is done.
+func resharding(err error) bool {
+	if redis.IsTryAgainError(err) {
+		return true
+	}
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	_, ok := redis.IsAskError(err)
+	return ok
 }
 
 func (b *redisBackend) ping(ctx context.Context) error { return b.client.Ping(ctx).Err() }

@@ -38,6 +38,8 @@ type Tracing struct {
 	sampler  sdktrace.Sampler
 	resource *resource.Resource
 	scope    instrumentation.Scope
+	// recycle reuses spans' attribute and event storage after export (see ExportCopies).
+	recycle bool
 }
 
 // exportBatch is how many spans one export carries: small batches keep fewer ended spans alive between exports,
@@ -46,7 +48,7 @@ const exportBatch = 128
 
 // NewTracing exports spans to exp through the SDK's batch span processor (fed in bursts, see coalescer), sampled
 // by sampler (nil: parentbased_always_on), describing this process as res (nil: the SDK's default resource).
-// Tests and benchmarks pass an in-process exporter.
+// Tests and benchmarks pass an in-process exporter; one wrapped by ExportCopies has its spans' storage reused.
 //
 // A request's span is known whole only when the request ends, so it is handed to the processor as the finished
 // read-only span the SDK's own spans become on End, built in one step: no recording span, attribute
@@ -58,7 +60,9 @@ func NewTracing(exp sdktrace.SpanExporter, sampler sdktrace.Sampler, res *resour
 	if res == nil {
 		res = resource.Default()
 	}
+	_, recycle := exp.(*recyclingExporter)
 	return &Tracing{
+		recycle:  recycle,
 		proc:     newCoalescer(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithMaxExportBatchSize(exportBatch)), coalesceEvery),
 		sampler:  sampler,
 		resource: res,
@@ -94,7 +98,7 @@ func TracingFromEnv(ctx context.Context, version string) (*Tracing, error) {
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
 		res, _ = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName("infergate")))
 	}
-	return NewTracing(exp, sampler, res), nil
+	return NewTracing(ExportCopies(exp), sampler, res), nil
 }
 
 func tracingWanted(getenv func(string) string) bool {
@@ -241,7 +245,7 @@ func (r *Request) span(name string, attrs int) (tracetest.SpanStub, bool) {
 		Parent:               r.parent,
 		SpanKind:             trace.SpanKindClient,
 		StartTime:            r.started,
-		Attributes:           make([]attribute.KeyValue, 0, attrs),
+		Attributes:           r.t.newAttrs(attrs),
 		Resource:             r.t.resource,
 		InstrumentationScope: r.t.scope,
 	}, true
@@ -284,7 +288,7 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	)
 	if st.Routed {
 		span.Attributes = appendRoutedAttrs(span.Attributes, st)
-		span.Events = marks(m)
+		span.Events = marks(r.t.newEvents(), m)
 	}
 	code := ""
 	if st.Outcome != director.OutcomeOK {
@@ -323,8 +327,7 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 
 // marks are the span's events: when it was routed (where to: the span's pool and server attributes) and when
 // its first token came.
-func marks(m Marks) []sdktrace.Event {
-	var events []sdktrace.Event
+func marks(events []sdktrace.Event, m Marks) []sdktrace.Event {
 	if !m.Routed.IsZero() {
 		events = append(events, sdktrace.Event{Name: "routed", Time: m.Routed})
 	}

@@ -29,7 +29,7 @@ const telemetryTarget = 1.05
 func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int, only string) {
 	off, stopOff := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
 	defer stopOff()
-	tracing := telemetry.NewTracing(tracetest.NewNoopExporter(), sdktrace.AlwaysSample(), nil)
+	tracing := telemetry.NewTracing(telemetry.ExportCopies(tracetest.NewNoopExporter()), sdktrace.AlwaysSample(), nil)
 	defer func() { _ = tracing.Shutdown(context.Background()) }()
 	dir, err := os.MkdirTemp("", "infergate-bench-audit")
 	if err != nil {
@@ -52,9 +52,11 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 	defer stopNoAudit()
 
 	fmt.Printf("\nTelemetry on (spans sampled at 100%% to a no-op exporter, audit to a file, goodput series) against off, "+
-		"%d interleaved runs per row (medians); target (concurrency 1): on within +%.0f%% of off at p50 and p99\n\n", runs, (telemetryTarget-1)*100)
-	fmt.Println("| prompt | body mode | concurrency | off p50 | on p50 | on/off p50 | off p99 | on p99 | on/off p99 | target | without audit: p50, p99 / off |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+		"%d interleaved runs per row; latencies are each side's requests pooled, ratios the median of the ratios of "+
+		"the runs' three thirds, each pooled; last but two, the ratio of all runs pooled and its 90%% bootstrap "+
+		"interval; target (concurrency 1): on within +%.0f%% of off at p50 and p99\n\n", runs, (telemetryTarget-1)*100)
+	fmt.Println("| prompt | body mode | concurrency | off p50 | on p50 | on/off p50 | off p99 | on p99 | on/off p99 | all runs: p99 ratio (90% interval) | target | without audit: p50, p99 / off |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
 	for _, size := range []int{2 << 10, 32 << 10} {
 		n := map[int]int{2 << 10: 4000, 32 << 10: 2000}[size]
 		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
@@ -77,8 +79,11 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 						*m.into = append(*m.into, r)
 					}
 				}
-				a, b, c := medianResult(offs), medianResult(ons), medianResult(noAudits)
-				p50, p99 := float64(b.p50)/float64(a.p50), float64(b.p99)/float64(a.p99)
+				a, b := pooledResult(offs), pooledResult(ons)
+				p50, p99 := medianOfThirds(offs, ons, 0.50), medianOfThirds(offs, ons, 0.99)
+				c50, c99 := medianOfThirds(offs, noAudits, 0.50), medianOfThirds(offs, noAudits, 0.99)
+				all99 := float64(b.p99) / float64(a.p99)
+				lo, hi := ratioInterval(offs, ons, 0.99)
 				// As for the decision-latency table, the target is the latency of one request at a time; at
 				// concurrency 32 both processes saturate the two cores and the row shows what telemetry's CPU
 				// costs in queueing.
@@ -89,10 +94,14 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 						verdict = "not met"
 					}
 				}
-				fmt.Printf("| %d KiB | %s | %d | %s | %s | %.2f | %s | %s | %.2f | %s | %.2f, %.2f |\n", size>>10, modeName(mode), conc,
-					fmtDur(a.p50), fmtDur(b.p50), p50, fmtDur(a.p99), fmtDur(b.p99), p99, verdict,
-					float64(c.p50)/float64(a.p50), float64(c.p99)/float64(a.p99))
+				fmt.Printf("| %d KiB | %s | %d | %s | %s | %.2f | %s | %s | %.2f | %.2f (%.2f-%.2f) | %s | %.2f, %.2f |\n", size>>10, modeName(mode), conc,
+					fmtDur(a.p50), fmtDur(b.p50), p50, fmtDur(a.p99), fmtDur(b.p99), p99, all99, lo, hi, verdict, c50, c99)
 			}
 		}
 	}
+}
+
+// pooledResult is the p50 and p99 over every request of runs (see pooled.go).
+func pooledResult(runs []result) result {
+	return result{p50: pooled(runs, 0.50), p99: pooled(runs, 0.99)}
 }
