@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
@@ -46,8 +47,13 @@ type Affinity struct {
 	// Placements, when set, hears every new group or new copy of one this replica places, for the other
 	// gateway replicas to Learn (see Placement).
 	Placements Placements
+	// ChurnEvery is how often this replica reports, per endpoint, the blocks its own requests added to the
+	// engine's cache that its placements did not carry (Placement.Churn): default DefaultChurnEvery; negative
+	// reports none.
+	ChurnEvery time.Duration
 
-	live liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
+	live  liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
+	churn churn
 
 	pool    sync.Pool // []uint64 hash buffers
 	pred    predictor
@@ -80,6 +86,7 @@ func (p *Affinity) Observe(d Decision, u openai.Usage) {
 	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
 		p.forget(d.Endpoints[0], d)
 	}
+	p.observeChurn(d, u)
 	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
 	if estimated <= 0 || real <= 0 {
 		return

@@ -83,17 +83,51 @@ func (x *Index) Match(endpoint string, hashes []uint64) int {
 	return len(hashes)
 }
 
+// Credited is what crediting a prompt to an endpoint found.
+type Credited struct {
+	// Added counts the prompt's blocks that were not held: what this use added to the engine's cache.
+	// AddedPastShared counts those of them past the first MaxSharedBlocks, which a placement does not carry.
+	Added, AddedPastShared int
+	// Faded reports that the prompt's group block was held but had aged towards eviction (see lru.fading).
+	Faded bool
+}
+
 // Credit records that the endpoint now holds the prompt's blocks; capacity sizes a new endpoint's LRU. The
 // prompt's group block (see GroupKey) counts towards the endpoint's Groups while the index keeps it.
-func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) {
+func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) Credited {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	l := x.lru(endpoint, capacity)
-	for _, h := range hashes {
-		l.add(h)
+	var c Credited
+	if len(hashes) > 0 {
+		c.Faded = l.fading(GroupKey(hashes))
+	}
+	for i, h := range hashes {
+		if !l.add(h) {
+			c.Added++
+			if i >= MaxSharedBlocks {
+				c.AddedPastShared++
+			}
+		}
 	}
 	if len(hashes) > 0 {
 		l.markGroup(GroupKey(hashes))
+	}
+	return c
+}
+
+// Churn ages an indexed endpoint's LRU by blocks the engine cached for prompts this replica has not seen
+// (another replica's, see Placement.Churn): that many blocks no prompt matches are added as the most recently
+// used, pushing out the least recently used as the engine's cache does. An endpoint not indexed is left alone.
+func (x *Index) Churn(endpoint string, blocks int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l, ok := x.endpoints[endpoint]
+	if !ok {
+		return
+	}
+	for range min(blocks, len(l.slots)) {
+		l.addUnmatched()
 	}
 }
 
@@ -117,13 +151,15 @@ func GroupKey(hashes []uint64) uint64 { return hashes[min(len(hashes), rendezvou
 type lru struct {
 	slots      []slot
 	index      map[uint64]int32
-	head, tail int32 // most and least recently used; -1 when empty
-	free       int32 // next unused slot
-	groups     int   // slots marked group
+	head, tail int32  // most and least recently used; -1 when empty
+	free       int32  // next unused slot
+	groups     int    // slots marked group
+	clock      uint64 // counts uses (adds and touches), for slots' ages
 }
 
 type slot struct {
 	hash       uint64
+	used       uint64 // the lru's clock at this block's last use
 	prev, next int32
 	group      bool // the block that names a conversation group (its rendezvous key)
 }
@@ -147,6 +183,8 @@ func (l *lru) unlink(i int32) {
 }
 
 func (l *lru) pushFront(i int32) {
+	l.clock++
+	l.slots[i].used = l.clock
 	s := &l.slots[i]
 	s.prev, s.next = -1, l.head
 	if l.head >= 0 {
@@ -168,6 +206,24 @@ func (l *lru) touch(h uint64) bool {
 	l.pushFront(i)
 	return true
 }
+
+// fading reports whether a held block is in the older part of the LRU: more uses have passed since its last
+// one than fadingAge of those since the least recently used block's (scaled up by how much of the LRU is
+// still unused, while it fills). It is what eviction comes to next.
+func (l *lru) fading(h uint64) bool {
+	i, ok := l.index[h]
+	if !ok || l.tail < 0 || l.free == 0 {
+		return false
+	}
+	span := float64(l.clock - l.slots[l.tail].used)
+	if n := int(l.free); n < len(l.slots) {
+		span *= float64(len(l.slots)) / float64(n) // the tail goes only once the free slots are used
+	}
+	return span > 0 && float64(l.clock-l.slots[i].used) >= fadingAge*span
+}
+
+// fadingAge is how far towards eviction a block has aged when fading reports it.
+const fadingAge = 0.5
 
 // remove drops a hash; its slot goes to the tail, to be reused first.
 func (l *lru) remove(h uint64) {
@@ -224,10 +280,27 @@ func (l *lru) ungroup(i int32) {
 	}
 }
 
-func (l *lru) add(h uint64) {
+// add uses a block, reporting whether it was held already.
+func (l *lru) add(h uint64) bool {
 	if l.touch(h) {
-		return
+		return true
 	}
+	i := l.take()
+	l.slots[i].hash = h
+	l.index[h] = i
+	l.pushFront(i)
+	return false
+}
+
+// addUnmatched takes the most recently used place with a block no prompt matches (not in the index).
+func (l *lru) addUnmatched() {
+	i := l.take()
+	l.slots[i].hash = 0
+	l.pushFront(i)
+}
+
+// take returns an unlinked slot: an unused one, else the least recently used, evicted.
+func (l *lru) take() int32 {
 	var i int32
 	if int(l.free) < len(l.slots) {
 		i = l.free
@@ -240,7 +313,5 @@ func (l *lru) add(h uint64) {
 		}
 		l.ungroup(i)
 	}
-	l.slots[i].hash = h
-	l.index[h] = i
-	l.pushFront(i)
+	return i
 }

@@ -42,6 +42,8 @@ type Decision struct {
 	// when set, is the served model name a candidate arm's body is rewritten to (a candidate that is a served
 	// model name on the baseline's pools).
 	Arm, ServedAs string
+
+	churn churnBasis // what Observe needs to report the request's churn (see Affinity.ChurnEvery)
 }
 
 // Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens

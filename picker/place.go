@@ -31,6 +31,7 @@ func (p *Affinity) order(eligible, all []scored, pr prompt, anyMatch bool, w wei
 // Envoy's retry endpoints, up to the policy's limit; the prompt is credited to the first in the index.
 func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, pr prompt) Decision {
 	best := ordered[0]
+	var basis churnBasis
 	if len(pr.hashes) > 0 {
 		// The index holds as much prompt text as the engine's cache: its blocks are the engine's in estimated
 		// tokens, so the engine's block count scales by estimated ÷ real tokens.
@@ -38,8 +39,13 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 		if capacity == 0 {
 			capacity = p.IndexBlocks
 		}
-		p.Index.Credit(best.endpoint, pr.hashes, capacity)
-		p.share(&best, pr, capacity)
+		c := p.Index.Credit(best.endpoint, pr.hashes, capacity)
+		carried := 0
+		if p.shares(&best, pr, c.Faded) {
+			p.share(&best, pr, capacity)
+			carried = c.Added - c.AddedPastShared // the others learn these from the placement
+		}
+		basis = churnBasis{blockTokens: float64(pr.blockTokens) / pr.scale, carried: carried, added: c.Added - carried}
 	}
 	limit := snap.Gateway().MaxEndpointsPerDecision
 	chosen := []string{best.endpoint}
@@ -52,7 +58,7 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 		}
 	}
 	d := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: pr.estimated,
-		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale)}
+		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), churn: basis}
 	if len(pr.hashes) > 0 {
 		d.FirstBlock, d.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
 	}

@@ -23,6 +23,11 @@ type Placement struct {
 	// are then the prompt's first block and group block, which receivers forget there, so that the group is
 	// placed again once, where every replica places it, instead of missing once at every replica.
 	Forgotten bool
+	// Churn, set instead of Hashes, is how many blocks this replica's own requests added to the endpoint's
+	// cache, beyond those its placements carried, since its last report (see Affinity.ChurnEvery). Receivers
+	// age the endpoint's index by as many blocks (Index.Churn): the engine evicts by everyone's traffic, and
+	// an index that saw only its own replica's would keep groups the engine has dropped.
+	Churn int
 }
 
 // Placements carries this replica's placements to the others (the placements package does it over Redis
@@ -43,11 +48,15 @@ const MaxLearntCapacity = 1 << 21
 // It reports false, and learns nothing, for an endpoint the policy does not list (once PolicyChanged has run)
 // or a placement without blocks.
 func (p *Affinity) Learn(pl Placement) bool {
-	if len(pl.Hashes) == 0 || pl.Endpoint == "" {
+	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0) {
 		return false
 	}
 	if live := p.live.Load(); live != nil && !(*live)[pl.Endpoint] {
 		return false
+	}
+	if len(pl.Hashes) == 0 {
+		p.Index.Churn(pl.Endpoint, min(pl.Churn, MaxLearntCapacity))
+		return true
 	}
 	if pl.Forgotten {
 		for _, h := range pl.Hashes[:min(len(pl.Hashes), 2)] {
@@ -68,21 +77,33 @@ func (p *Affinity) Learn(pl Placement) bool {
 	return true
 }
 
-// share publishes a placement when the chosen endpoint did not hold the prompt's group in this replica's
-// index: a new group, or a new copy of one (a spill). Requests that follow a held prefix publish nothing, and
-// neither does anything while prompts do not come back (the sharing estimate below consistentPlacement): a
-// prompt never seen again is worth no message, and a fleet of distinct prompts would otherwise publish one per
-// request.
+// share publishes a placement. Three things are published: a prompt started on an endpoint whose group this
+// replica's index did not hold (a new group, or a new copy of one: a spill); a held group that had faded
+// towards the old end of the index's LRU (Credited.Faded), again; and, every ChurnEvery, how many blocks this
+// replica's own requests added per endpoint beyond what its placements carried (Placement.Churn). Together
+// they keep every replica's LRU close to the engine's cache, which sees everyone's requests: churn ages each
+// index as fast as the engine's cache turns over, and renewals keep the groups in use from aging out. A group
+// in steady use is renewed about once per half a turn of the cache, by whichever replica finds it fading
+// first (each index also ages with what it learns), however many replicas and requests there are. Nothing
+// at all is published while prompts do not come back (the sharing estimate below consistentPlacement): a
+// prompt never seen again is worth no message, and a fleet of distinct prompts would otherwise publish one
+// per request.
 func (p *Affinity) share(best *scored, pr prompt, capacity int) {
-	if p.Placements == nil || len(pr.hashes) == 0 || best.matched >= min(len(pr.hashes), rendezvousBlocks) {
-		return
-	}
-	if b := p.sharing.Load(); b != 0 && math.Float64frombits(b) < consistentPlacement {
-		return
-	}
 	hashes := make([]uint64, min(len(pr.hashes), MaxSharedBlocks))
 	copy(hashes, pr.hashes)
 	p.Placements.Publish(Placement{Endpoint: best.endpoint, Hashes: hashes, Capacity: capacity})
+}
+
+// shares reports whether a decision's placement is published (see share); faded is Credit's.
+func (p *Affinity) shares(best *scored, pr prompt, faded bool) bool {
+	if p.Placements == nil || len(pr.hashes) == 0 {
+		return false
+	}
+	if best.matched >= min(len(pr.hashes), rendezvousBlocks) && !faded {
+		return false
+	}
+	b := p.sharing.Load()
+	return b == 0 || math.Float64frombits(b) >= consistentPlacement
 }
 
 // forget drops a prompt's group from an endpoint in the index and tells the other replicas.

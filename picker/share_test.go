@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/openai"
 )
@@ -163,5 +164,147 @@ func TestDistinctPromptsPublishNothing(t *testing.T) {
 	}
 	if len(bus.sent) > 60 {
 		t.Errorf("200 distinct prompts published %d placements; once prompts are seen not to come back, none should be", len(bus.sent))
+	}
+}
+
+// A replica's own requests add blocks to the engine's cache that no placement carries (the tails of prompts in
+// held groups): it counts them from the engine's usage (prompt tokens not served from its cache), reports them
+// once per ChurnEvery, and the other replica's index ages by as many.
+func TestChurnReportsWhatPlacementsDoNotCarry(t *testing.T) {
+	snap, m := affinitySnap(t)
+	pickers, bus := sharing(2)
+	a, b := pickers[0], pickers[1]
+	now := time.Unix(1000, 0)
+	for _, p := range pickers {
+		p.ChurnEvery = time.Second
+		p.churn.now = func() time.Time { return now }
+		p.PolicyChanged(snap)
+	}
+	sys := strings.Repeat("A shared system prompt for the support desk. ", 40)
+	pick := func(user string) Decision {
+		t.Helper()
+		d, err := a.Pick(snap, Input{Model: m, Request: request(t, sys, user)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// served reports the engine's usage for d: the estimated prompt, all but uncached tokens from the cache.
+	served := func(d Decision, uncached int) {
+		prompt := int64(d.EstimatedPromptTokens)
+		a.Observe(d, openai.Usage{PromptTokens: prompt, CachedTokens: prompt - int64(uncached), CachedReported: true})
+	}
+	d := pick("first")
+	ep := d.Endpoints[0]
+	used := func() int32 {
+		b.Index.mu.Lock()
+		defer b.Index.mu.Unlock()
+		return b.Index.endpoints[ep].free
+	}
+	served(d, d.EstimatedPromptTokens) // a new group: its blocks went out with its placement
+	before, sent := used(), len(bus.sent)
+	d = pick("A question about an invoice that nobody asked before, and a long one.")
+	served(d, 160) // ten blocks of 16 tokens the engine had not cached
+	if len(bus.sent) != sent {
+		t.Fatalf("a held group's request published %+v before the report was due", bus.sent[sent:])
+	}
+	now = now.Add(time.Second)
+	d = pick("first")
+	served(d, 0)
+	if len(bus.sent) != sent+1 || bus.sent[sent].Endpoint != ep || bus.sent[sent].Churn != 10 || bus.sent[sent].Hashes != nil {
+		t.Fatalf("the report due published %+v, want one churn report of 10 blocks on %s", bus.sent[sent:], ep)
+	}
+	if got := used() - before; got != 10 {
+		t.Errorf("the other replica's index took %d unmatched blocks for a report of 10", got)
+	}
+	now = now.Add(time.Second)
+	served(pick("first"), 0)
+	if len(bus.sent) != sent+1 {
+		t.Errorf("an interval without new blocks published %+v", bus.sent[sent+1:])
+	}
+}
+
+func TestLRUFading(t *testing.T) {
+	l := newLRU(8)
+	l.add(1)
+	if l.fading(1) {
+		t.Error("the only block of an LRU an eighth full is fading")
+	}
+	for _, h := range []uint64{2, 3, 4, 5, 6, 7} {
+		l.add(h)
+	}
+	if !l.fading(1) || l.fading(7) {
+		t.Errorf("in an LRU seven eighths full, fading(oldest) = %v, fading(newest) = %v; want true, false", l.fading(1), l.fading(7))
+	}
+	l = newLRU(4)
+	for _, h := range []uint64{1, 2, 3, 4} { // full: 1 is the least recently used, 4 the most
+		l.add(h)
+	}
+	tests := []struct {
+		hash uint64
+		want bool
+	}{{1, true}, {2, true}, {3, false}, {4, false}, {99, false}}
+	for _, tc := range tests {
+		if got := l.fading(tc.hash); got != tc.want {
+			t.Errorf("fading(%d) = %v, want %v", tc.hash, got, tc.want)
+		}
+	}
+	l.touch(1)
+	if l.fading(1) {
+		t.Error("a block just used is fading")
+	}
+}
+
+// A group two replicas keep using fades in the index of the one that uses it less, as placements of other
+// groups pass through it; that replica then publishes it again when it next uses it, once.
+func TestFadingGroupsArePublishedAgain(t *testing.T) {
+	snap, m := affinitySnap(t)
+	pickers, bus := sharing(2)
+	a, b := pickers[0], pickers[1]
+	for _, p := range pickers {
+		p.IndexBlocks = 200
+		p.PolicyChanged(snap)
+	}
+	system := func(g int) string { return strings.Repeat(fmt.Sprintf("System prompt of group %d. ", g), 60) }
+	d, err := a.Pick(snap, Input{Model: m, Request: request(t, system(0), "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := d.Endpoints[0]
+	probe := b.hashPrompt(Input{Model: m, Request: request(t, system(0), "probe")}, 0)
+	group := GroupKey(probe.hashes)
+	b.releasePrompt(&probe)
+	fading := func() bool {
+		b.Index.mu.Lock()
+		defer b.Index.mu.Unlock()
+		l, ok := b.Index.endpoints[ep]
+		return ok && l.fading(group)
+	}
+	for g := 1; !fading(); g++ {
+		if g > 200 {
+			t.Fatal("group 0 never faded in the second replica's index")
+		}
+		for _, q := range []string{"first", "second"} { // prompts that come back: the replicas keep sharing
+			if _, err := a.Pick(snap, Input{Model: m, Request: request(t, system(g), q)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sent := len(bus.sent)
+	d, err = b.Pick(snap, Input{Model: m, Request: request(t, system(0), "again")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Endpoints[0] != ep || d.ExpectedCachedTokens == 0 {
+		t.Fatalf("the fading group went to %s expecting %d cached tokens, want %s where it is held", d.Endpoints[0], d.ExpectedCachedTokens, ep)
+	}
+	if len(bus.sent) != sent+1 || bus.sent[sent].Endpoint != ep || bus.sent[sent].Forgotten {
+		t.Fatalf("using a fading group published %+v, want one placement on %s", bus.sent[sent:], ep)
+	}
+	if _, err := b.Pick(snap, Input{Model: m, Request: request(t, system(0), "once more")}); err != nil {
+		t.Fatal(err)
+	}
+	if len(bus.sent) != sent+1 {
+		t.Errorf("using the group again right after renewing it published %d more placements, want none", len(bus.sent)-sent-1)
 	}
 }

@@ -63,6 +63,18 @@ func (b *Bus) Publish(pl picker.Placement) {
 	}
 }
 
+// PublishChurn queues this replica's churn report (picker.ChurnPublisher): one message for up to
+// MaxChurnEntries endpoints, rather than one per endpoint. It never blocks.
+func (b *Bus) PublishChurn(blocks map[string]int) {
+	for _, msg := range EncodeChurn(b.origin, blocks) {
+		select {
+		case b.queue <- msg:
+		default:
+			b.metrics.dropped.WithLabelValues("queue_full").Inc()
+		}
+	}
+}
+
 // Ready is closed once the first subscription is confirmed: from then on this replica hears the others.
 func (b *Bus) Ready() <-chan struct{} { return b.ready }
 
@@ -95,20 +107,28 @@ func (b *Bus) publish(ctx context.Context) {
 	}
 }
 
-// receive decodes one message and hands it to learn, unless it is this replica's own.
+// receive decodes one message and hands its placements to learn, unless it is this replica's own.
 func (b *Bus) receive(payload []byte, learn func(picker.Placement) bool) {
-	origin, pl, err := Decode(payload)
+	origin, pls, err := DecodeMessage(payload)
 	switch {
 	case err != nil:
 		b.metrics.received.WithLabelValues("malformed").Inc()
 		b.warner.Warn("placement message dropped", err, "channel", Channel)
+		return
 	case origin == b.origin:
 		b.metrics.received.WithLabelValues("own").Inc()
-	case !learn(pl):
-		b.metrics.received.WithLabelValues("unknown_endpoint").Inc()
-	case pl.Forgotten:
-		b.metrics.received.WithLabelValues("forgotten").Inc()
-	default:
-		b.metrics.received.WithLabelValues("learnt").Inc()
+		return
+	}
+	for _, pl := range pls {
+		switch {
+		case !learn(pl):
+			b.metrics.received.WithLabelValues("unknown_endpoint").Inc()
+		case pl.Forgotten:
+			b.metrics.received.WithLabelValues("forgotten").Inc()
+		case pl.Churn > 0:
+			b.metrics.received.WithLabelValues("churn").Inc()
+		default:
+			b.metrics.received.WithLabelValues("learnt").Inc()
+		}
 	}
 }

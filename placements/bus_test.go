@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -61,6 +62,7 @@ func startReplicaOn(t *testing.T, ctx context.Context, client redis.UniversalCli
 	r.picker.PolicyChanged(snap)
 	r.bus = New(Options{Client: client, Metrics: NewMetrics(r.reg)})
 	r.picker.Placements = r.bus
+	r.picker.ChurnEvery = -1 // placements only; TestChurnOverRedis reports churn
 	wg.Go(func() { r.bus.Run(ctx, r.picker.Learn) })
 	select {
 	case <-r.bus.Ready():
@@ -197,4 +199,60 @@ func TestReplicasShareOverARealCluster(t *testing.T) {
 	if d2.Endpoints[0] != d.Endpoints[0] {
 		t.Errorf("the second replica chose %s, the first placed the group on %s", d2.Endpoints[0], d.Endpoints[0])
 	}
+}
+
+// A churn report crosses Redis as one message for all its endpoints, and ages the receiver's index: after as
+// many unmatched blocks as the index holds, the group it learnt is gone, as the engine's cache would have lost it.
+func TestChurnOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, m := testSnap(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a := startReplica(t, ctx, srv.Addr, snap, &wg)
+	b := startReplica(t, ctx, srv.Addr, snap, &wg)
+	sys := strings.Repeat("You answer questions about returns only. ", 40)
+	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := d.Endpoints[0]
+	wait.For(t, "the placement", func() bool { return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")) == 1 })
+	capacity := b.picker.Index.Capacity(ep)
+	other := "10.0.0.4:1"
+	if other == ep {
+		other = "10.0.0.3:1"
+	}
+	a.bus.PublishChurn(map[string]int{ep: capacity, other: 3, "192.0.2.9:1": 5})
+	if !waitUntil(10*time.Second, func() bool {
+		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("churn")) == 2 &&
+			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("unknown_endpoint")) == 1
+	}) {
+		t.Fatalf("heard %v churn entries and %v for unknown endpoints, want 2 and 1",
+			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("churn")),
+			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("unknown_endpoint")))
+	}
+	if got := testutil.ToFloat64(a.bus.metrics.published); got != 2 {
+		t.Errorf("published %v messages (a placement, then one churn report for three endpoints), want 2", got)
+	}
+	d2, err := b.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "second")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.ExpectedCachedTokens != 0 {
+		t.Errorf("after %d blocks of churn on %s the second replica still expects %d cached tokens there", capacity, ep, d2.ExpectedCachedTokens)
+	}
+}
+
+// waitUntil polls cond until it holds or limit passes, and reports whether it held.
+func waitUntil(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/infergate/infergate/picker"
 )
@@ -25,7 +26,15 @@ const OriginBytes = 16
 // MaxEndpointBytes bounds an endpoint's address in a message (host:port, or a fallback's cluster name).
 const MaxEndpointBytes = 256
 
-const flagForgotten = 1
+const (
+	flagForgotten = 1
+	// flagChurn marks a churn report: endpoints and block counts (picker.Placement.Churn) in place of one
+	// endpoint's hashes.
+	flagChurn = 2
+)
+
+// MaxChurnEntries bounds the endpoints of one churn report; a replica with more sends several.
+const MaxChurnEntries = 4096
 
 // Origin names the replica a message came from.
 type Origin [OriginBytes]byte
@@ -90,6 +99,76 @@ func Decode(b []byte) (Origin, picker.Placement, error) {
 		pl.Hashes[i] = binary.LittleEndian.Uint64(rest[8*i:])
 	}
 	return origin, pl, nil
+}
+
+// EncodeChurn writes a replica's churn report, blocks added per endpoint, as messages of at most
+// MaxChurnEntries endpoints each (in endpoint order): version, flags, origin, entry count, then per entry the
+// endpoint and its block count. Endpoints longer than MaxEndpointBytes and counts under 1 are left out.
+func EncodeChurn(origin Origin, blocks map[string]int) [][]byte {
+	eps := make([]string, 0, len(blocks))
+	for ep, n := range blocks {
+		if n > 0 && ep != "" && len(ep) <= MaxEndpointBytes {
+			eps = append(eps, ep)
+		}
+	}
+	slices.Sort(eps)
+	var msgs [][]byte
+	for len(eps) > 0 {
+		part := eps[:min(len(eps), MaxChurnEntries)]
+		eps = eps[len(part):]
+		b := append([]byte{wireVersion, flagChurn}, origin[:]...)
+		b = binary.AppendUvarint(b, uint64(len(part)))
+		for _, ep := range part {
+			b = binary.AppendUvarint(b, uint64(len(ep)))
+			b = append(b, ep...)
+			b = binary.AppendUvarint(b, uint64(min(blocks[ep], picker.MaxLearntCapacity)))
+		}
+		msgs = append(msgs, b)
+	}
+	return msgs
+}
+
+// DecodeMessage reads either kind of message: a placement, or a churn report as one Placement (Churn set)
+// per endpoint. Like Decode, it bounds every length before allocating.
+func DecodeMessage(b []byte) (Origin, []picker.Placement, error) {
+	if len(b) < 2 || b[1] != flagChurn {
+		origin, pl, err := Decode(b)
+		if err != nil {
+			return origin, nil, err
+		}
+		return origin, []picker.Placement{pl}, nil
+	}
+	var origin Origin
+	if len(b) < 2+OriginBytes || b[0] != wireVersion {
+		return origin, nil, fmt.Errorf("%w: churn header", ErrMalformed)
+	}
+	copy(origin[:], b[2:2+OriginBytes])
+	rest := b[2+OriginBytes:]
+	n, rest, err := uvarint(rest, MaxChurnEntries)
+	if err != nil || n == 0 {
+		return origin, nil, fmt.Errorf("%w: churn entries", ErrMalformed)
+	}
+	// Each entry takes at least three bytes, so the count cannot ask for more than the message holds.
+	if n > uint64(len(rest))/3 {
+		return origin, nil, fmt.Errorf("%w: %d churn entries in %d bytes", ErrMalformed, n, len(rest))
+	}
+	out := make([]picker.Placement, 0, n)
+	for range n {
+		size, r, err := uvarint(rest, MaxEndpointBytes)
+		if err != nil || size == 0 || uint64(len(r)) < size {
+			return origin, nil, fmt.Errorf("%w: churn endpoint", ErrMalformed)
+		}
+		ep := string(r[:size])
+		blocks, r, err := uvarint(r[size:], picker.MaxLearntCapacity)
+		if err != nil || blocks == 0 {
+			return origin, nil, fmt.Errorf("%w: churn blocks", ErrMalformed)
+		}
+		out, rest = append(out, picker.Placement{Endpoint: ep, Churn: int(blocks)}), r
+	}
+	if len(rest) != 0 {
+		return origin, nil, fmt.Errorf("%w: %d bytes after the churn entries", ErrMalformed, len(rest))
+	}
+	return origin, out, nil
 }
 
 // uvarint reads one bounded unsigned varint.

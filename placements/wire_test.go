@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -99,6 +100,122 @@ func FuzzDecode(f *testing.F) {
 			if err != nil || o2 != origin || pl2.Endpoint != pl.Endpoint || !slices.Equal(pl2.Hashes, pl.Hashes) ||
 				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten {
 				t.Fatalf("re-encoding %x gave %x, which decodes to %+v, %v", msg, again, pl2, err)
+			}
+		}
+	})
+}
+
+func TestChurnEncodeDecode(t *testing.T) {
+	blocks := map[string]int{"10.0.0.2:8000": 7, "10.0.0.1:8000": 1 << 30, "": 4, "zero:1": 0, strings.Repeat("a", 300): 2}
+	msgs := EncodeChurn(testOrigin, blocks)
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages for two endpoints, want 1", len(msgs))
+	}
+	origin, got, err := DecodeMessage(msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []picker.Placement{{Endpoint: "10.0.0.1:8000", Churn: picker.MaxLearntCapacity}, {Endpoint: "10.0.0.2:8000", Churn: 7}}
+	same := len(got) == len(want)
+	for i := range min(len(got), len(want)) {
+		same = same && got[i].Endpoint == want[i].Endpoint && got[i].Churn == want[i].Churn && got[i].Hashes == nil
+	}
+	if origin != testOrigin || !same {
+		t.Errorf("decoded %v %+v, want %+v (sorted, bounded, without the empty, zero and overlong entries)", origin, got, want)
+	}
+	many := map[string]int{}
+	for i := range MaxChurnEntries + 5 {
+		many[fmt.Sprintf("10.1.%d.%d:1", i/256, i%256)] = i + 1
+	}
+	msgs = EncodeChurn(testOrigin, many)
+	total := 0
+	for _, msg := range msgs {
+		_, pls, err := DecodeMessage(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(pls)
+	}
+	if len(msgs) != 2 || total != len(many) {
+		t.Errorf("%d endpoints went in %d messages carrying %d, want 2 carrying all", len(many), len(msgs), total)
+	}
+	if EncodeChurn(testOrigin, nil) != nil {
+		t.Error("an empty report made a message")
+	}
+	// A placement reads as one.
+	_, pls, err := DecodeMessage(Encode(testOrigin, picker.Placement{Endpoint: "e:1", Hashes: []uint64{5}}))
+	if err != nil || len(pls) != 1 || pls[0].Endpoint != "e:1" || !slices.Equal(pls[0].Hashes, []uint64{5}) {
+		t.Errorf("a placement decoded to %+v, %v", pls, err)
+	}
+}
+
+func TestDecodeChurnRejects(t *testing.T) {
+	header := append([]byte{wireVersion, flagChurn}, testOrigin[:]...)
+	entry := func(b []byte, ep string, n uint64) []byte {
+		b = binary.AppendUvarint(b, uint64(len(ep)))
+		return binary.AppendUvarint(append(b, ep...), n)
+	}
+	good := entry(binary.AppendUvarint(bytes.Clone(header), 1), "e:1", 3)
+	tests := []struct {
+		name string
+		msg  []byte
+	}{
+		{"short of an origin", header[:8]},
+		{"another version", append([]byte{9}, good[1:]...)},
+		{"no entries", binary.AppendUvarint(bytes.Clone(header), 0)},
+		{"more entries than the bound", binary.AppendUvarint(bytes.Clone(header), MaxChurnEntries+1)},
+		{"more entries than bytes", binary.AppendUvarint(bytes.Clone(header), 100)},
+		{"an empty endpoint", entry(binary.AppendUvarint(bytes.Clone(header), 1), "", 3)},
+		{"zero blocks", entry(binary.AppendUvarint(bytes.Clone(header), 1), "e:1", 0)},
+		{"blocks over the bound", entry(binary.AppendUvarint(bytes.Clone(header), 1), "e:1", picker.MaxLearntCapacity+1)},
+		{"truncated", good[:len(good)-1]},
+		{"trailing bytes", append(bytes.Clone(good), 0)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := DecodeMessage(tc.msg); !errors.Is(err, ErrMalformed) {
+				t.Errorf("DecodeMessage = %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+// FuzzDecodeMessage: no message of either kind crashes the decoder or passes its bounds, and a churn report
+// it accepts encodes back to the same entries.
+func FuzzDecodeMessage(f *testing.F) {
+	for _, msg := range EncodeChurn(testOrigin, map[string]int{"10.0.0.1:8000": 40, "e": 1}) {
+		f.Add(msg)
+	}
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Hashes: []uint64{1, 2}, Capacity: 9}))
+	f.Add([]byte{wireVersion, flagChurn})
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		origin, pls, err := DecodeMessage(msg)
+		if err != nil {
+			return
+		}
+		blocks := map[string]int{}
+		for _, pl := range pls {
+			if len(pl.Endpoint) > MaxEndpointBytes || pl.Churn > picker.MaxLearntCapacity || len(pl.Hashes) > picker.MaxSharedBlocks {
+				t.Fatalf("accepted beyond the bounds: %+v", pl)
+			}
+			if pl.Churn > 0 {
+				blocks[pl.Endpoint] += pl.Churn
+			}
+		}
+		if len(blocks) == 0 || len(blocks) != len(pls) {
+			return // a placement (FuzzDecode covers it), or a report naming an endpoint twice
+		}
+		again := EncodeChurn(origin, blocks)
+		if len(again) != 1 {
+			t.Fatalf("%d entries re-encoded to %d messages", len(blocks), len(again))
+		}
+		_, pls2, err := DecodeMessage(again[0])
+		if err != nil || len(pls2) != len(pls) {
+			t.Fatalf("re-encoding gave %+v, %v", pls2, err)
+		}
+		for _, pl := range pls2 {
+			if blocks[pl.Endpoint] != pl.Churn {
+				t.Fatalf("re-encoded %s with %d blocks, want %d", pl.Endpoint, pl.Churn, blocks[pl.Endpoint])
 			}
 		}
 	})

@@ -97,6 +97,7 @@ func TestOneReplicaScrapesForAll(t *testing.T) {
 	}
 	wait.For(t, "one replica to hold the lease", func() bool { n, _ := leaders(gs); return n == 1 })
 	_, leader := leaders(gs)
+	wait.For(t, "the leader's first scrape", func() bool { _, fresh := leader.scraper.Metrics(engines[0].addr()); return fresh })
 	want, _ := leader.scraper.Metrics(engines[0].addr())
 	for _, g := range gs {
 		wait.For(t, "every replica to read the engines", func() bool {

@@ -109,7 +109,22 @@ type busEnd struct {
 	from *picker.Affinity
 }
 
+// PublishChurn sends a whole churn report as one message, as the placements package does.
+func (e busEnd) PublishChurn(blocks map[string]int) {
+	published.Add(1)
+	time.AfterFunc(e.b.delay, func() {
+		for _, m := range e.b.members {
+			if m != e.from {
+				for ep, n := range blocks {
+					m.Learn(picker.Placement{Endpoint: ep, Churn: n})
+				}
+			}
+		}
+	})
+}
+
 func (e busEnd) Publish(pl picker.Placement) {
+	published.Add(1)
 	time.AfterFunc(e.b.delay, func() {
 		for _, m := range e.b.members {
 			if m != e.from {
@@ -177,7 +192,13 @@ type result struct {
 	throughput    float64 // requests per simulated second
 	success       float64
 	hit           float64
+	// placements is how many messages (placements and churn reports) the gateway replicas published per
+	// request (shared rows).
+	placements float64
 }
+
+// published counts the placements put on any bus during the current run.
+var published atomic.Int64
 
 // run sends the workload with Poisson arrivals at rate (requests per simulated second).
 func run(rt router, work []request, rate float64) result {
@@ -353,6 +374,7 @@ spec:
 			a := newAffinity(in, false)
 			if shared {
 				a.Placements = b.join(a)
+				a.ChurnEvery = time.Duration(float64(picker.DefaultChurnEvery) * timeScale) // simulated time, as the delay
 			}
 			r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, a)
 		}
@@ -430,25 +452,36 @@ spec:
 				}
 				// Each run starts from a cold fleet: fresh prompts (tagged by run and policy) miss every cache.
 				predictions.reset()
-				results[i] = append(results[i], run(p.rt, tag(w.work(), k*10+i), w.rate))
+				published.Store(0)
+				work := tag(w.work(), k*10+i)
+				res := run(p.rt, work, w.rate)
+				res.placements = float64(published.Load()) / float64(len(work))
+				results[i] = append(results[i], res)
 				if *verbose && p.name != "round-robin" {
 					fmt.Printf("%s, %s, run %d: %s\n", w.name, p.name, k+1, &predictions)
 				}
 			}
 		}
 		var rr result
+		var sent []string
 		for i, p := range policiesUnder() {
 			if !loadgen.Selected(*onlyPolicies, p.name, "round-robin") {
 				continue
 			}
 			res := medianOf(results[i])
 			medians[w.name][p.name] = res
+			if strings.HasSuffix(p.name, " shared") {
+				sent = append(sent, fmt.Sprintf("%s %.3f", p.name, loadgen.Median(results[i], func(r result) float64 { return r.placements })))
+			}
 			if i == 0 {
 				rr = res
 			}
 			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f%% | %.1f%% | %.2f | %.2f |\n", w.name, p.name,
 				ms(res.p50), ms(res.p95), ms(res.p99), res.throughput, 100*res.success, 100*res.hit,
 				float64(res.p95)/float64(max(rr.p95, 1)), res.throughput/max(rr.throughput, 1e-9))
+		}
+		if len(sent) > 0 {
+			fmt.Printf("\nMessages (placements and churn reports) published per request, %s: %s\n\n", w.name, strings.Join(sent, ", "))
 		}
 	}
 	if len(counts) > 0 {
