@@ -72,6 +72,19 @@ func startReplicaOn(t *testing.T, ctx context.Context, client redis.UniversalCli
 	return r
 }
 
+// twoReplicas starts a redis-server and two replicas on it, stopped when the test ends.
+func twoReplicas(t *testing.T) (*redistest.Server, *policies.Snapshot, *policies.Model, replica, replica) {
+	t.Helper()
+	srv := redistest.Start(t)
+	snap, m := testSnap(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	a := startReplica(t, ctx, srv.Addr, snap, &wg)
+	b := startReplica(t, ctx, srv.Addr, snap, &wg)
+	t.Cleanup(func() { cancel(); wg.Wait() }) // before the clients close: cleanups run last first
+	return srv, snap, m, a, b
+}
+
 func prompt(t *testing.T, system, user string) *openai.Request {
 	t.Helper()
 	body := `{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]}`
@@ -86,14 +99,7 @@ func prompt(t *testing.T, system, user string) *openai.Request {
 // endpoint; an eviction one of them finds, the other forgets; neither learns its own messages, and what is not a
 // placement is counted and dropped.
 func TestReplicasShareOverRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	snap, m := testSnap(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	a := startReplica(t, ctx, srv.Addr, snap, &wg)
-	b := startReplica(t, ctx, srv.Addr, snap, &wg)
+	srv, snap, m, a, b := twoReplicas(t)
 
 	sys := strings.Repeat("You answer questions about the billing system only. ", 40)
 	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
@@ -140,6 +146,7 @@ func TestReplicasShareOverRedis(t *testing.T) {
 	// Another publisher's garbage and an endpoint the policy does not list.
 	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer func() { _ = raw.Close() }()
+	ctx := t.Context()
 	if err := raw.Publish(ctx, Channel, "not a placement").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -204,14 +211,7 @@ func TestReplicasShareOverARealCluster(t *testing.T) {
 // A churn report crosses Redis as one message for all its endpoints, and ages the receiver's index: after as
 // many unmatched blocks as the index holds, the group it learnt is gone, as the engine's cache would have lost it.
 func TestChurnOverRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	snap, m := testSnap(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	a := startReplica(t, ctx, srv.Addr, snap, &wg)
-	b := startReplica(t, ctx, srv.Addr, snap, &wg)
+	_, snap, m, a, b := twoReplicas(t)
 	sys := strings.Repeat("You answer questions about returns only. ", 40)
 	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
 	if err != nil {
@@ -225,7 +225,7 @@ func TestChurnOverRedis(t *testing.T) {
 		other = "10.0.0.3:1"
 	}
 	a.bus.PublishChurn(map[string]int{ep: capacity, other: 3, "192.0.2.9:1": 5})
-	if !waitUntil(10*time.Second, func() bool {
+	if !wait.Until(10*time.Second, func() bool {
 		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("churn")) == 2 &&
 			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("unknown_endpoint")) == 1
 	}) {
@@ -243,16 +243,4 @@ func TestChurnOverRedis(t *testing.T) {
 	if d2.ExpectedCachedTokens != 0 {
 		t.Errorf("after %d blocks of churn on %s the second replica still expects %d cached tokens there", capacity, ep, d2.ExpectedCachedTokens)
 	}
-}
-
-// waitUntil polls cond until it holds or limit passes, and reports whether it held.
-func waitUntil(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }

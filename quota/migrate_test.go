@@ -187,23 +187,11 @@ func TestRealClusterSlotMigrationUnderLoad(t *testing.T) {
 		held, _ := dst.c.ZCard(context.Background(), key).Result()
 		return used, held
 	}
-	if !waitUntil(30*time.Second, func() bool { used, held := applied(); return used == want && held == 0 }) {
+	if !wait.Until(30*time.Second, func() bool { used, held := applied(); return used == want && held == 0 }) {
 		used, held := applied()
 		t.Errorf("the new master counts %s tokens and %d concurrency slots held for %d admissions settled at 60: want %s and 0",
 			used, held, admitted.Load(), want)
 	}
 	t.Logf("admitted %d; old master's redirects: ASK %d, MOVED %d, TRYAGAIN %d", admitted.Load(),
 		after["ASK"]-before["ASK"], after["MOVED"]-before["MOVED"], after["TRYAGAIN"]-before["TRYAGAIN"])
-}
-
-// waitUntil polls cond until it holds or limit passes, and reports whether it held.
-func waitUntil(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }

@@ -30,3 +30,16 @@ func Within(t testing.TB, what string, limit time.Duration, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Until polls cond until it holds or limit passes and reports whether it held, for a test that explains a
+// failure itself (with the values it waited on) rather than with For's message.
+func Until(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
