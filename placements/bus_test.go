@@ -85,6 +85,19 @@ func twoReplicas(t *testing.T) (*redistest.Server, *policies.Snapshot, *policies
 	return srv, snap, m, a, b
 }
 
+// placeGroup starts a group with system prompt sys at a and waits until b has learnt it (its first placement).
+func placeGroup(t *testing.T, snap *policies.Snapshot, m *policies.Model, a, b replica, sys string) picker.Decision {
+	t.Helper()
+	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "the second replica hears the placement", func() bool {
+		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")) == 1
+	})
+	return d
+}
+
 func prompt(t *testing.T, system, user string) *openai.Request {
 	t.Helper()
 	body := `{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]}`
@@ -102,14 +115,8 @@ func TestReplicasShareOverRedis(t *testing.T) {
 	srv, snap, m, a, b := twoReplicas(t)
 
 	sys := strings.Repeat("You answer questions about the billing system only. ", 40)
-	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := placeGroup(t, snap, m, a, b, sys)
 	placed := d.Endpoints[0]
-	wait.For(t, "the second replica hears the placement", func() bool {
-		return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")) == 1
-	})
 	for i := range 5 { // whatever each replica's index says, the group stays where it started
 		d2, err := b.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "more "+strings.Repeat("x", i))})
 		if err != nil {
@@ -213,12 +220,7 @@ func TestReplicasShareOverARealCluster(t *testing.T) {
 func TestChurnOverRedis(t *testing.T) {
 	_, snap, m, a, b := twoReplicas(t)
 	sys := strings.Repeat("You answer questions about returns only. ", 40)
-	d, err := a.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "first")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := d.Endpoints[0]
-	wait.For(t, "the placement", func() bool { return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")) == 1 })
+	ep := placeGroup(t, snap, m, a, b, sys).Endpoints[0]
 	capacity := b.picker.Index.Capacity(ep)
 	other := "10.0.0.4:1"
 	if other == ep {
