@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -33,10 +34,14 @@ type churnBasis struct {
 // the prompt's tokens the engine did not serve from its cache (cached_tokens), in index blocks. The engine's
 // own figure, not the index's: a replica whose index had aged a group out that the engine still held would
 // otherwise report those blocks as new, and the others' indexes would age faster than the engine's cache. An
-// engine that reports no cache use leaves the index's count.
+// engine that reports no cache use leaves the index's count. Nothing is counted while prompts do not come back
+// (the sharing estimate), as nothing is published then.
 func (p *Affinity) observeChurn(d Decision, u openai.Usage) {
 	if len(d.Endpoints) == 0 || d.churn.blockTokens <= 0 {
 		return
+	}
+	if b := p.sharing.Load(); b != 0 && math.Float64frombits(b) < consistentPlacement {
+		return // prompts do not come back: nothing the indexes hold is worth ageing in step, or a message
 	}
 	ep := d.Endpoints[0]
 	if d.ServedBy != "" {

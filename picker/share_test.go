@@ -308,3 +308,28 @@ func TestFadingGroupsArePublishedAgain(t *testing.T) {
 		t.Errorf("using the group again right after renewing it published %d more placements, want none", len(bus.sent)-sent-1)
 	}
 }
+
+// While prompts do not come back, a replica reports no churn: nothing the others hold is worth the messages.
+func TestDistinctPromptsReportNoChurn(t *testing.T) {
+	snap, m := affinitySnap(t)
+	pickers, bus := sharing(2)
+	a := pickers[0]
+	now := time.Unix(1000, 0)
+	a.ChurnEvery = time.Second
+	a.churn.now = func() time.Time { return now }
+	a.PolicyChanged(snap)
+	for i := range 200 {
+		d, err := a.Pick(snap, Input{Model: m, Request: request(t, strings.Repeat(fmt.Sprintf("System prompt number %d. ", i), 20), "a question")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompt := int64(d.EstimatedPromptTokens)
+		a.Observe(d, openai.Usage{PromptTokens: prompt, CachedTokens: 0, CachedReported: true})
+		now = now.Add(time.Second)
+	}
+	for _, pl := range bus.sent {
+		if pl.Churn > 0 {
+			t.Fatalf("distinct prompts reported churn: %+v", pl)
+		}
+	}
+}
