@@ -184,7 +184,7 @@ func newRedisBackend(client redis.UniversalClient) *redisBackend {
 }
 
 // admit runs the admission script for a ticket's entries: each sends its amount (0 when this gateway's lease
-// already covers it) and asks for its extra. Settlements waiting to be sent ride in the same pipeline, after
+// already covers it) and asks for its extra. Settlements waiting to be sent ride in the same pipeline, before
 // it, so under load settling costs no round trip of its own. It returns the extra granted per entry.
 func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]int64, *Rejection, error) {
 	if len(t.entries) == 0 {
@@ -205,12 +205,14 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 		var admitCmd *redis.Cmd
 		var settleCmds []*redis.Cmd
 		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			// The admission goes first: when a node's first command meets an error go-redis retries (TRYAGAIN
-			// mid-resharding, LOADING, READONLY…), it sends that node's whole pipeline again, commands that
-			// succeeded too. Settlements are idempotent; an admission is not, and as the first command it is
-			// resent only when it did not run.
-			admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
+			// Settlements go before the admission, so that a slot freed a moment ago (a client that aborted and
+			// tries again) is free when the admission runs. But when a node's first command meets an error
+			// go-redis retries (TRYAGAIN, as a settlement's new marker key meets mid-resharding), it sends that
+			// node's whole pipeline again, commands that succeeded too: the admission would run twice. So a
+			// pilot leads: a read of one of the admission's keys, which as a one-key command never gets TRYAGAIN.
+			p.Exists(ctx, keys[0])
 			settleCmds = addSettlements(ctx, p, batch)
+			admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
 			return nil
 		})
 		// Settlements that failed go back in the queue (settling is idempotent); the admission's outcome is

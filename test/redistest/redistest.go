@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -26,6 +27,7 @@ type Server struct {
 	// member: a node of a multi-node cluster (RealCluster), which assigns the slots itself.
 	member bool
 	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
 }
 
 // Start runs a standalone server with persistence off.
@@ -53,14 +55,21 @@ func startWith(t testing.TB, s *Server) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed; `make test` installs it (scripts/ensure-test-deps.sh)")
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	s.dir = t.TempDir()
+	// A free port can be taken between choosing it and redis-server binding it (other tests start servers
+	// too), and a cluster node also needs its bus port, 10000 higher: a few tries on fresh ports.
+	var err error
+	for range 5 {
+		if s.Addr, err = freePort(cluster); err == nil {
+			_ = os.Remove(filepath.Join(s.dir, "nodes.conf")) // a failed try's node identity
+			if err = s.launch(); err == nil {
+				break
+			}
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := lis.Addr().String()
-	lis.Close()
-	s.Addr, s.dir = addr, t.TempDir()
-	s.Restart()
 	t.Cleanup(s.Kill)
 	if cluster && !s.member {
 		if _, err := s.Do("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
@@ -81,9 +90,42 @@ func startWith(t testing.TB, s *Server) *Server {
 	return s
 }
 
+// freePort picks a free loopback port; for a cluster node, one whose bus port (10000 higher) exists and is
+// free too.
+func freePort(cluster bool) (string, error) {
+	for range 20 {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := lis.Addr().(*net.TCPAddr)
+		lis.Close()
+		if !cluster {
+			return addr.String(), nil
+		}
+		if addr.Port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", addr.Port+10000))
+		if err != nil {
+			continue
+		}
+		bus.Close()
+		return addr.String(), nil
+	}
+	return "", fmt.Errorf("no free port pair for a cluster node")
+}
+
 // Restart starts the process again on the same address (after Kill).
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.launch(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// launch starts redis-server on s.Addr and waits for it to answer, or reports why it did not.
+func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	aof := "no"
 	if s.persist {
@@ -98,17 +140,26 @@ func (s *Server) Restart() {
 		// A dead master is failed over within about a second.
 		args = append(args, "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0")
 	}
-	s.cmd = exec.Command("redis-server", args...)
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+	cmd := exec.Command("redis-server", args...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if out, err := s.Do("PING"); err == nil && out == "PONG" {
-			return
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on %s exited before answering (its port taken?)", s.Addr)
+		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatal("redis-server did not answer PING")
+			_ = cmd.Process.Kill()
+			return fmt.Errorf("redis-server on %s did not answer PING within 10 s", s.Addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -118,7 +169,7 @@ func (s *Server) Restart() {
 func (s *Server) Kill() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
