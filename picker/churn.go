@@ -37,7 +37,7 @@ type churnBasis struct {
 // engine that reports no cache use leaves the index's count. Nothing is counted while prompts do not come back
 // (the sharing estimate), as nothing is published then.
 func (p *Affinity) observeChurn(d Decision, u openai.Usage) {
-	if len(d.Endpoints) == 0 || d.churn.blockTokens <= 0 {
+	if p.Placements == nil || p.ChurnEvery < 0 || len(d.Endpoints) == 0 || d.churn.blockTokens <= 0 {
 		return
 	}
 	if b := p.sharing.Load(); b != 0 && math.Float64frombits(b) < consistentPlacement {
@@ -55,12 +55,9 @@ func (p *Affinity) observeChurn(d Decision, u openai.Usage) {
 	p.noteChurn(ep, blocks)
 }
 
-// noteChurn counts blocks added to endpoint and, when a report is due, publishes one Placement per endpoint
-// with blocks since the last.
+// noteChurn (for observeChurn, which checks that reports are wanted) counts blocks added to endpoint and, when
+// a report is due, publishes the blocks per endpoint since the last.
 func (p *Affinity) noteChurn(endpoint string, blocks int) {
-	if p.Placements == nil || p.ChurnEvery < 0 {
-		return
-	}
 	every := p.ChurnEvery
 	if every == 0 {
 		every = DefaultChurnEvery

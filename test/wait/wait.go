@@ -10,24 +10,16 @@ import (
 // For polls cond every few milliseconds until it holds, failing the test after 10 s.
 func For(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !Until(10*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
 // Within is For with its own deadline, for conditions that take many seconds by design (a rollout's steps).
 func Within(t testing.TB, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !Until(limit, cond) {
+		t.Fatalf("timed out after %v waiting for %s", limit, what)
 	}
 }
 
