@@ -120,9 +120,28 @@ func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
 		if m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}
-		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens/max(c.speed.DecodeTokensPerSecond, 1))
+		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 		c.pred = pd
 	}
+}
+
+// decodeShare is the GPU seconds per output token a request is charged on a candidate: its share of the
+// engine's decode steps. A step takes about as long for one sequence as for a full batch (decoding is bound by
+// reading the weights), so a replica whose batch has room serves the next request's tokens almost for free,
+// and one that is idle spends whole steps on it alone: with the pool's batch size S and the batch the request
+// would join b (the engine's running and waiting plus this gateway's sends since, itself included, at most S),
+// each token costs S ÷ b of its full-batch share, 1 ÷ the decode speed. Ranking by it fills a replica before
+// waking another, so that a fleet below its capacity leaves replicas idle (scaled down, or free for other
+// work) instead of running every replica at a partial batch; the class price still ranks replicas whose
+// batches are alike. Without a batch size every replica is charged the full-batch share.
+func decodeShare(c *scored) float64 {
+	full := 1 / max(c.speed.DecodeTokensPerSecond, 1)
+	slots := float64(c.pool.MaxConcurrency)
+	if slots <= 0 {
+		return full
+	}
+	batch := min(slots, max(1, c.running+float64(c.queue)+c.since+1))
+	return full * slots / batch
 }
 
 // sent records the uncached tokens of a request sent to ep, for ū.

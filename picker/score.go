@@ -77,7 +77,10 @@ func (p *Affinity) eligible(cands []scored, pr prompt, w weights, perPool bool) 
 		}
 		boundOf = func(c *scored) float64 {
 			l := loads[c.pool]
-			return (1+w.eps*hitSlack(c))*float64(l[0])/float64(l[1]) + 1
+			// An endpoint with room in its stated batch is within the bound whatever its pool's mean: the SLO
+			// prediction sees the wait of a full batch, and the cost ranking fills a replica before it wakes
+			// another (see decodeShare).
+			return max((1+w.eps*hitSlack(c))*float64(l[0])/float64(l[1])+1, float64(c.pool.MaxConcurrency-1))
 		}
 	}
 	var key uint64

@@ -206,3 +206,64 @@ func TestDebugScoresShowPredictionsAndCost(t *testing.T) {
 		t.Errorf("first candidate costs %v, last %v: want the cheapest first", cheap.CostUSD, dear.CostUSD)
 	}
 }
+
+// A replica whose batch has room serves a request's tokens in steps it runs anyway; an idle one would run
+// them for that request alone. SLO placement fills the first before it wakes the second, and spills once the
+// first is predicted late.
+func TestSLOPlacementFillsAReplicaBeforeWakingAnother(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	for _, tc := range []struct {
+		name                string
+		running, waiting    float64 // of 10.0.1.1, the busy cheap replica; its twin 10.0.1.2 is idle
+		want                string
+		busyCheaperThanIdle bool
+	}{
+		{"a few running", 3, 0, "10.0.1.1:1", true},
+		{"far above its pool's mean, room in the batch", 12, 0, "10.0.1.1:1", true},
+		{"full batch and a queue: predicted late", 16, 6, "10.0.1.2:1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := idleEngines(func(ep string, e *fleet.EngineMetrics) {
+				if ep == "10.0.1.1:1" {
+					e.Running, e.Waiting = tc.running, tc.waiting
+				}
+			})
+			d, err := newMixedPicker(eng).Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "distinct "+tc.name, "q")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Endpoints[0] != tc.want {
+				t.Fatalf("chose %s, want %s; scores %+v", d.Endpoints[0], tc.want, d.Scores)
+			}
+			cost := map[string]float64{}
+			for _, s := range d.Scores {
+				cost[s.Endpoint] = s.CostUSD
+			}
+			if busy, idle := cost["10.0.1.1:1"], cost["10.0.1.2:1"]; tc.busyCheaperThanIdle && !(busy > 0 && busy < idle) {
+				t.Errorf("the busy replica costs %v, its idle twin %v: want the busy one cheaper", busy, idle)
+			}
+		})
+	}
+}
+
+func TestDecodeShare(t *testing.T) {
+	pool := &policies.Pool{MaxConcurrency: 16}
+	speed := policies.PoolSpeed{DecodeTokensPerSecond: 1600}
+	full := 1.0 / 1600
+	for _, tc := range []struct {
+		name string
+		c    scored
+		want float64
+	}{
+		{"idle: the whole step", scored{pool: pool, speed: speed}, 16 * full},
+		{"joins three", scored{pool: pool, speed: speed, running: 2, since: 1}, 4 * full},
+		{"full batch", scored{pool: pool, speed: speed, running: 15}, full},
+		{"past a full batch", scored{pool: pool, speed: speed, running: 16, queue: 9}, full},
+		{"no batch size stated", scored{pool: &policies.Pool{}, speed: speed}, full},
+		{"stale negative counts", scored{pool: pool, speed: speed, running: -3}, 16 * full},
+	} {
+		if got := decodeShare(&tc.c); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

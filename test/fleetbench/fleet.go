@@ -90,6 +90,9 @@ func policyYAML(endpoints map[string][]string, managed map[string]string, placem
 			fmt.Fprintf(&b, "    - {name: %s-%s, hardwareClass: %s, engine: vllm, maxConcurrency: %d, prefillTokensPerSecond: %.0f, decodeTokensPerSecond: %.0f, endpoints: [%s]}\n",
 				m.name, p.class, p.class, maxNumSeqs, p.speed.PrefillTokensPerSecond, decodeTPS(p.speed), quoted(endpoints[m.name+"/"+p.class]))
 		}
+		if when == "" {
+			continue // the fleet alone
+		}
 		fmt.Fprintf(&b, "    fallbacks:\n    - {name: managed, baseURL: \"https://%s/v1\", model: %s-managed, apiKeyFrom: \"env:KEY\", when: [%s], pricing: {inputPerMTok: %.2f, outputPerMTok: %.2f}}\n",
 			managed[m.name], m.name, when, m.managedIn, m.managedOut)
 	}

@@ -15,8 +15,10 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +30,9 @@ import (
 )
 
 const managedKey = "sk-managed-bench"
+
+// fleetOnly is the row of SLO placement with no managed API: what the fleet alone serves within the SLO.
+const fleetOnly = "infergate SLO+cost (fleet only)"
 
 func main() {
 	runs := flag.Int("runs", 3, "runs per policy; the table shows medians")
@@ -57,7 +62,7 @@ func main() {
 	}
 	fmt.Printf("\nWorkload: %s of Poisson arrivals ramping 0.5× → 1.5× → 0.5× of each model's capacity; prompts of 500-2,000 tokens, "+
 		"half of them opening with one of 8 shared system prompts (600 tokens) per model; 50-500 output tokens.\n\n", *duration)
-	rows := []string{"round-robin", "least-loaded", "infergate cost-blind", "infergate SLO+cost"}
+	rows := []string{"round-robin", "least-loaded", "infergate cost-blind", "infergate SLO+cost", fleetOnly}
 	results := map[string][]result{}
 	for k := range *runs {
 		for i, name := range rows {
@@ -69,6 +74,7 @@ func main() {
 			r := env.run(rt, work, *duration)
 			if *verbose {
 				fmt.Fprintf(os.Stderr, "run %d %s: %+v\n", k, name, r)
+				env.printBusy(r)
 			}
 			results[name] = append(results[name], r)
 		}
@@ -166,6 +172,10 @@ func (e *env) router(name string) router {
 		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated)
 		inflight := &fleet.InFlight{}
 		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight}
+	case fleetOnly:
+		snap := e.snapshot(policies.PlacementSLO, "")
+		inflight := &fleet.InFlight{}
+		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight, predictions: true}
 	default:
 		snap := e.snapshot(policies.PlacementSLO, policies.WhenSaturated+", "+policies.WhenSLO)
 		inflight := &fleet.InFlight{}
@@ -190,4 +200,16 @@ func (e *env) endpointsByModel() map[string][]string {
 		out[model] = append(out[model], eps...)
 	}
 	return out
+}
+
+// printBusy shows, per pool, how much of the run its replicas' engines were stepping (-v).
+func (e *env) printBusy(r result) {
+	keys := slices.Sorted(maps.Keys(e.endpoints))
+	for _, k := range keys {
+		fmt.Fprintf(os.Stderr, "  %-18s", k)
+		for _, addr := range e.endpoints[k] {
+			fmt.Fprintf(os.Stderr, " %5.1f%%", 100*float64(r.busy[addr])/float64(max(r.elapsed, 1)))
+		}
+		fmt.Fprintln(os.Stderr)
+	}
 }

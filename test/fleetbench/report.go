@@ -48,6 +48,12 @@ func report(rows []string, results map[string][]result) {
 				saving >= 0.30 && slo.goodput >= 0.99*blind.goodput, "%.0f%% below, goodput %.2f×", 100*saving, slo.goodput/max(blind.goodput, 1e-9))
 		}
 	}
+	if alone, ok := med[fleetOnly]; ok {
+		if blind, ok := med["infergate cost-blind"]; ok {
+			fmt.Printf("- (not a target) SLO placement without a managed API: %.0f%% below cost-blind infergate's $ per 1M output tokens at %.2f× its goodput\n",
+				100*(1-alone.usdPerMOut/blind.usdPerMOut), alone.goodput/max(blind.goodput, 1e-9))
+		}
+	}
 	check("managed share 0 while self-hosted capacity remains (load rising under 0.9×, every run)", slo.managedAtLowLoad == 0,
 		"%d requests in the worst run (%d while the peak's backlog drained under 0.9×)", slo.managedAtLowLoad, slo.managedAfterPeak)
 	if slo.managed > 0 {

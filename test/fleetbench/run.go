@@ -212,6 +212,10 @@ type result struct {
 	managedAtLowLoad, managedAfterPeak int
 	// predP50, predP95 are observed ÷ predicted TTFT for self-hosted requests (SLO placement).
 	predP50, predP95 float64
+	// busy is each replica's engine time in the run, elapsed the run's simulated length with its backlog
+	// (printed with -v).
+	busy    map[string]time.Duration
+	elapsed time.Duration
 }
 
 // run sends the workload through a router at its arrival times and accounts for it.
@@ -238,7 +242,9 @@ func (e *env) run(rt router, work []request, d time.Duration) result {
 		}()
 	}
 	wg.Wait()
-	return e.account(work, out, d, busy0)
+	res := e.account(work, out, d, busy0)
+	res.elapsed = time.Duration(float64(time.Since(start)) / timeScale)
+	return res
 }
 
 // busy is every replica's engine time so far.
@@ -256,8 +262,10 @@ func (e *env) account(work []request, out []outcome, d time.Duration, busy0 map[
 	var ratios []float64
 	var prompt, cached, completion, goodCompletion int64
 	usd, rightSized := 0.0, 0.0
+	res.busy = map[string]time.Duration{}
 	for addr, b := range e.busy() {
 		usd += (b - busy0[addr]).Hours() * e.price[addr]
+		res.busy[addr] = b - busy0[addr]
 	}
 	res.selfUSD = usd
 	for i, o := range out {
