@@ -60,7 +60,8 @@ func (p *Affinity) weightsFor(routing policies.Routing) weights {
 // it is dropped. anyMatch reports whether some candidate holds a prefix of the prompt.
 //
 // With perPool (SLO placement) the bound is each pool's own mean: pools on different hardware are not meant
-// to carry the same load, and the SLO prediction decides between them.
+// to carry the same load, and the SLO prediction decides between them. There it is at least the pool's batch
+// size less one, when stated: a batch with room is what the cost ranking fills first.
 func (p *Affinity) eligible(cands []scored, pr prompt, w weights, perPool bool) (out []scored, anyMatch bool, kvFull int) {
 	var total, maxLoad int64
 	for _, c := range cands {

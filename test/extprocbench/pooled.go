@@ -1,91 +1,31 @@
 package main
 
 import (
-	"math/rand/v2"
-	"slices"
 	"time"
+
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 // The telemetry rows compare two processors whose difference (a few per cent) is smaller than how much one
-// run's p99 moves between runs on a shared machine: a median of per-run p99s, each from a few dozen tail
-// requests, decides a +5 % target by chance. So those rows pool: the runs alternate between the processors, and
-// each processor's quantile is taken over all of its requests at once. Drift over the minutes of a row then
-// falls on every processor alike, and the p99 rests on hundreds of tail requests. A bootstrap over the runs
-// (the same runs drawn for every processor, as they were measured side by side) says how far the ratio could
-// move.
+// run's p99 moves between runs, so they pool each side's requests over the interleaved runs (loadgen's
+// pooled quantiles).
 
-// medianOfThirds splits the runs into three consecutive thirds, takes the ratio of on's to off's pooled
-// q-quantile in each, and returns the median of the three: a burst of other work on the machine during one third
-// moves one ratio, not the answer. With fewer than three runs it is the ratio of all runs pooled.
 func medianOfThirds(off, on []result, q float64) float64 {
-	n := min(len(off), len(on))
-	if n < 3 {
-		return float64(pooled(on, q)) / float64(pooled(off, q))
-	}
-	var ratios []float64
-	for k := range 3 {
-		lo, hi := k*n/3, (k+1)*n/3
-		ratios = append(ratios, float64(pooled(on[lo:hi], q))/float64(pooled(off[lo:hi], q)))
-	}
-	slices.Sort(ratios)
-	return ratios[1]
+	return loadgen.MedianOfThirds(latencies(off), latencies(on), q)
 }
 
-// pooled is the q-quantile of every latency in runs.
 func pooled(runs []result, q float64) time.Duration {
-	return quantile(concat(runs, nil), q)
+	return loadgen.PooledQuantile(latencies(runs), q)
 }
 
-// concat appends the latencies of runs[i] for every i in picks (all runs when picks is nil) to one slice.
-func concat(runs []result, picks []int) []time.Duration {
-	var all []time.Duration
-	if picks == nil {
-		for _, r := range runs {
-			all = append(all, r.latencies...)
-		}
-		return all
-	}
-	for _, i := range picks {
-		all = append(all, runs[i].latencies...)
-	}
-	return all
-}
-
-// quantile sorts v and returns its q-quantile (0 for no values).
-func quantile(v []time.Duration, q float64) time.Duration {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	return v[min(len(v)-1, int(float64(len(v))*q))]
-}
-
-// bootstrapRounds is how many resamples the interval is drawn from.
-const bootstrapRounds = 200
-
-// ratioInterval is the 5th and 95th percentiles of pooled(on, q) ÷ pooled(off, q) over resamples of the runs
-// drawn with replacement, the same draw for both sides. The seed is fixed, so a table is reproducible from
-// its runs.
 func ratioInterval(off, on []result, q float64) (lo, hi float64) {
-	n := min(len(off), len(on))
-	if n == 0 {
-		return 0, 0
+	return loadgen.RatioInterval(latencies(off), latencies(on), q)
+}
+
+func latencies(runs []result) [][]time.Duration {
+	out := make([][]time.Duration, len(runs))
+	for i, r := range runs {
+		out[i] = r.latencies
 	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	ratios := make([]float64, 0, bootstrapRounds)
-	picks := make([]int, n)
-	for range bootstrapRounds {
-		for i := range picks {
-			picks[i] = rng.IntN(n)
-		}
-		a, b := quantile(concat(off, picks), q), quantile(concat(on, picks), q)
-		if a > 0 {
-			ratios = append(ratios, float64(b)/float64(a))
-		}
-	}
-	if len(ratios) == 0 {
-		return 0, 0
-	}
-	slices.Sort(ratios)
-	return ratios[len(ratios)*5/100], ratios[min(len(ratios)-1, len(ratios)*95/100)]
+	return out
 }

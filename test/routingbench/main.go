@@ -195,6 +195,8 @@ type result struct {
 	// placements is how many messages (placements and churn reports) the gateway replicas published per
 	// request (shared rows).
 	placements float64
+	// ttfts are the run's successful requests' TTFTs, sorted, for quantiles pooled over runs.
+	ttfts []time.Duration
 }
 
 // published counts the placements put on any bus during the current run.
@@ -243,7 +245,7 @@ func run(rt router, work []request, rate float64) result {
 		return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))]
 	}
 	return result{p50: pct(.5), p95: pct(.95), p99: pct(.99), throughput: float64(ok) / elapsed.Seconds(),
-		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1))}
+		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), ttfts: ttfts}
 }
 
 func words(n int, seed string) string {
@@ -438,12 +440,13 @@ spec:
 	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | cache-hit | p95 / RR | throughput / RR |")
 	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	medians := map[string]map[string]result{} // workload -> policy -> medians
+	everyRun := map[string]map[string][]result{}
 	ceilings := map[string]float64{}
 	for _, w := range workloads {
 		if !strings.Contains(w.name, *only) {
 			continue
 		}
-		medians[w.name], ceilings[w.name] = map[string]result{}, ceiling(w.work(), 16)
+		medians[w.name], everyRun[w.name], ceilings[w.name] = map[string]result{}, map[string][]result{}, ceiling(w.work(), 16)
 		results := make([][]result, len(policiesUnder()))
 		for k := range *runs {
 			for i, p := range policiesUnder() {
@@ -469,7 +472,7 @@ spec:
 				continue
 			}
 			res := medianOf(results[i])
-			medians[w.name][p.name] = res
+			medians[w.name][p.name], everyRun[w.name][p.name] = res, results[i]
 			if strings.HasSuffix(p.name, " shared") {
 				sent = append(sent, fmt.Sprintf("%s %.3f", p.name, loadgen.Median(results[i], func(r result) float64 { return r.placements })))
 			}
@@ -485,7 +488,7 @@ spec:
 		}
 	}
 	if len(counts) > 0 {
-		printScaleTargets(medians, counts)
+		printScaleTargets(medians, everyRun, counts)
 		return
 	}
 	printTargets(medians, ceilings)
@@ -508,8 +511,11 @@ func gatewayCounts(list string) ([]int, error) {
 }
 
 // printScaleTargets checks issue #19's affinity target: with the most gateway replicas (sharing placements),
-// cache hit within two points of one replica's and TTFT p95 within 1.2×.
-func printScaleTargets(m map[string]map[string]result, counts []int) {
+// cache hit within two points of one replica's and TTFT p95 within 1.2×. The p95 ratio is that of each side's
+// TTFTs pooled over its runs (the median over three thirds of the runs, as the telemetry rows do): the p95
+// sits where hits give way to misses, so one run's p95 moves by half between runs, and a median of per-run
+// p95s decided the target by chance. The ratio of the per-run medians is shown beside it.
+func printScaleTargets(m map[string]map[string]result, runs map[string]map[string][]result, counts []int) {
 	fmt.Println("\nTargets:")
 	most := slices.Max(counts)
 	for _, w := range slices.Sorted(maps.Keys(m)) {
@@ -520,8 +526,12 @@ func printScaleTargets(m map[string]map[string]result, counts []int) {
 		}
 		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' cache-hit within 2 points of one", w, most), many.hit >= one.hit-0.02,
 			"%.1f%% against %.1f%%", 100*many.hit, 100*one.hit)
-		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' TTFT p95 within 1.2× of one", w, most), float64(many.p95) <= 1.2*float64(one.p95),
-			"%.2f×", float64(many.p95)/float64(max(one.p95, 1)))
+		oneRuns, manyRuns := ttftsOf(runs[w]["infergate ×1"]), ttftsOf(runs[w][fmt.Sprintf("infergate ×%d shared", most)])
+		pooled := loadgen.MedianOfThirds(oneRuns, manyRuns, 0.95)
+		lo, hi := loadgen.RatioInterval(oneRuns, manyRuns, 0.95)
+		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' TTFT p95 within 1.2× of one (pooled over %d runs)", w, most, len(manyRuns)), pooled <= 1.2,
+			"%.2f× (90%% interval %.2f-%.2f; %s against %s pooled; medians of runs %.2f×)", pooled, lo, hi,
+			ms(loadgen.PooledQuantile(manyRuns, 0.95)), ms(loadgen.PooledQuantile(oneRuns, 0.95)), float64(many.p95)/float64(max(one.p95, 1)))
 	}
 }
 
@@ -625,6 +635,15 @@ func medianOf(rs []result) result {
 	return result{p50: d(func(r result) time.Duration { return r.p50 }), p95: d(func(r result) time.Duration { return r.p95 }),
 		p99: d(func(r result) time.Duration { return r.p99 }), throughput: med(func(r result) float64 { return r.throughput }),
 		success: med(func(r result) float64 { return r.success }), hit: med(func(r result) float64 { return r.hit })}
+}
+
+// ttftsOf is each run's TTFTs.
+func ttftsOf(rs []result) [][]time.Duration {
+	out := make([][]time.Duration, len(rs))
+	for i, r := range rs {
+		out[i] = r.ttfts
+	}
+	return out
 }
 
 // tag prefixes every prompt with the policy's index so that runs never hit each other's cached blocks.
