@@ -197,6 +197,32 @@ type result struct {
 	placements float64
 	// ttfts are the run's successful requests' TTFTs, sorted, for quantiles pooled over runs.
 	ttfts []time.Duration
+	// split sums up the TTFTs of hits and misses apart (printed with -v).
+	split string
+}
+
+// hitsAndMisses sums up a run's TTFTs split by whether most of the prompt was cached (-v): where the tail
+// comes from.
+func hitsAndMisses(out []outcome) string {
+	var hits, misses []time.Duration
+	for _, o := range out {
+		switch {
+		case !o.ok:
+		case 2*o.cached >= o.prompt:
+			hits = append(hits, o.ttft)
+		default:
+			misses = append(misses, o.ttft)
+		}
+	}
+	q := func(v []time.Duration, p float64) string {
+		if len(v) == 0 {
+			return "-"
+		}
+		slices.Sort(v)
+		return ms(v[min(len(v)-1, int(p*float64(len(v))))])
+	}
+	return fmt.Sprintf("hits %d (TTFT p50 %s, p95 %s, p99 %s), misses %d (p50 %s, p95 %s)", len(hits), q(hits, .5), q(hits, .95), q(hits, .99),
+		len(misses), q(misses, .5), q(misses, .95))
 }
 
 // published counts the placements put on any bus during the current run.
@@ -245,7 +271,7 @@ func run(rt router, work []request, rate float64) result {
 		return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))]
 	}
 	return result{p50: pct(.5), p95: pct(.95), p99: pct(.99), throughput: float64(ok) / elapsed.Seconds(),
-		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), ttfts: ttfts}
+		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), ttfts: ttfts, split: hitsAndMisses(out)}
 }
 
 func words(n int, seed string) string {
@@ -302,7 +328,7 @@ func main() {
 	onlyPolicies := flag.String("policies", "", "run only these policies (comma-separated names; round-robin always runs, as the baseline)")
 	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many pickers taking requests round-robin, independent and sharing placements (issue #19's scale check)")
 	flag.Float64Var(&timeScale, "timescale", timeScale, "real time per simulated time: larger is slower and steadier on a loaded machine")
-	verbose := flag.Bool("v", false, "print, per run, how often the pickers' prefix index was right about the engine's cache")
+	verbose := flag.Bool("v", false, "print, per run, how often the pickers' prefix index was right about the engine's cache, and the TTFTs of hits and misses")
 	shareDelay := flag.Duration("share-delay", 5*time.Millisecond, "simulated time a shared placement takes to reach the other gateway replicas (Redis pub/sub)")
 	flag.Parse()
 	// Workloads grow with the fleet: the groups and the rate are those of four replicas, times replicas ÷ 4.
@@ -461,7 +487,7 @@ spec:
 				res.placements = float64(published.Load()) / float64(len(work))
 				results[i] = append(results[i], res)
 				if *verbose && p.name != "round-robin" {
-					fmt.Printf("%s, %s, run %d: %s\n", w.name, p.name, k+1, &predictions)
+					fmt.Printf("%s, %s, run %d: %s; %s\n", w.name, p.name, k+1, &predictions, res.split)
 				}
 			}
 		}
