@@ -1,9 +1,10 @@
 // Command fleetbench compares placement on a heterogeneous simulated fleet: three models (7B, 32B, 70B), each
 // on two hardware classes (H200, MI300X, L40S), and a managed API per model as overflow, under a load that
 // ramps from 0.5× to 1.5× the self-hosted capacity and back. Rows: round-robin, least-loaded, infergate
-// ranking by affinity alone (cost-blind), and infergate placing by SLO, then cost. Requests go straight from
-// the picker's decision to the simulated replica, as in routingbench; TTFT and TPOT are measured by the
-// client and handed back to the picker as the gateway does.
+// ranking by affinity alone (cost-blind), infergate placing by SLO, then cost, and the same without a managed
+// API (what the fleet alone serves in time). Requests go straight from the picker's decision to the simulated
+// replica, as in routingbench; TTFT and TPOT are measured by the client and handed back to the picker as the
+// gateway does.
 //
 //	go run ./test/fleetbench
 package main
@@ -172,12 +173,12 @@ func (e *env) router(name string) router {
 		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated)
 		inflight := &fleet.InFlight{}
 		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight}
-	case fleetOnly:
-		snap := e.snapshot(policies.PlacementSLO, "")
-		inflight := &fleet.InFlight{}
-		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight, predictions: true}
 	default:
-		snap := e.snapshot(policies.PlacementSLO, policies.WhenSaturated+", "+policies.WhenSLO)
+		when := policies.WhenSaturated + ", " + policies.WhenSLO
+		if name == fleetOnly {
+			when = "" // no fallback at all
+		}
+		snap := e.snapshot(policies.PlacementSLO, when)
 		inflight := &fleet.InFlight{}
 		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight, predictions: true}
 	}
