@@ -517,7 +517,7 @@ spec:
 		printScaleTargets(medians, everyRun, counts)
 		return
 	}
-	printTargets(medians, ceilings)
+	printTargets(medians, everyRun, ceilings)
 }
 
 // gatewayCounts reads -gateways.
@@ -562,7 +562,7 @@ func printScaleTargets(m map[string]map[string]result, runs map[string]map[strin
 }
 
 // printTargets checks the picker issue's targets against the medians (rows that did not run are skipped).
-func printTargets(m map[string]map[string]result, ceilings map[string]float64) {
+func printTargets(m map[string]map[string]result, runs map[string]map[string][]result, ceilings map[string]float64) {
 	fmt.Println("\nCache-hit ceilings (every full block any earlier prompt had, nothing evicted):")
 	for _, w := range slices.Sorted(maps.Keys(ceilings)) {
 		fmt.Printf("- %s: %.1f%%\n", w, 100*ceilings[w])
@@ -610,8 +610,14 @@ func printTargets(m map[string]map[string]result, ceilings map[string]float64) {
 			}
 		}
 		if ig, ok := get(noShared, name); ok {
+			// Pooled over the runs, as the scale target is: the two p95s are a few per cent apart, less than one
+			// run's p95 moves between runs.
 			rr, _ := get(noShared, "round-robin")
-			check(name+", no shared prefix: TTFT p95 ≤ round-robin's", ig.p95 <= rr.p95, "%.2f×", ratio(float64(ig.p95), float64(rr.p95)))
+			rrRuns, igRuns := ttftsOf(runs[noShared]["round-robin"]), ttftsOf(runs[noShared][name])
+			pooled := loadgen.MedianOfThirds(rrRuns, igRuns, 0.95)
+			lo, hi := loadgen.RatioInterval(rrRuns, igRuns, 0.95)
+			check(fmt.Sprintf("%s, no shared prefix: TTFT p95 ≤ round-robin's (pooled over %d runs)", name, len(igRuns)), pooled <= 1,
+				"%.2f× (90%% interval %.2f-%.2f; medians of runs %.2f×)", pooled, lo, hi, ratio(float64(ig.p95), float64(rr.p95)))
 		}
 	}
 	// Two replicas within 10 % of one: the cache-hit ratio (as the two-replica consistency test measures it) and
