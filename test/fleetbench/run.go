@@ -319,10 +319,4 @@ func (e *env) account(work []request, out []outcome, d time.Duration, busy0 map[
 	return res
 }
 
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[min(len(ds)-1, int(p*float64(len(ds))))]
-}
+func pct(ds []time.Duration, p float64) time.Duration { return loadgen.Quantile(ds, p) }

@@ -32,7 +32,7 @@ func MedianOfThirds(off, on [][]time.Duration, q float64) float64 {
 
 // PooledQuantile is the q-quantile of every latency of every run.
 func PooledQuantile(runs [][]time.Duration, q float64) time.Duration {
-	return quantile(concat(runs, nil), q)
+	return Quantile(concat(runs, nil), q)
 }
 
 // RatioInterval is the 5th and 95th percentiles of on's pooled q-quantile ÷ off's over resamples of the runs
@@ -50,7 +50,7 @@ func RatioInterval(off, on [][]time.Duration, q float64) (lo, hi float64) {
 		for i := range picks {
 			picks[i] = rng.IntN(n)
 		}
-		a, b := quantile(concat(off, picks), q), quantile(concat(on, picks), q)
+		a, b := Quantile(concat(off, picks), q), Quantile(concat(on, picks), q)
 		if a > 0 {
 			ratios = append(ratios, float64(b)/float64(a))
 		}
@@ -87,8 +87,8 @@ func concat(runs [][]time.Duration, picks []int) []time.Duration {
 	return all
 }
 
-// quantile sorts v and returns its q-quantile (0 for no values).
-func quantile(v []time.Duration, q float64) time.Duration {
+// Quantile sorts v and returns its q-quantile (0 for no values): the benchmarks' one definition of it.
+func Quantile(v []time.Duration, q float64) time.Duration {
 	if len(v) == 0 {
 		return 0
 	}

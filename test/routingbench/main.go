@@ -218,8 +218,7 @@ func hitsAndMisses(out []outcome) string {
 		if len(v) == 0 {
 			return "-"
 		}
-		slices.Sort(v)
-		return ms(v[min(len(v)-1, int(p*float64(len(v))))])
+		return ms(loadgen.Quantile(v, p))
 	}
 	return fmt.Sprintf("hits %d (TTFT p50 %s, p95 %s, p99 %s), misses %d (p50 %s, p95 %s)", len(hits), q(hits, .5), q(hits, .95), q(hits, .99),
 		len(misses), q(misses, .5), q(misses, .95))
@@ -263,13 +262,7 @@ func run(rt router, work []request, rate float64) result {
 			cached += o.cached
 		}
 	}
-	slices.Sort(ttfts)
-	pct := func(p float64) time.Duration {
-		if len(ttfts) == 0 {
-			return 0
-		}
-		return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))]
-	}
+	pct := func(p float64) time.Duration { return loadgen.Quantile(ttfts, p) } // sorts ttfts, kept sorted
 	return result{p50: pct(.5), p95: pct(.95), p99: pct(.99), throughput: float64(ok) / elapsed.Seconds(),
 		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), ttfts: ttfts, split: hitsAndMisses(out)}
 }
@@ -553,10 +546,9 @@ func printScaleTargets(m map[string]map[string]result, runs map[string]map[strin
 		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' cache-hit within 2 points of one", w, most), many.hit >= one.hit-0.02,
 			"%.1f%% against %.1f%%", 100*many.hit, 100*one.hit)
 		oneRuns, manyRuns := ttftsOf(runs[w]["infergate ×1"]), ttftsOf(runs[w][fmt.Sprintf("infergate ×%d shared", most)])
-		pooled := loadgen.MedianOfThirds(oneRuns, manyRuns, 0.95)
-		lo, hi := loadgen.RatioInterval(oneRuns, manyRuns, 0.95)
+		pooled, interval := pooledP95(oneRuns, manyRuns)
 		loadgen.Check(fmt.Sprintf("%s: %d sharing replicas' TTFT p95 within 1.2× of one (pooled over %d runs)", w, most, len(manyRuns)), pooled <= 1.2,
-			"%.2f× (90%% interval %.2f-%.2f; %s against %s pooled; medians of runs %.2f×)", pooled, lo, hi,
+			"%.2f× (%s; %s against %s pooled; medians of runs %.2f×)", pooled, interval,
 			ms(loadgen.PooledQuantile(manyRuns, 0.95)), ms(loadgen.PooledQuantile(oneRuns, 0.95)), float64(many.p95)/float64(max(one.p95, 1)))
 	}
 }
@@ -613,11 +605,10 @@ func printTargets(m map[string]map[string]result, runs map[string]map[string][]r
 			// Pooled over the runs, as the scale target is: the two p95s are a few per cent apart, less than one
 			// run's p95 moves between runs.
 			rr, _ := get(noShared, "round-robin")
-			rrRuns, igRuns := ttftsOf(runs[noShared]["round-robin"]), ttftsOf(runs[noShared][name])
-			pooled := loadgen.MedianOfThirds(rrRuns, igRuns, 0.95)
-			lo, hi := loadgen.RatioInterval(rrRuns, igRuns, 0.95)
+			igRuns := ttftsOf(runs[noShared][name])
+			pooled, interval := pooledP95(ttftsOf(runs[noShared]["round-robin"]), igRuns)
 			check(fmt.Sprintf("%s, no shared prefix: TTFT p95 ≤ round-robin's (pooled over %d runs)", name, len(igRuns)), pooled <= 1,
-				"%.2f× (90%% interval %.2f-%.2f; medians of runs %.2f×)", pooled, lo, hi, ratio(float64(ig.p95), float64(rr.p95)))
+				"%.2f× (%s; medians of runs %.2f×)", pooled, interval, ratio(float64(ig.p95), float64(rr.p95)))
 		}
 	}
 	// Two replicas within 10 % of one: the cache-hit ratio (as the two-replica consistency test measures it) and
@@ -667,6 +658,13 @@ func medianOf(rs []result) result {
 	return result{p50: d(func(r result) time.Duration { return r.p50 }), p95: d(func(r result) time.Duration { return r.p95 }),
 		p99: d(func(r result) time.Duration { return r.p99 }), throughput: med(func(r result) float64 { return r.throughput }),
 		success: med(func(r result) float64 { return r.success }), hit: med(func(r result) float64 { return r.hit })}
+}
+
+// pooledP95 is other's TTFT p95 over base's, each pooled over its runs (the median over three thirds of the
+// runs), and that ratio's bootstrap 90 % interval, printed.
+func pooledP95(base, other [][]time.Duration) (float64, string) {
+	lo, hi := loadgen.RatioInterval(base, other, 0.95)
+	return loadgen.MedianOfThirds(base, other, 0.95), fmt.Sprintf("90%% interval %.2f-%.2f", lo, hi)
 }
 
 // ttftsOf is each run's TTFTs.
