@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"container/list"
+	"slices"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -118,10 +119,13 @@ func (c *kvCache) makeRoom(n int) {
 	}
 }
 
-// release returns a finished sequence's blocks; its prompt blocks stay cached until evicted.
+// release returns a finished sequence's blocks; its prompt blocks stay cached until evicted. As vLLM does, they
+// go back tail first, so the prompt's head becomes the most recently used and is evicted last: a shared
+// system prompt outlives the questions that followed it, and a cache under pressure loses the end of a prefix
+// before its beginning (a prefix is matched from the first block).
 func (c *kvCache) release(hashes []uint64, private int) {
 	c.used -= private
-	for _, h := range hashes {
+	for _, h := range slices.Backward(hashes) {
 		b := c.blocks[h]
 		b.refs--
 		if b.refs == 0 {

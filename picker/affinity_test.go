@@ -108,6 +108,14 @@ func TestLRU(t *testing.T) {
 	if x.Match("unknown", []uint64{10}) != 0 {
 		t.Error("unknown endpoint matched")
 	}
+	// Crediting a prompt uses its head last, as the engine frees a request's blocks tail first: under
+	// pressure the index loses a prefix's end, and what is left still matches from the first block.
+	y := NewIndex()
+	y.Credit("e", []uint64{1, 2, 3, 4}, 6)
+	y.Credit("e", []uint64{21, 22, 23}, 6) // one block must go: 4, not 1
+	if got := y.Match("e", []uint64{1, 2, 3, 4}); got != 3 {
+		t.Errorf("after one eviction Match = %d, want 3 (the tail evicted first)", got)
+	}
 }
 
 func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) { return modelOf(t, testPolicy) }

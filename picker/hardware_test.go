@@ -210,8 +210,8 @@ func TestIndexResizeRetainForget(t *testing.T) {
 	x := NewIndex()
 	x.Credit("a", []uint64{1, 2, 3, 4}, 4)
 	x.Credit("b", []uint64{1}, 4)
-	x.Credit("a", []uint64{5}, 2) // shrinks to the two most recent: 5 and 4
-	if x.Capacity("a") != 2 || x.Match("a", []uint64{5}) != 1 || x.Match("a", []uint64{1}) != 0 {
+	x.Credit("a", []uint64{5}, 2) // shrinks to the two most recent: 5, and 1 (a prompt's head is its last use)
+	if x.Capacity("a") != 2 || x.Match("a", []uint64{5}) != 1 || x.Match("a", []uint64{1}) != 1 || x.Match("a", []uint64{4}) != 0 {
 		t.Errorf("resize kept the wrong blocks")
 	}
 	x.Credit("a", []uint64{6, 7}, 8) // grows, keeping what it had

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"slices"
 	"sync"
 )
 
@@ -102,7 +103,10 @@ func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) Credited 
 	if len(hashes) > 0 {
 		c.Faded = l.fading(GroupKey(hashes))
 	}
-	for i, h := range hashes {
+	// Tail first, as vLLM frees a finished request's blocks: the prompt's first block becomes the most recently
+	// used, so the index, like the engine, loses the end of a prefix before its beginning (Match counts from
+	// the first block; a lost head would unmatch the whole group while the engine still serves it).
+	for i, h := range slices.Backward(hashes) {
 		if !l.add(h) {
 			c.Added++
 			if i >= MaxSharedBlocks {
