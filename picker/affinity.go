@@ -175,7 +175,8 @@ type scored struct {
 	rank       uint64 // rendezvous rank
 	// lastStarted is when this gateway last sent the endpoint a request (placement of unshared prompts).
 	lastStarted uint64
-	groups      int // conversation groups the index holds there (placement of shared prompts)
+	groups      int  // conversation groups the index holds there (placement of shared prompts)
+	agedOut     bool // the index aged this prompt's group out there (placement of shared prompts)
 }
 
 // PolicyChanged forgets endpoints the new policy no longer lists.

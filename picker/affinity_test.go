@@ -116,6 +116,23 @@ func TestLRU(t *testing.T) {
 	if got := y.Match("e", []uint64{1, 2, 3, 4}); got != 3 {
 		t.Errorf("after one eviction Match = %d, want 3 (the tail evicted first)", got)
 	}
+	// A group block aged out is remembered (AgedOut) until it is held again or the ring of them turns over.
+	g := GroupKey([]uint64{1, 2, 3, 4})
+	y.Churn("e", 6)
+	if !y.AgedOut("e", g) || y.AgedOut("e", 99) || y.AgedOut("other", g) {
+		t.Error("AgedOut does not report the group aged out, and only it")
+	}
+	y.Credit("e", []uint64{1, 2, 3, 4}, 6)
+	if y.AgedOut("e", g) {
+		t.Error("a group held again still reported aged out")
+	}
+	z := NewIndex()
+	for i := range uint64(minGhosts + 2) { // one-block groups, each aging the previous out
+		z.Credit("e", []uint64{1000 + i}, 1)
+	}
+	if z.AgedOut("e", 1000) || !z.AgedOut("e", 1001) || !z.AgedOut("e", 1000+minGhosts) || z.AgedOut("e", 1001+minGhosts) {
+		t.Errorf("the ring of aged-out groups keeps the wrong ones")
+	}
 }
 
 func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) { return modelOf(t, testPolicy) }

@@ -146,6 +146,21 @@ func (x *Index) Groups(endpoint string) int {
 	return 0
 }
 
+// AgedOut reports whether the index held the group (named by its group block, see GroupKey) at endpoint until
+// its LRU aged it out. The index ages with this replica's view of the traffic, the engine's cache with every
+// replica's, so a group in use elsewhere is often still there: placing it again where it was costs nothing if
+// so, and keeps the fleet from making a second copy.
+func (x *Index) AgedOut(endpoint string, group uint64) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l, ok := x.endpoints[endpoint]
+	if !ok {
+		return false
+	}
+	_, ok = l.ghostSet[group]
+	return ok
+}
+
 // GroupKey is the chained hash that names a prompt's conversation group: that of its first rendezvousBlocks
 // blocks (or of all of them when the prompt is shorter).
 func GroupKey(hashes []uint64) uint64 { return hashes[min(len(hashes), rendezvousBlocks)-1] }
@@ -159,6 +174,11 @@ type lru struct {
 	free       int32  // next unused slot
 	groups     int    // slots marked group
 	clock      uint64 // counts uses (adds and touches), for slots' ages
+	// ghosts are the groups this LRU aged out most recently (their group blocks), in a ring: the engine,
+	// whose cache every replica's requests keep fresh, may well still hold them (see Index.AgedOut).
+	ghosts    []uint64
+	ghostNext int
+	ghostSet  map[uint64]struct{}
 }
 
 type slot struct {
@@ -274,8 +294,33 @@ func (l *lru) markGroup(h uint64) {
 	if i, ok := l.index[h]; ok && !l.slots[i].group {
 		l.slots[i].group = true
 		l.groups++
+		delete(l.ghostSet, h) // held again; its ring entry is overwritten in turn
 	}
 }
+
+// ghost remembers a group block aged out, forgetting the oldest past the ring's size.
+func (l *lru) ghost(h uint64) {
+	if l.ghosts == nil {
+		l.ghosts = make([]uint64, max(minGhosts, len(l.slots)/blocksPerGhost))
+		l.ghostSet = make(map[uint64]struct{}, len(l.ghosts))
+	}
+	if _, ok := l.ghostSet[h]; ok {
+		return
+	}
+	if old := l.ghosts[l.ghostNext]; old != 0 {
+		delete(l.ghostSet, old)
+	}
+	l.ghosts[l.ghostNext] = h
+	l.ghostSet[h] = struct{}{}
+	l.ghostNext = (l.ghostNext + 1) % len(l.ghosts)
+}
+
+// minGhosts and blocksPerGhost size an LRU's ring of aged-out groups: one per 16 blocks of capacity, at least
+// 64 (8 bytes each, twice).
+const (
+	minGhosts      = 64
+	blocksPerGhost = 16
+)
 
 func (l *lru) ungroup(i int32) {
 	if l.slots[i].group {
@@ -314,6 +359,9 @@ func (l *lru) take() int32 {
 		l.unlink(i)
 		if j, ok := l.index[l.slots[i].hash]; ok && j == i {
 			delete(l.index, l.slots[i].hash)
+		}
+		if l.slots[i].group {
+			l.ghost(l.slots[i].hash)
 		}
 		l.ungroup(i)
 	}

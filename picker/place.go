@@ -16,7 +16,7 @@ func (p *Affinity) order(eligible, all []scored, pr prompt, anyMatch bool, w wei
 		sharing := p.noteSharing(anyMatch)
 		if !anyMatch {
 			fit := func(c *scored) float64 { return math.Floor((w.prefill*c.s.Prefill + w.lora*c.s.LoRA) / tieTolerance) }
-			return p.placeNew(eligible, all, sharing >= consistentPlacement, w.eps, fit)
+			return p.placeNew(eligible, all, sharing >= consistentPlacement, w.eps, fit, GroupKey(pr.hashes))
 		}
 	}
 	n := 1
@@ -83,13 +83,16 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // among the endpoints holding fewer than (1+ε) × the mean number of groups (counting this one). Every gateway
 // replica receiving a share of the same traffic has seen about the same groups, so they agree on where the
 // next one starts — and the groups stay spread evenly, which a bare rendezvous hash does not do for a few
-// dozen groups. When prompts do not come back, agreement is worth nothing and balance is all: the least
+// dozen groups. An endpoint whose index aged the group out (Index.AgedOut) takes it back first, bound or not:
+// this replica's index ages with its share of the traffic, the engine's cache with everyone's, so the engine
+// often still holds it, and where it does not, the miss costs what a miss elsewhere would. When prompts do not
+// come back, agreement is worth nothing and balance is all: the least
 // loaded endpoint (this gateway's own requests in flight plus the engine's queue), and among equals the one sent a
 // request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
 // tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
 // group at all before the rendezvous rank: otherwise the few groups a slower class gets could all hash to one
 // of its replicas and leave the other idle.
-func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64) []scored {
+func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64, group uint64) []scored {
 	var band, rest []scored
 	if consistent {
 		held := make(map[string]int, len(all)) // each endpoint's groups, read once
@@ -101,7 +104,7 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		limit := int(math.Ceil((1 + eps) * float64(groups+1) / float64(len(all))))
 		for _, c := range eligible {
 			c.groups = held[c.endpoint]
-			if held[c.endpoint] < limit {
+			if c.agedOut = p.Index.AgedOut(c.endpoint, group); c.agedOut || held[c.endpoint] < limit {
 				band = append(band, c)
 			} else {
 				rest = append(rest, c)
@@ -132,6 +135,12 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		}
 		if a.cost != b.cost {
 			return cmpFloat(a.cost, b.cost)
+		}
+		if a.agedOut != b.agedOut { // where the group was: the engine may still hold it
+			if a.agedOut {
+				return -1
+			}
+			return 1
 		}
 		if ea, eb := a.groups == 0, b.groups == 0; ea != eb { // an endpoint holding no group takes a new one first
 			if ea {

@@ -99,6 +99,19 @@ func TestNewPrefixPlacement(t *testing.T) {
 			}
 			return nil
 		}},
+		{"shared prompts: a group the index aged out goes back where it was, over the group bound", 0.9, func(p *Affinity) {
+			if got := pick(t, p); got != home { // placed, then aged out by other replicas' churn
+				t.Fatalf("first placement at %s, want %s", got, home)
+			}
+			p.Index.Churn(home, p.Index.Capacity(home))
+			holdGroups(p, home, 3)
+			holdGroups(p, others[0], 1)
+		}, func(ep string) error {
+			if ep != home {
+				return fmt.Errorf("chose %s, not %s where the group was until the index aged it out", ep, home)
+			}
+			return nil
+		}},
 		{"prompts rarely shared: the least loaded, the one served longest ago among equals", 0.1, func(p *Affinity) {
 			for _, ep := range others[1:] {
 				p.InFlight.Start(ep)
