@@ -133,6 +133,22 @@ func TestLRU(t *testing.T) {
 	if z.AgedOut("e", 1000) || !z.AgedOut("e", 1001) || !z.AgedOut("e", 1000+minGhosts) || z.AgedOut("e", 1001+minGhosts) {
 		t.Errorf("the ring of aged-out groups keeps the wrong ones")
 	}
+	// A group held again and aged out again stands at its later place in the ring: when the ring comes round to
+	// its earlier place, it is not forgotten.
+	r := NewIndex()
+	r.Credit("e", []uint64{1}, 1)
+	r.Credit("e", []uint64{2}, 1) // 1 ages out: the ring's place 0
+	r.Credit("e", []uint64{1}, 1) // 1 held again; 2 ages out: place 1
+	r.Credit("e", []uint64{3}, 1) // 1 ages out again: place 2
+	for i := range uint64(minGhosts - 2) {
+		r.Credit("e", []uint64{100 + i}, 1) // 3, 100, 101, … age out: places 3 to minGhosts-1, then 0
+	}
+	if !r.AgedOut("e", 1) {
+		t.Error("the ring overwrote a group's earlier place and forgot the group, which stands later in it")
+	}
+	if !r.AgedOut("e", 2) || r.AgedOut("e", 100+minGhosts-3) {
+		t.Error("the ring keeps the wrong groups after coming round")
+	}
 }
 
 func affinitySnap(t *testing.T) (*policies.Snapshot, *policies.Model) { return modelOf(t, testPolicy) }

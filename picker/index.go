@@ -157,7 +157,7 @@ func (x *Index) AgedOut(endpoint string, group uint64) bool {
 	if !ok {
 		return false
 	}
-	_, ok = l.ghostSet[group]
+	_, ok = l.ghostAt[group]
 	return ok
 }
 
@@ -178,7 +178,7 @@ type lru struct {
 	// whose cache every replica's requests keep fresh, may well still hold them (see Index.AgedOut).
 	ghosts    []uint64
 	ghostNext int
-	ghostSet  map[uint64]struct{}
+	ghostAt   map[uint64]int // a remembered group block's place in the ring
 }
 
 type slot struct {
@@ -294,7 +294,7 @@ func (l *lru) markGroup(h uint64) {
 	if i, ok := l.index[h]; ok && !l.slots[i].group {
 		l.slots[i].group = true
 		l.groups++
-		delete(l.ghostSet, h) // held again; its ring entry is overwritten in turn
+		delete(l.ghostAt, h) // held again; its ring entry is overwritten in turn
 	}
 }
 
@@ -302,16 +302,18 @@ func (l *lru) markGroup(h uint64) {
 func (l *lru) ghost(h uint64) {
 	if l.ghosts == nil {
 		l.ghosts = make([]uint64, max(minGhosts, len(l.slots)/blocksPerGhost))
-		l.ghostSet = make(map[uint64]struct{}, len(l.ghosts))
+		l.ghostAt = make(map[uint64]int, len(l.ghosts))
 	}
-	if _, ok := l.ghostSet[h]; ok {
+	if _, ok := l.ghostAt[h]; ok {
 		return
 	}
-	if old := l.ghosts[l.ghostNext]; old != 0 {
-		delete(l.ghostSet, old)
+	// The entry overwritten goes, unless its group was held and aged out again since: then it stands later in
+	// the ring.
+	if old := l.ghosts[l.ghostNext]; l.ghostAt[old] == l.ghostNext {
+		delete(l.ghostAt, old)
 	}
 	l.ghosts[l.ghostNext] = h
-	l.ghostSet[h] = struct{}{}
+	l.ghostAt[h] = l.ghostNext
 	l.ghostNext = (l.ghostNext + 1) % len(l.ghosts)
 }
 
