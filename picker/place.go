@@ -83,10 +83,11 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // among the endpoints holding fewer than (1+ε) × the mean number of groups (counting this one). Every gateway
 // replica receiving a share of the same traffic has seen about the same groups, so they agree on where the
 // next one starts — and the groups stay spread evenly, which a bare rendezvous hash does not do for a few
-// dozen groups. An endpoint whose index aged the group out (Index.AgedOut) takes it back first, bound or not:
-// this replica's index ages with its share of the traffic, the engine's cache with everyone's, so the engine
-// often still holds it, and where it does not, the miss costs what a miss elsewhere would. When prompts do not
-// come back, agreement is worth nothing and balance is all: the least
+// dozen groups. An endpoint whose index aged the group out (Index.AgedOut) is in the band whatever the bound,
+// and first among those of the same hardware fit and price: this replica's index ages with its share of the
+// traffic, the engine's cache with everyone's, so the engine often still holds it, and where it does not, the
+// miss costs what a miss elsewhere would. When prompts do not come back, agreement is worth nothing and balance
+// is all: the least
 // loaded endpoint (this gateway's own requests in flight plus the engine's queue), and among equals the one sent a
 // request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
 // tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
