@@ -87,9 +87,8 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // and first among those of the same hardware fit and price: this replica's index ages with its share of the
 // traffic, the engine's cache with everyone's, so the engine often still holds it, and where it does not, the
 // miss costs what a miss elsewhere would. When prompts do not come back, agreement is worth nothing and balance
-// is all: the least
-// loaded endpoint (this gateway's own requests in flight plus the engine's queue), and among equals the one sent a
-// request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
+// is all: the least loaded endpoint (this gateway's own requests in flight plus the engine's queue), and among
+// equals the one sent a request longest ago. Either way the best hardware for the prompt (prefill and LoRA scores, in steps of
 // tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
 // group at all before the rendezvous rank: otherwise the few groups a slower class gets could all hash to one
 // of its replicas and leave the other idle.
