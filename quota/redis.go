@@ -147,8 +147,10 @@ type settlement struct {
 	tenant, id string
 	items      []settleItem
 	attempts   int
-	// resharding: the last attempt met a slot in migration (see resharding), which does not count as one.
-	resharding bool
+	// uncounted: the last attempt failed for a reason that says nothing about the settlement and passes by
+	// itself (see passing), so it does not count as one.
+	uncounted bool
+	noScript  bool // the last attempt met NOSCRIPT
 }
 
 // settleItem corrects one key: a counter by delta, or frees one concurrency slot (member).
@@ -217,11 +219,18 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 		})
 		// Settlements that failed go back in the queue (settling is idempotent); the admission's outcome is
 		// its own command's.
-		b.requeue(failedSettlements(batch, settleCmds))
+		failed := failedSettlements(batch, settleCmds)
+		b.requeue(failed)
 		batch = nil
 		err = admitCmd.Err()
 		if err == nil {
 			res, err = admitCmd.Int64Slice()
+			if !reloaded && slices.ContainsFunc(failed, func(s settlement) bool { return s.noScript }) {
+				// The admission ran but a settlement it carried met a master without its script. Under
+				// steady traffic admissions carry every queued settlement, so none would load it.
+				reloaded = true
+				_ = b.loadScripts(ctx)
+			}
 			break
 		}
 		if redis.IsTryAgainError(err) && attempt < maxTryAgain && pause(ctx, tryAgainPause) {
@@ -296,11 +305,13 @@ func extraMember(id string, j int64) string { return id + ":" + strconv.FormatIn
 
 func isNoScript(err error) bool { return err != nil && strings.Contains(err.Error(), "NOSCRIPT") }
 
+// loadScripts loads the scripts on every master, the settlement's first: a master that can admit can then
+// settle too.
 func (b *redisBackend) loadScripts(ctx context.Context) error {
-	if err := admitScript.Load(ctx, b.client).Err(); err != nil {
+	if err := settleScript.Load(ctx, b.client).Err(); err != nil {
 		return err
 	}
-	return settleScript.Load(ctx, b.client).Err()
+	return admitScript.Load(ctx, b.client).Err()
 }
 
 // take removes up to n queued settlements.
@@ -330,10 +341,15 @@ func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
 	n := len(b.pending)
 	b.mu.Unlock()
 	if n == 1 || n >= maxBatch {
-		select {
-		case b.flush <- struct{}{}:
-		default:
-		}
+		b.wakeFlusher()
+	}
+}
+
+// wakeFlusher asks the flusher to send what is queued, without waiting.
+func (b *redisBackend) wakeFlusher() {
+	select {
+	case b.flush <- struct{}{}:
+	default:
 	}
 }
 
@@ -385,18 +401,20 @@ func (b *redisBackend) flushPending(ctx context.Context, timeout time.Duration) 
 	}
 }
 
-// requeue puts a failed batch back for another attempt, dropping settlements that failed too often.
+// requeue puts a failed batch back for another attempt, dropping settlements that failed too often, and wakes
+// the flusher: when traffic stops after the batch an admission carried failed, no admission carries it again.
 func (b *redisBackend) requeue(batch []settlement) {
 	if len(batch) == 0 {
 		return
 	}
+	defer b.wakeFlusher()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, s := range batch {
 		if b.holding.Load() {
 			b.pending = append(b.pending, s) // Redis is down: this failure says nothing about the settlement
-		} else if s.resharding {
-			s.resharding = false // the slot is moving: this says nothing about the settlement either
+		} else if s.uncounted {
+			s.uncounted = false // the slot is moving, or the script is being loaded: not the settlement's fault
 			b.pending = append(b.pending, s)
 		} else if s.attempts++; s.attempts < maxSettleAttempts {
 			b.pending = append(b.pending, s)
@@ -450,19 +468,26 @@ func failedSettlements(batch []settlement, cmds []*redis.Cmd) []settlement {
 	for k, c := range cmds {
 		if c != nil && c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
 			s := batch[k]
-			s.resharding = resharding(c.Err())
+			s.uncounted = passing(c.Err())
+			s.noScript = isNoScript(c.Err())
 			out = append(out, s)
 		}
 	}
 	return out
 }
 
-// resharding reports an error that means the command's slot is being moved between masters, not that Redis
-// or the command failed: TRYAGAIN (mid-migration, a script's keys are split between the two masters; the
-// settled marker a settlement creates is always new, so every settlement meets it until the slot's keys have
-// moved), or a redirect go-redis gave up following. The command did not run; it will once the move is done.
-func resharding(err error) bool {
-	if redis.IsTryAgainError(err) {
+// passing reports an error after which a settlement did not run and will once a passing condition ends, so
+// the failure says nothing about the settlement:
+//   - the command's slot is being moved between masters: TRYAGAIN (mid-migration, a script's keys are split
+//     between the two masters; the settled marker a settlement creates is always new, so every settlement
+//     meets it until the slot's keys have moved), or a redirect go-redis gave up following;
+//   - the node lacks the settlement script (NOSCRIPT: a restarted or new master, or the moment between
+//     loading the scripts), which whoever meets it loads again.
+//
+// Counted as failures, a few milliseconds of either dropped settlements under load: each admission carries
+// the queued ones, and five admissions take less time than loading a script on every master.
+func passing(err error) bool {
+	if redis.IsTryAgainError(err) || isNoScript(err) {
 		return true
 	}
 	if _, ok := redis.IsMovedError(err); ok {
