@@ -98,6 +98,14 @@ func placeGroup(t *testing.T, snap *policies.Snapshot, m *policies.Model, a, b r
 	return d
 }
 
+// publishedAtLeast waits (up to 10 s) until r has counted want messages published and returns its count: the
+// other replica can hear a message before the publisher's goroutine has had Redis's reply and counted it.
+func publishedAtLeast(r replica, want float64) float64 {
+	count := func() float64 { return testutil.ToFloat64(r.bus.metrics.published) }
+	wait.Until(10*time.Second, func() bool { return count() >= want })
+	return count()
+}
+
 func prompt(t *testing.T, system, user string) *openai.Request {
 	t.Helper()
 	body := `{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]}`
@@ -127,7 +135,7 @@ func TestReplicasShareOverRedis(t *testing.T) {
 		}
 		d = d2
 	}
-	if got := testutil.ToFloat64(a.bus.metrics.published); got != 1 {
+	if got := publishedAtLeast(a, 1); got != 1 {
 		t.Errorf("the first replica published %v placements, want 1", got)
 	}
 	if got := testutil.ToFloat64(b.bus.metrics.published); got != 0 {
@@ -235,7 +243,7 @@ func TestChurnOverRedis(t *testing.T) {
 			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("churn")),
 			testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("unknown_endpoint")))
 	}
-	if got := testutil.ToFloat64(a.bus.metrics.published); got != 2 {
+	if got := publishedAtLeast(a, 2); got != 2 {
 		t.Errorf("published %v messages (a placement, then one churn report for three endpoints), want 2", got)
 	}
 	d2, err := b.picker.Pick(snap, picker.Input{Model: m, Request: prompt(t, sys, "second")})
