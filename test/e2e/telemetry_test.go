@@ -186,18 +186,6 @@ func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
 	if err := s.Err(); err != nil {
 		t.Fatal(err)
 	}
-	live := map[string]bool{}
-	var fams map[string]*dto.MetricFamily
-	wait.For(t, "the endpoint gauges of a scrape", func() bool {
-		fams = scrape(t, st.MetricsURL)
-		return fams["infergate_endpoint_kv_cache_usage_ratio"] != nil
-	})
-	for name, f := range fams {
-		live[name] = true
-		if f.GetType() == dto.MetricType_HISTOGRAM {
-			live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
-		}
-	}
 	dash, err := observability.DashboardSeries()
 	if err != nil {
 		t.Fatal(err)
@@ -209,11 +197,29 @@ func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
 	if len(dash) < 10 || len(rules) < 5 {
 		t.Fatalf("suspiciously few series: dashboard %d, rules %d", len(dash), len(rules))
 	}
-	for _, list := range [][]string{dash, rules} {
-		for _, name := range list {
-			if !live[name] {
-				t.Errorf("%s is queried but infergate does not export it", name)
+	// The request's series appear as its settlement's observers run, which may be after the client has read the
+	// whole stream, and the engine gauges with a scrape: wait for every one, then name those still missing.
+	missing := func() []string {
+		live := map[string]bool{}
+		for name, f := range scrape(t, st.MetricsURL) {
+			live[name] = true
+			if f.GetType() == dto.MetricType_HISTOGRAM {
+				live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
 			}
+		}
+		var out []string
+		for _, list := range [][]string{dash, rules} {
+			for _, name := range list {
+				if !live[name] {
+					out = append(out, name)
+				}
+			}
+		}
+		return out
+	}
+	if !wait.Until(10*time.Second, func() bool { return len(missing()) == 0 }) {
+		for _, name := range missing() {
+			t.Errorf("%s is queried but infergate does not export it", name)
 		}
 	}
 }
