@@ -266,3 +266,35 @@ func TestObserveForgetsWhenServedElsewhere(t *testing.T) {
 		t.Errorf("still believes %s holds %d blocks of a prompt Envoy served on %s", chosen, n, d.ServedBy)
 	}
 }
+
+// The capacity asked of the index wobbles with the learnt token ratio on every response: the LRU is resized
+// (a copy of all of it) only when it moves by more than 1/32, and a resize keeps what the LRU had aged out and
+// remembers the groups it leaves out as aged out.
+func TestIndexResizeOnlyOnRealChangesKeepsAgedOut(t *testing.T) {
+	x := NewIndex()
+	x.Credit("a", []uint64{1}, 320)
+	for _, c := range []struct {
+		asked, want int
+	}{{330, 320}, {310, 320}, {331, 331}, {322, 331}, {310, 310}, {4, 4}, {5, 5}} {
+		x.Credit("a", []uint64{1}, c.asked)
+		if got := x.Capacity("a"); got != c.want {
+			t.Errorf("asked %d: capacity %d, want %d", c.asked, got, c.want)
+		}
+	}
+
+	x = NewIndex()
+	x.Credit("a", []uint64{1}, 64) // a one-block prompt: its block names its group
+	x.Churn("a", 64)               // another replica's traffic ages it out
+	for _, g := range []uint64{2, 3, 4} {
+		x.Credit("a", []uint64{g}, 64)
+	}
+	if !x.AgedOut("a", 1) {
+		t.Fatal("group 1 not aged out before the resize")
+	}
+	x.Credit("a", []uint64{4}, 2) // shrinks to 4 and 3, leaving group 2 out
+	for g, want := range map[uint64]bool{1: true, 2: true, 3: false, 4: false} {
+		if got := x.AgedOut("a", g); got != want {
+			t.Errorf("after the resize, group %d aged out: %v, want %v", g, got, want)
+		}
+	}
+}

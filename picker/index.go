@@ -28,12 +28,21 @@ func (x *Index) lru(endpoint string, capacity int) *lru {
 	case !ok:
 		l = newLRU(capacity)
 		x.endpoints[endpoint] = l
-	case capacity != len(l.slots):
+	case capacityMoved(len(l.slots), capacity):
 		// The engine reported its real KV capacity (or a restart changed it): keep the most recent blocks.
 		l = l.resized(capacity)
 		x.endpoints[endpoint] = l
 	}
 	return l
+}
+
+// capacityMoved reports a capacity far enough from an LRU's to resize it. The capacity asked for is the
+// engine's block count times the estimated ÷ real token ratio, which moves a little with every response, and a
+// resize copies the whole LRU (and resets its blocks' ages): resizing on every wobble did so on three decisions
+// in four. A change of more than 1/32 is a real one: a new engine reading, or the ratio learnt.
+func capacityMoved(have, want int) bool {
+	d := want - have
+	return d > have/32 || -d > have/32
 }
 
 // Retain forgets every endpoint keep rejects — replicas gone from the policy — so that their memory is freed
@@ -270,13 +279,19 @@ func (l *lru) remove(h uint64) {
 	l.tail = i
 }
 
-// resized copies the most recently used entries into an LRU of another capacity.
+// resized copies the most recently used entries into an LRU of another capacity. What it had aged out, and the
+// groups the new capacity leaves out, are remembered as aged out (Index.AgedOut).
 func (l *lru) resized(capacity int) *lru {
 	n := newLRU(capacity)
-	var recent []int32
-	for i := l.head; i >= 0 && len(recent) < capacity; i = l.slots[i].next {
-		if j, ok := l.index[l.slots[i].hash]; ok && j == i { // skip removed slots
+	var recent, dropped []int32
+	for i := l.head; i >= 0; i = l.slots[i].next {
+		if j, ok := l.index[l.slots[i].hash]; !ok || j != i { // skip removed slots
+			continue
+		}
+		if len(recent) < capacity {
 			recent = append(recent, i)
+		} else if l.slots[i].group {
+			dropped = append(dropped, i)
 		}
 	}
 	for k := len(recent) - 1; k >= 0; k-- { // oldest first, so the newest ends up most recent
@@ -285,6 +300,15 @@ func (l *lru) resized(capacity int) *lru {
 		if s.group {
 			n.markGroup(s.hash)
 		}
+	}
+	for k := range l.ghosts { // the ring from its oldest entry
+		at := (l.ghostNext + k) % len(l.ghosts)
+		if h := l.ghosts[at]; l.remembers(h, at) {
+			n.ghost(h)
+		}
+	}
+	for k := len(dropped) - 1; k >= 0; k-- { // then the groups left out, least recently used first
+		n.ghost(l.slots[dropped[k]].hash)
 	}
 	return n
 }
@@ -309,12 +333,19 @@ func (l *lru) ghost(h uint64) {
 	}
 	// The entry overwritten goes, unless its group was held and aged out again since: then it stands later in
 	// the ring.
-	if old := l.ghosts[l.ghostNext]; l.ghostAt[old] == l.ghostNext {
+	if old := l.ghosts[l.ghostNext]; l.remembers(old, l.ghostNext) {
 		delete(l.ghostAt, old)
 	}
 	l.ghosts[l.ghostNext] = h
 	l.ghostAt[h] = l.ghostNext
 	l.ghostNext = (l.ghostNext + 1) % len(l.ghosts)
+}
+
+// remembers reports whether the ring's entry at is the live one for group h (not one overwritten later, nor a
+// group held again).
+func (l *lru) remembers(h uint64, at int) bool {
+	p, ok := l.ghostAt[h]
+	return ok && p == at
 }
 
 // minGhosts and blocksPerGhost size an LRU's ring of aged-out groups: one per 16 blocks of capacity, at least
