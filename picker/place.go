@@ -137,16 +137,10 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 			return cmpFloat(a.cost, b.cost)
 		}
 		if a.agedOut != b.agedOut { // where the group was: the engine may still hold it
-			if a.agedOut {
-				return -1
-			}
-			return 1
+			return trueFirst(a.agedOut)
 		}
 		if ea, eb := a.groups == 0, b.groups == 0; ea != eb { // an endpoint holding no group takes a new one first
-			if ea {
-				return -1
-			}
-			return 1
+			return trueFirst(ea)
 		}
 		if a.lastStarted != b.lastStarted {
 			return cmpAsc(a.lastStarted, b.lastStarted)
@@ -154,4 +148,12 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		return cmpDesc(a.rank, b.rank)
 	})
 	return append(band, rest...)
+}
+
+// trueFirst orders two candidates that differ in a flag: the one with it (a's flag given) first.
+func trueFirst(a bool) int {
+	if a {
+		return -1
+	}
+	return 1
 }
