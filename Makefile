@@ -40,7 +40,7 @@ bench-admission: ## goodput under 3× overload: admission queue against no queue
 	$(GO) run ./test/admissionbench -runs 3
 
 .PHONY: bench-fleet
-bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output tokens, four policies and SLO placement without a managed API (≈ 22 min; table for BENCHMARKS.md)
+bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output tokens, four policies and SLO placement with the admission queue instead of a managed API (≈ 22 min; table for BENCHMARKS.md)
 	$(GO) run ./test/fleetbench -runs 3
 
 .PHONY: bench-routing

@@ -39,7 +39,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 			if !ok || tin.Tenant == nil || !cur.AllowsName(tin.Tenant, in.Request.Model) {
 				return admission.Gone // a reload took the model or the tenant's right to it
 			}
-			tin.Model = m
+			tin.Model, tin.Waited = m, d.opts.Now().Sub(arrived)
 			got, err := d.opts.Picker.Pick(cur, tin)
 			if err != nil {
 				return admission.NoRoom

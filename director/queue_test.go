@@ -35,7 +35,10 @@ func (e *engines) Metrics(ep string) (fleet.EngineMetrics, bool) {
 }
 
 // set is a fresh reading of an endpoint's waiting requests.
-func (e *engines) set(ep string, waiting float64) {
+func (e *engines) set(ep string, waiting float64) { e.setBatch(ep, 0, waiting) }
+
+// setBatch is a fresh reading of an endpoint's running batch and waiting requests.
+func (e *engines) setBatch(ep string, running, waiting float64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.m == nil {
@@ -45,7 +48,7 @@ func (e *engines) set(ep string, waiting float64) {
 	if old, ok := e.m[ep]; ok && !old.At.Before(at) {
 		at = old.At.Add(time.Nanosecond) // a new reading, even within one instant of the fake clock
 	}
-	e.m[ep] = fleet.EngineMetrics{Waiting: waiting, At: at}
+	e.m[ep] = fleet.EngineMetrics{Running: running, Waiting: waiting, At: at}
 }
 
 // reservations counts what an admission stage reserved and released.
@@ -391,5 +394,49 @@ func TestAbortRacingAStart(t *testing.T) {
 		if r.inflight.Total() != 0 || r.quotas.open() != 0 {
 			t.Fatalf("%d in flight, %d reservations after the abort", r.inflight.Total(), r.quotas.open())
 		}
+	}
+}
+
+// Under SLO placement a request that every endpoint would start too late waits for one that will serve it in
+// time, judged against what is left of its TTFT target; at its deadline it degrades as a saturated one does.
+func TestQueuedRequestWaitsForATimelyEndpoint(t *testing.T) {
+	r := newQueueRig(t, 0)
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A batch of 16 on the big replicas: a request that finds it full waits for sequences to finish, about
+	// 256 × 16 ÷ 3,000 s per batch turnover.
+	reload(t, r.store, path, strings.Replace(string(raw), "engine: vllm\n      endpoints: [\"10.0.0.1", "engine: vllm\n      maxConcurrency: 16\n      endpoints: [\"10.0.0.1", 1))
+	for _, ep := range []string{big1, big2} {
+		r.engines.setBatch(ep, 16, 3) // a quarter turnover behind: ≈ 0.37 s against enterprise's 300 ms target
+	}
+	c := r.queued(context.Background(), "sk-ent", "big")
+	r.clock.Advance(200 * time.Millisecond)
+	// A full batch and nothing waiting (≈ 0.11 s) would have met the whole target's margin, 240 ms, but not
+	// what is left of it: 80 ms.
+	r.engines.setBatch(big1, 16, 0)
+	r.queue.KickAll()
+	select {
+	case res := <-c:
+		t.Fatalf("placed with %v of its target waited: %v %+v", 200*time.Millisecond, res.err, res.rt.Decision.Predicted)
+	default:
+	}
+	r.engines.setBatch(big2, 4, 0) // room in the batch: the first token in a step or two
+	r.queue.KickAll()
+	res := get(t, c)
+	if res.err != nil || res.rt.Decision.Endpoints[0] != big2 || res.rt.Decision.Fallback != nil {
+		t.Fatalf("got %v %+v, want the request on big2", res.err, res.rt.Decision)
+	}
+
+	// Nothing comes in time: at the deadline (the TTFT target) the request overflows to the managed API.
+	for _, ep := range []string{big1, big2} {
+		r.engines.setBatch(ep, 16, 3)
+	}
+	c = r.queued(context.Background(), "sk-ent2", "big")
+	r.clock.Advance(300 * time.Millisecond)
+	if res := get(t, c); res.err != nil || res.rt.Decision.Fallback == nil {
+		t.Fatalf("at the deadline: %v %+v, want the managed fallback", res.err, res.rt)
 	}
 }

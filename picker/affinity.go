@@ -258,7 +258,7 @@ func (p *Affinity) place(snap *policies.Snapshot, in Input, cands []scored, pr p
 		return overflow(in.Model, in, saturated+kvFull, unavailable)
 	}
 	if slo {
-		return p.placeBySLO(snap, in, eligible, cands, pr, w, targets), nil
+		return p.placeBySLO(snap, in, eligible, cands, pr, w, targets)
 	}
 	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
 }

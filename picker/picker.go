@@ -79,8 +79,13 @@ type Input struct {
 	// Queueing says the gateway holds requests no endpoint has room for (spec.admission): an endpoint has room
 	// while its engine's queue as last read, plus what this process sent it since (less what finished), is
 	// below maxWaiting times the tenant's tier headroom; and a model with none is reported as saturated
-	// instead of overflowing to its fallback, which the director tries after the wait.
+	// instead of overflowing to its fallback, which the director tries after the wait. Under SLO placement a
+	// request that no endpoint is predicted to serve in time, but that one would once its queue drained, is
+	// reported as saturated too, so that it waits for a timely endpoint rather than joining a late queue.
 	Queueing bool
+	// Waited is how long the request has already waited in the gateway (the admission queue): SLO placement
+	// judges predictions against what is left of the TTFT target.
+	Waited time.Duration
 }
 
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.

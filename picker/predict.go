@@ -20,7 +20,10 @@ type Prediction struct {
 
 	ttftX, tpotX [fitDims]float64
 	uncached     float64
-	set          bool
+	// idleTTFT is the TTFT the endpoint would give the request with nothing queued or running: whether waiting
+	// for it can ever bring the request within its target.
+	idleTTFT time.Duration
+	set      bool
 }
 
 // TimingObserver is a Picker that learns from what the gateway measured of a finished request: the time from
@@ -117,6 +120,7 @@ func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
 		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 		pd.TTFT = seconds(max(0, m.ttft.predict(pd.ttftX)))
+		pd.idleTTFT = seconds(max(0, m.ttft.predict([fitDims]float64{1, uncached / speed, 0})))
 		if m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}

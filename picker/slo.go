@@ -26,27 +26,48 @@ func sloTargets(snap *policies.Snapshot, in Input) (policies.Targets, bool) {
 	return tg, tg.Set && tg.TTFT > 0
 }
 
-// meets says whether a prediction is within targets, each scaled by margin; an unpredicted TPOT passes.
-func meets(pd Prediction, tg policies.Targets, margin float64) bool {
+// meets says whether a prediction is within targets, each scaled by margin, for a request that has already
+// waited (what it waited is taken from the TTFT target); an unpredicted TPOT passes.
+func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Duration) bool {
 	limit := func(d time.Duration) time.Duration { return time.Duration(float64(d) * margin) }
-	if pd.TTFT > limit(tg.TTFT) {
+	if pd.TTFT > limit(tg.TTFT-waited) {
 		return false
 	}
 	return tg.TPOT == 0 || pd.TPOT == 0 || pd.TPOT <= limit(tg.TPOT)
+}
+
+// worthWaiting says whether a request no candidate is predicted to serve in time should wait for one (the
+// admission queue) rather than go to the fastest now: the gateway queues, and some candidate would meet the
+// TTFT target once its queue drained. A prompt too long for the target even on an idle endpoint is served at
+// once: waiting would only make it later.
+func worthWaiting(in Input, late []scored, tg policies.Targets, margin float64) bool {
+	if !in.Queueing {
+		return false
+	}
+	limit := time.Duration(float64(tg.TTFT-in.Waited) * margin)
+	for i := range late {
+		if late[i].pred.idleTTFT <= limit {
+			return true
+		}
+	}
+	return false
 }
 
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
 // predicted. Among those predicted to meet the targets, the cheapest (within costTolerance; a held prefix
 // makes an endpoint both faster and cheaper) are ordered by affinity and load as without an SLO, the other
 // meeting ones follow by cost. When none meets them, the model's fallback takes the request if its when lists
-// slo; otherwise the fastest predicted go first (see fastest). (Overflowing only once even the fastest was
+// slo; otherwise, when the gateway queues and an endpoint would serve the request in time once its queue
+// drained, the request is reported saturated and waits for one (a request started late misses its target and
+// delays those behind it, so the fleet serves fewer within their SLO); otherwise the fastest predicted go
+// first (see fastest). (Overflowing only once even the fastest was
 // predicted past the target itself, not the margin, cost bench-fleet 6 % of its goodput to save 2 % of its
 // managed traffic.)
 //
 // all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
 // the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
 // counts differ, still agree on where a new group starts.
-func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all []scored, pr prompt, w weights, tg policies.Targets) Decision {
+func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all []scored, pr prompt, w weights, tg policies.Targets) (Decision, error) {
 	out := float64(defaultOutputTokens)
 	if in.Request != nil && in.Request.MaxTokens > 0 {
 		out = float64(in.Request.MaxTokens)
@@ -57,7 +78,7 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	for i := range eligible {
 		c := &eligible[i]
 		c.s.TTFT, c.s.TPOT, c.s.CostUSD = c.pred.TTFT, c.pred.TPOT, c.pred.CostUSD
-		c.s.MeetsSLO = meets(c.pred, tg, margin)
+		c.s.MeetsSLO = meets(c.pred, tg, margin, in.Waited)
 		if c.s.MeetsSLO {
 			nGood++
 		}
@@ -79,9 +100,12 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	if nGood == 0 {
 		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
 			p.noteSharing(anyMatched(eligible))
-			return p.managedDecision(dec, in, pr, out)
+			return p.managedDecision(dec, in, pr, out), nil
 		}
-		return p.decide(snap, in, p.fastest(late, all, pr, w), pr)
+		if worthWaiting(in, late, tg, margin) {
+			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
+		}
+		return p.decide(snap, in, p.fastest(late, all, pr, w), pr), nil
 	}
 	nBand := 1
 	for nBand < len(good) && good[nBand].pred.CostUSD <= good[0].pred.CostUSD*(1+costTolerance) {
@@ -90,9 +114,9 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	band := good[:nBand]
 	ordered := p.order(band, peersOf(band, all), pr, anyMatched(band), w)
 	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
-		return p.decide(snap, in, eligible, pr) // sorted in place: the dearer and the late follow as they are
+		return p.decide(snap, in, eligible, pr), nil // sorted in place: the dearer and the late follow as they are
 	}
-	return p.decide(snap, in, append(ordered, eligible[nBand:]...), pr)
+	return p.decide(snap, in, append(ordered, eligible[nBand:]...), pr), nil
 }
 
 // lateTolerance is how much slower than the fastest prediction a late candidate may be and still be placed by

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -265,5 +267,67 @@ func TestDecodeShare(t *testing.T) {
 		if got := decodeShare(&tc.c); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// With the admission queue, a request no endpoint is predicted to serve in time waits for one that will (it is
+// reported saturated) when waiting can help; otherwise it goes to the fastest at once, or to a fallback whose
+// when lists slo.
+func TestSLOPlacementWaitsForATimelyEndpoint(t *testing.T) {
+	everyoneBusy := idleEngines(func(ep string, e *fleet.EngineMetrics) { e.Running, e.Waiting = 16, 12 })
+	short, long := request(t, "sys", "q"), request(t, strings.Repeat("sys ", 12000), "q")
+	for _, tc := range []struct {
+		name     string
+		when     string
+		eng      engines
+		req      *openai.Request
+		queueing bool
+		waited   time.Duration
+		want     string // "wait", "fallback", "cheap", "fastest late" (the fast pool), "late" (either pool)
+	}{
+		{"late everywhere, queueing", policies.WhenSaturated, everyoneBusy, short, true, 0, "wait"},
+		{"late everywhere, no queue", policies.WhenSaturated, everyoneBusy, short, false, 0, "fastest late"},
+		{"late everywhere, fallback for slo", policies.WhenSaturated + ", " + policies.WhenSLO, everyoneBusy, short, true, 0, "fallback"},
+		{"too long for the target even idle", policies.WhenSaturated, everyoneBusy, long, true, 0, "fastest late"},
+		{"idle fleet", policies.WhenSaturated, idleEngines(nil), short, true, 0, "cheap"},
+		{"idle fleet, most of the target waited", policies.WhenSaturated, idleEngines(nil), short, true, 300 * time.Millisecond, "cheap"},
+		{"idle fleet, the target waited out", policies.WhenSaturated, idleEngines(nil), short, true, 490 * time.Millisecond, "late"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, tc.when))
+			in := Input{Tenant: proTenant(snap), Model: m, Request: tc.req, Queueing: tc.queueing, Waited: tc.waited}
+			d, err := newMixedPicker(tc.eng).Pick(snap, in)
+			if tc.want == "wait" {
+				var nc *NoCapacity
+				if !errors.As(err, &nc) || !nc.Saturated {
+					t.Fatalf("got %+v, %v; want a saturated NoCapacity for the queue", d, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.want == "fallback":
+				if d.Fallback == nil {
+					t.Fatalf("went to %v, want the fallback", d.Endpoints)
+				}
+			case d.Fallback != nil:
+				t.Fatalf("went to the fallback, want %s", tc.want)
+			case tc.want == "fastest late" || tc.want == "late":
+				for _, s := range d.Scores {
+					if s.MeetsSLO {
+						t.Errorf("%s meets the target (predicted %v), want every endpoint late", s.Endpoint, s.TTFT)
+					}
+				}
+				if tc.want == "fastest late" && d.Pool.Name != "fast" {
+					t.Errorf("chose %s, want the faster pool", d.Pool.Name)
+				}
+			default:
+				if d.Pool.Name != tc.want {
+					t.Errorf("chose %s, want %s", d.Pool.Name, tc.want)
+				}
+			}
+		})
 	}
 }

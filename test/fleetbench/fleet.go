@@ -68,9 +68,13 @@ func capacity(h fleetsim.Hardware) float64 {
 
 // policyYAML is the benchmark's policy: the pools with their speeds and prices, one tier with each model's
 // SLO, and a managed fallback per model; placement and the fallback's conditions vary by row.
-func policyYAML(endpoints map[string][]string, managed map[string]string, placement string, when string) string {
+// With queue, spec.admission is on: the gateway holds what no endpoint can take, or serve in time, for room.
+func policyYAML(endpoints map[string][]string, managed map[string]string, placement, when string, queue bool) string {
 	var b strings.Builder
 	b.WriteString("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n  gateway: {maxEndpointsPerDecision: 1}\n")
+	if queue {
+		b.WriteString("  admission: {}\n")
+	}
 	fmt.Fprintf(&b, "  routing: {placement: %s, maxWaiting: 8}\n  hardwareClasses:\n", placement)
 	for _, c := range []string{"h200", "mi300x", "l40s"} {
 		p := fleetsim.Profiles[c]

@@ -2,9 +2,10 @@
 // on two hardware classes (H200, MI300X, L40S), and a managed API per model as overflow, under a load that
 // ramps from 0.5× to 1.5× the self-hosted capacity and back. Rows: round-robin, least-loaded, infergate
 // ranking by affinity alone (cost-blind), infergate placing by SLO, then cost, and the same without a managed
-// API (what the fleet alone serves in time). Requests go straight from the picker's decision to the simulated
-// replica, as in routingbench; TTFT and TPOT are measured by the client and handed back to the picker as the
-// gateway does.
+// API but with the admission queue (what the fleet alone serves in time when the gateway holds back what it
+// would serve late). Requests go straight from the picker's decision (or the queue) to the simulated replica,
+// as in routingbench; TTFT (from arrival, the queue's wait included) and TPOT are measured by the client and
+// handed back to the picker as the gateway does.
 //
 //	go run ./test/fleetbench
 package main
@@ -21,8 +22,10 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/picker"
@@ -32,8 +35,9 @@ import (
 
 const managedKey = "sk-managed-bench"
 
-// fleetOnly is the row of SLO placement with no managed API: what the fleet alone serves within the SLO.
-const fleetOnly = "infergate SLO+cost (fleet only)"
+// fleetOnly is the row of SLO placement with no managed API and the admission queue on: what the fleet alone
+// serves within the SLO when the gateway holds what no endpoint would serve in time.
+const fleetOnly = "infergate SLO+cost (fleet + queue)"
 
 func main() {
 	runs := flag.Int("runs", 3, "runs per policy; the table shows medians")
@@ -94,6 +98,8 @@ type env struct {
 	tlsClient *http.Client       // TLS to the managed APIs
 	price     map[string]float64 // replica address → USD per GPU-hour
 	speed     map[string]fleetsim.Hardware
+	// kick is the admission queue of the row running, kicked after every round of scrapes as the gateway does.
+	kick atomic.Pointer[admission.Queue]
 }
 
 func startFleet(ctx context.Context) (*env, error) {
@@ -136,7 +142,12 @@ func startFleet(ctx context.Context) (*env, error) {
 	}
 	e.tlsClient = &http.Client{Timeout: 10 * time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
 	// Engines are scraped every 100 ms of simulated time; staleness stays in real time.
-	e.scraper = &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: time.Second}
+	e.scraper = &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: time.Second,
+		OnRound: func() {
+			if q := e.kick.Load(); q != nil {
+				q.KickAll()
+			}
+		}}
 	e.scraper.SetTargets(targets)
 	go e.scraper.Run(ctx)
 	select {
@@ -147,13 +158,14 @@ func startFleet(ctx context.Context) (*env, error) {
 	return e, nil
 }
 
-// snapshot parses the benchmark policy with a placement mode and the fallbacks' conditions.
-func (e *env) snapshot(placement, when string) *policies.Snapshot {
+// snapshot parses the benchmark policy with a placement mode, the fallbacks' conditions and the admission queue
+// on or off.
+func (e *env) snapshot(placement, when string, queue bool) *policies.Snapshot {
 	managed := map[string]string{}
 	for name, m := range e.managed {
 		managed[name] = m.Addr()
 	}
-	snap, err := policies.Parse("fleetbench.yaml", []byte(policyYAML(e.endpoints, managed, placement, when)))
+	snap, err := policies.Parse("fleetbench.yaml", []byte(policyYAML(e.endpoints, managed, placement, when, queue)))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -166,21 +178,24 @@ func (e *env) router(name string) router {
 	case "round-robin":
 		return &roundRobin{eps: e.endpointsByModel()}
 	case "least-loaded":
-		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated)
+		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated, false)
 		inflight := &fleet.InFlight{}
 		return &pickerRouter{snap: snap, picker: &picker.LeastInFlight{InFlight: inflight}, inflight: inflight}
 	case "infergate cost-blind":
-		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated)
+		snap := e.snapshot(policies.PlacementAffinity, policies.WhenSaturated, false)
 		inflight := &fleet.InFlight{}
 		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight}
-	default:
-		when := policies.WhenSaturated + ", " + policies.WhenSLO
-		if name == fleetOnly {
-			when = "" // no fallback at all
-		}
-		snap := e.snapshot(policies.PlacementSLO, when)
+	case fleetOnly:
+		snap := e.snapshot(policies.PlacementSLO, "", true) // no fallback at all
 		inflight := &fleet.InFlight{}
-		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight, predictions: true}
+		q := &queuedRouter{pickerRouter: pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight},
+			queue: admission.New(nil, nil)}
+		e.kick.Store(q.queue)
+		return q
+	default:
+		snap := e.snapshot(policies.PlacementSLO, policies.WhenSaturated+", "+policies.WhenSLO, false)
+		inflight := &fleet.InFlight{}
+		return &pickerRouter{snap: snap, picker: picker.NewAffinity(inflight, e.scraper), inflight: inflight}
 	}
 }
 

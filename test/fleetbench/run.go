@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
@@ -32,7 +34,8 @@ type request struct {
 
 type outcome struct {
 	ok, managed, good bool
-	ttft, tpot        time.Duration // simulated
+	ttft, tpot        time.Duration // simulated; the TTFT from the request's arrival at the gateway
+	waited            time.Duration // of the TTFT, in the gateway's admission queue
 	prompt, cached    int64
 	completion        int64
 	predicted         time.Duration // SLO placement's predicted TTFT, for self-hosted requests
@@ -44,6 +47,7 @@ type destination struct {
 	endpoint  string
 	managed   bool
 	predicted time.Duration // the picker's predicted TTFT, when it predicts
+	waited    time.Duration // simulated time the request waited in the gateway before it was sent
 }
 
 type router interface {
@@ -64,28 +68,37 @@ func (rr *roundRobin) pick(r *request) (destination, func(outcome)) {
 // pickerRouter adapts an infergate picker with in-flight accounting and, like the director, hands it what the
 // engine reported and what the client measured.
 type pickerRouter struct {
-	snap        *policies.Snapshot
-	picker      picker.Picker
-	inflight    *fleet.InFlight
-	predictions bool
+	snap     *policies.Snapshot
+	picker   picker.Picker
+	inflight *fleet.InFlight
 }
 
 func (p *pickerRouter) pick(r *request) (destination, func(outcome)) {
-	model, _ := p.snap.Model(r.model)
-	tenant := &p.snap.Policy.Spec.Tenants[0]
-	body := chatBody(r, r.model)
-	req, err := openai.ParseRequest(openai.EndpointChat, body)
-	if err != nil {
-		log.Fatal(err)
-	}
-	d, err := p.picker.Pick(p.snap, picker.Input{Tenant: tenant, Model: model, Request: &req})
-	req.Release()
+	d, err := p.decide(r, picker.Input{})
 	if err != nil {
 		return destination{}, func(outcome) {}
 	}
-	target := d.Target(model.Name)
-	p.inflight.Start(target)
-	dest := destination{endpoint: target, managed: d.Fallback != nil, predicted: d.Predicted.TTFT}
+	p.inflight.Start(d.Target(r.model))
+	return p.sent(r, d, 0)
+}
+
+// decide asks the picker for a request, with in's queueing and time waited.
+func (p *pickerRouter) decide(r *request, in picker.Input) (picker.Decision, error) {
+	in.Model, _ = p.snap.Model(r.model)
+	in.Tenant = &p.snap.Policy.Spec.Tenants[0]
+	req, err := openai.ParseRequest(openai.EndpointChat, chatBody(r, r.model))
+	if err != nil {
+		log.Fatal(err)
+	}
+	in.Request = &req
+	defer req.Release()
+	return p.picker.Pick(p.snap, in)
+}
+
+// sent is the destination of a decision counted in flight, and what to do when its request ends.
+func (p *pickerRouter) sent(r *request, d picker.Decision, waited time.Duration) (destination, func(outcome)) {
+	target := d.Target(r.model)
+	dest := destination{endpoint: target, managed: d.Fallback != nil, predicted: d.Predicted.TTFT, waited: waited}
 	if d.Fallback == nil {
 		dest.endpoint = d.Endpoints[0]
 	}
@@ -98,9 +111,71 @@ func (p *pickerRouter) pick(r *request) (destination, func(outcome)) {
 			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
 		}
 		if obs, ok := p.picker.(picker.TimingObserver); ok {
-			obs.ObserveTiming(model.Name, d, o.ttft, o.tpot)
+			obs.ObserveTiming(r.model, d, o.ttft-o.waited, o.tpot) // from routing, as the director measures
 		}
 	}
+}
+
+// queuedRouter is a picker behind the director's admission queue (spec.admission): a request no endpoint can
+// take, or serve within its TTFT target where waiting for one can help, waits in the queue for room until its
+// deadline and is shed then (there is no fallback to degrade to). Requests arriving while others wait join the
+// queue behind them. Room is looked for when a request ends and after every round of engine scrapes. The
+// deadline is the model's TTFT target; the director also takes the requests' learnt time from leaving the
+// queue to their first token from it, which only the picker's own check against what is left of the target
+// (Input.Waited) stands in for here.
+type queuedRouter struct {
+	pickerRouter
+	queue *admission.Queue
+}
+
+func (q *queuedRouter) pick(r *request) (destination, func(outcome)) {
+	arrived := time.Now()
+	none := func(outcome) {}
+	in := picker.Input{Queueing: true}
+	if q.queue.Len(r.model) == 0 {
+		d, err := q.decide(r, in)
+		var nc *picker.NoCapacity
+		switch {
+		case err == nil:
+			q.inflight.Start(d.Target(r.model))
+			return q.sent(r, d, 0)
+		case !errors.As(err, &nc) || !nc.Saturated:
+			return destination{}, none
+		}
+	}
+	var placed picker.Decision
+	deadline := arrived.Add(time.Duration(float64(modelByName(r.model).ttft) * timeScale))
+	if limit := q.snap.MaxQueueWait(&q.snap.Policy.Spec.Tenants[0]); limit > 0 {
+		deadline = minTime(deadline, arrived.Add(time.Duration(float64(limit)*timeScale)))
+	}
+	set := q.snap.Admission()
+	e := &admission.Entry{Model: r.model, Tenant: "t", Class: q.snap.QueueClass(&q.snap.Policy.Spec.Tenants[0]), Cost: 1, Deadline: deadline,
+		Try: func() admission.TryResult {
+			in.Waited = time.Duration(float64(time.Since(arrived)) / timeScale)
+			d, err := q.decide(r, in)
+			if err != nil {
+				return admission.NoRoom
+			}
+			placed = d
+			q.inflight.Start(d.Target(r.model))
+			return admission.Placed
+		}}
+	out := q.queue.Wait(context.Background(), e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
+	if out.Result != admission.Started {
+		return destination{}, none // shed
+	}
+	dest, done := q.sent(r, placed, time.Duration(float64(time.Since(arrived))/timeScale))
+	return dest, func(o outcome) {
+		done(o)
+		q.queue.Kick(r.model) // its endpoint has room for a waiting request
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func chatBody(r *request, model string) []byte {
@@ -120,7 +195,7 @@ func (e *env) send(ctx context.Context, dest destination, r *request) outcome {
 	}
 	res := loadgen.StreamChat(ctx, client, url, header, chatBody(r, model))
 	o := outcome{ok: res.Usage && res.Status == http.StatusOK, managed: dest.managed, prompt: res.Prompt, cached: res.Cached,
-		completion: res.Completion, ttft: time.Duration(float64(res.TTFT) / timeScale)}
+		completion: res.Completion, ttft: dest.waited + time.Duration(float64(res.TTFT)/timeScale), waited: dest.waited}
 	if res.Completion > 1 {
 		o.tpot = time.Duration(float64(res.Last-res.TTFT) / timeScale / float64(res.Completion-1))
 	}
@@ -301,7 +376,7 @@ func (e *env) account(work []request, out []outcome, d time.Duration, busy0 map[
 		h := e.speed[o.endpoint]
 		rightSized += e.price[o.endpoint] / 3600 * (float64(o.prompt-o.cached)/h.PrefillTokensPerSecond + float64(o.completion)/decodeTPS(h))
 		if o.predicted > 0 {
-			ratios = append(ratios, float64(o.ttft)/float64(o.predicted))
+			ratios = append(ratios, float64(o.ttft-o.waited)/float64(o.predicted))
 		}
 	}
 	res.goodput = float64(res.good) / d.Seconds()
