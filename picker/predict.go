@@ -20,10 +20,7 @@ type Prediction struct {
 
 	ttftX, tpotX [fitDims]float64
 	uncached     float64
-	// idleTTFT is the TTFT the endpoint would give the request with nothing queued or running: whether waiting
-	// for it can ever bring the request within its target.
-	idleTTFT time.Duration
-	set      bool
+	set          bool
 }
 
 // TimingObserver is a Picker that learns from what the gateway measured of a finished request: the time from
@@ -120,13 +117,27 @@ func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
 		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 		pd.TTFT = seconds(max(0, m.ttft.predict(pd.ttftX)))
-		pd.idleTTFT = seconds(max(0, m.ttft.predict([fitDims]float64{1, uncached / speed, 0})))
 		if m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}
 		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 		c.pred = pd
 	}
+}
+
+// anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within
+// limit with nothing queued or running: whether waiting for room can ever bring the request within its target.
+func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range cands {
+		c := &cands[i]
+		idle := [fitDims]float64{1, c.pred.uncached / max(c.speed.PrefillTokensPerSecond, 1), 0}
+		if seconds(max(0, p.model(c.endpoint, serviceTime(c)).ttft.predict(idle))) <= limit {
+			return true
+		}
+	}
+	return false
 }
 
 // decodeShare is the GPU seconds per output token a request is charged on a candidate: its share of the

@@ -40,17 +40,8 @@ func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Durat
 // admission queue) rather than go to the fastest now: the gateway queues, and some candidate would meet the
 // TTFT target once its queue drained. A prompt too long for the target even on an idle endpoint is served at
 // once: waiting would only make it later.
-func worthWaiting(in Input, late []scored, tg policies.Targets, margin float64) bool {
-	if !in.Queueing {
-		return false
-	}
-	limit := time.Duration(float64(tg.TTFT-in.Waited) * margin)
-	for i := range late {
-		if late[i].pred.idleTTFT <= limit {
-			return true
-		}
-	}
-	return false
+func (p *Affinity) worthWaiting(in Input, late []scored, tg policies.Targets, margin float64) bool {
+	return in.Queueing && p.pred.anyIdleWithin(late, time.Duration(float64(tg.TTFT-in.Waited)*margin))
 }
 
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
@@ -102,7 +93,7 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 			p.noteSharing(anyMatched(eligible))
 			return p.managedDecision(dec, in, pr, out), nil
 		}
-		if worthWaiting(in, late, tg, margin) {
+		if p.worthWaiting(in, late, tg, margin) {
 			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
 		}
 		return p.decide(snap, in, p.fastest(late, all, pr, w), pr), nil
