@@ -34,6 +34,9 @@ type Metrics struct {
 	// saw. It stays at zero while every request's output is bounded (max_tokens) and prompts are estimated
 	// from above; anything else is charged to the window it was admitted in, and shows here.
 	Overshoot *prometheus.CounterVec
+	// SettlementsDropped counts settlements given up on after repeated failures (or past what an outage may
+	// hold): refunds and freed concurrency slots Redis never saw, which then expire with their keys instead.
+	SettlementsDropped prometheus.CounterFunc
 }
 
 // Limiter admits and settles requests against tenants' quotas.
@@ -119,10 +122,14 @@ func New(ctx context.Context, o Options) *Limiter {
 			Help: "Network round trips to Redis (commands and pipelines)."}, func() float64 { return float64(l.redis.roundTrips.Load()) }),
 		Overshoot: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_quota_overshoot_tokens_total",
 			Help: "Tokens settled beyond the admission's reservation, by tenant (usage no limit check saw)."}, []string{"tenant"}),
+		SettlementsDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "infergate_quota_settlements_dropped_total",
+			Help: "Settlements given up on after repeated Redis failures: refunds and freed slots left to expire with their keys."},
+			func() float64 { return float64(l.redis.dropped.Load()) }),
 	}
 	l.metrics.BackendUp.Set(1)
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips, l.metrics.Overshoot)
+		o.Registerer.MustRegister(l.metrics.Rejections, l.metrics.BackendUp, l.metrics.Transitions, l.metrics.RoundTrips, l.metrics.Overshoot,
+			l.metrics.SettlementsDropped)
 	}
 	flushed := make(chan struct{})
 	go func() {

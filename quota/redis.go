@@ -127,6 +127,9 @@ func (b *redisBackend) replay(ctx context.Context, items []replay) error {
 type redisBackend struct {
 	client     redis.UniversalClient
 	roundTrips atomic.Int64
+	// dropped counts settlements given up on (failed maxSettleAttempts times, or past maxHeldSettlements): each
+	// is a refund or a freed slot Redis never saw, left to expire with its key.
+	dropped atomic.Int64
 
 	mu      sync.Mutex
 	pending []settlement
@@ -336,6 +339,7 @@ func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
 	b.mu.Lock()
 	b.pending = append(b.pending, settlement{tenant: tenant, id: id, items: items})
 	if len(b.pending) > maxHeldSettlements {
+		b.dropped.Add(1)
 		b.pending = b.pending[len(b.pending)-maxHeldSettlements:]
 	}
 	n := len(b.pending)
@@ -418,10 +422,13 @@ func (b *redisBackend) requeue(batch []settlement) {
 			b.pending = append(b.pending, s)
 		} else if s.attempts++; s.attempts < maxSettleAttempts {
 			b.pending = append(b.pending, s)
+		} else {
+			b.dropped.Add(1)
 		}
 	}
-	if len(b.pending) > maxHeldSettlements {
-		b.pending = b.pending[len(b.pending)-maxHeldSettlements:]
+	if n := len(b.pending); n > maxHeldSettlements {
+		b.dropped.Add(int64(n - maxHeldSettlements))
+		b.pending = b.pending[n-maxHeldSettlements:]
 	}
 }
 
@@ -482,12 +489,15 @@ func failedSettlements(batch []settlement, cmds []*redis.Cmd) []settlement {
 //     between the two masters; the settled marker a settlement creates is always new, so every settlement
 //     meets it until the slot's keys have moved), or a redirect go-redis gave up following;
 //   - the node lacks the settlement script (NOSCRIPT: a restarted or new master, or the moment between
-//     loading the scripts), which whoever meets it loads again.
+//     loading the scripts), which whoever meets it loads again;
+//   - the cluster is between states: CLUSTERDOWN (a master failed and its replica is not promoted yet),
+//     LOADING (a restarted node reading its dataset), MASTERDOWN (a replica that lost its master).
 //
 // Counted as failures, a few milliseconds of either dropped settlements under load: each admission carries
 // the queued ones, and five admissions take less time than loading a script on every master.
 func passing(err error) bool {
-	if redis.IsTryAgainError(err) || isNoScript(err) {
+	if redis.IsTryAgainError(err) || isNoScript(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err) ||
+		redis.IsMasterDownError(err) {
 		return true
 	}
 	if _, ok := redis.IsMovedError(err); ok {

@@ -63,6 +63,10 @@ func TestPassingFailures(t *testing.T) {
 		{errors.New("MOVED 3999 127.0.0.1:6381"), true},
 		{errors.New("ASK 3999 127.0.0.1:6381"), true},
 		{errors.New("NOSCRIPT No matching script. Please use EVAL."), true},
+		{errors.New("CLUSTERDOWN The cluster is down"), true},
+		{errors.New("LOADING Redis is loading the dataset in memory"), true},
+		{errors.New("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true},
+		{errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{errors.New("ERR value is not an integer or out of range"), false},
 		{context.DeadlineExceeded, false},
 	} {
@@ -106,4 +110,25 @@ func TestRequeuedSettlementIsFlushedWithoutTraffic(t *testing.T) {
 	}
 	go b.runFlusher(ctx, time.Second, func() {})
 	wait.For(t, "the requeued refund", func() bool { v, _ := srv.Do("GET", "k"); return v == "61" })
+}
+
+// A settlement that keeps failing in a way that counts (here every attempt times out) is given up after
+// maxSettleAttempts, and counted (infergate_quota_settlements_dropped_total): the refund it carried never
+// reaches Redis.
+func TestSettlementGivenUpIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	b := newRedisBackend(client)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	b.settleAsync("acme", "doomed", []settleItem{{key: "k", kind: KindTokens, delta: -40}})
+	go b.runFlusher(ctx, time.Nanosecond, func() {}) // no attempt can finish in time
+	wait.For(t, "the settlement given up", func() bool { return b.dropped.Load() > 0 })
+	b.mu.Lock()
+	left := len(b.pending)
+	b.mu.Unlock()
+	if got := b.dropped.Load(); got != 1 || left != 0 {
+		t.Fatalf("%d settlements dropped and %d still queued, want 1 and 0", got, left)
+	}
 }
