@@ -56,6 +56,7 @@ var exportedSeries = append(histogramSeries(exportedHistograms),
 	"infergate_pool_replicas",
 	"infergate_pool_desired_replicas",
 	"infergate_quota_backend_up",
+	"infergate_quota_settlements_dropped_total",
 	"infergate_policy_last_reload_success",
 	"infergate_inflight_requests",
 )
@@ -70,15 +71,16 @@ func histogramSeries(hs []string) []string {
 
 // requiredAlerts are the alerts rules.yaml must define, with the severities each must come in.
 var requiredAlerts = map[string][]string{
-	"GoodputBelowSLO":       {"critical", "warning"},
-	"TTFTP95NearSLO":        {"warning"},
-	"KVCachePressure":       {"warning"},
-	"QueueDepthHigh":        {"warning"},
-	"PrefixCacheHitRateLow": {"info"},
-	"ErrorRateHigh":         {"warning"},
-	"QuotaBackendDown":      {"critical"},
-	"PolicyReloadFailed":    {"warning"},
-	"AuditLinesDropped":     {"warning"},
+	"GoodputBelowSLO":         {"critical", "warning"},
+	"TTFTP95NearSLO":          {"warning"},
+	"KVCachePressure":         {"warning"},
+	"QueueDepthHigh":          {"warning"},
+	"PrefixCacheHitRateLow":   {"info"},
+	"ErrorRateHigh":           {"warning"},
+	"QuotaBackendDown":        {"critical"},
+	"QuotaSettlementsDropped": {"warning"},
+	"PolicyReloadFailed":      {"warning"},
+	"AuditLinesDropped":       {"warning"},
 }
 
 // promtool returns promtool's path; it is a test dependency, never a reason to skip.
@@ -210,6 +212,8 @@ func TestRulesTestsCatchMutations(t *testing.T) {
 		{"quota: no for", "infergate_quota_backend_up == 0\n    for: 1m", "infergate_quota_backend_up == 0\n    for: 0m"},
 		{"policy: counter ignored", "      or\n      sum without (result)", "      and\n      sum without (result)"},
 		{"audit: threshold", "increase(infergate_audit_dropped_total[10m]) > 0", "increase(infergate_audit_dropped_total[10m]) > 5"},
+		{"settlements: threshold", "increase(infergate_quota_settlements_dropped_total[10m]) > 10", "increase(infergate_quota_settlements_dropped_total[10m]) > 40"},
+		{"settlements: window", "increase(infergate_quota_settlements_dropped_total[10m])", "increase(infergate_quota_settlements_dropped_total[30m])"},
 	}
 	unitTests, err := os.ReadFile("rules_test.yaml")
 	if err != nil {
