@@ -80,12 +80,7 @@ func TestPassingFailures(t *testing.T) {
 // burst ended), the flusher sends it. Before, only a new settlement woke the flusher, and only when the queue
 // had been empty: the refund and the freed slot waited for the next request.
 func TestRequeuedSettlementIsFlushedWithoutTraffic(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
-	b := newRedisBackend(client)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	srv, client, b, ctx := backendOnRedis(t)
 	if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +111,7 @@ func TestRequeuedSettlementIsFlushedWithoutTraffic(t *testing.T) {
 // maxSettleAttempts, and counted (infergate_quota_settlements_dropped_total): the refund it carried never
 // reaches Redis.
 func TestSettlementGivenUpIsCounted(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
-	b := newRedisBackend(client)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	_, _, b, ctx := backendOnRedis(t)
 	b.settleAsync("acme", "doomed", []settleItem{{key: "k", kind: KindTokens, delta: -40}})
 	go b.runFlusher(ctx, time.Nanosecond, func() {}) // no attempt can finish in time
 	wait.For(t, "the settlement given up", func() bool { return b.dropped.Load() > 0 })
@@ -131,4 +121,15 @@ func TestSettlementGivenUpIsCounted(t *testing.T) {
 	if got := b.dropped.Load(); got != 1 || left != 0 {
 		t.Fatalf("%d settlements dropped and %d still queued, want 1 and 0", got, left)
 	}
+}
+
+// backendOnRedis is a Redis backend without a flusher on a real redis-server, and a context ending with the test.
+func backendOnRedis(t *testing.T) (*redistest.Server, *redis.Client, *redisBackend, context.Context) {
+	t.Helper()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return srv, client, newRedisBackend(client), ctx
 }
