@@ -16,7 +16,8 @@ type RealCluster struct {
 }
 
 // StartRealCluster starts masters × 2 redis-server processes on free loopback ports and forms a cluster of
-// masters with one replica each; it returns once every node sees every slot served.
+// masters with one replica each; it returns once every node sees every slot served and every replica has
+// its master's dataset (a master killed before then fails over to an empty replica, and its data is lost).
 func StartRealCluster(t testing.TB, masters int) *RealCluster {
 	t.Helper()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
@@ -35,7 +36,31 @@ func StartRealCluster(t testing.TB, masters int) *RealCluster {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	c.WaitHealthy()
+	c.waitReplicated()
 	return c
+}
+
+// waitReplicated waits until every replica's link to its master is up: its first sync is done.
+func (c *RealCluster) waitReplicated() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		synced := true
+		for _, n := range c.Nodes {
+			info, err := n.Do("INFO", "replication")
+			if err != nil || (strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up")) {
+				synced = false
+				break
+			}
+		}
+		if synced {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal("the cluster's replicas did not sync within 30 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Addrs are every node's address (a cluster client discovers the rest from any of them).

@@ -137,8 +137,9 @@ func (s *Server) launch() error {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"))
 	}
 	if s.member {
-		// A dead master is failed over within about a second.
-		args = append(args, "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0")
+		// A dead master is failed over within about a second, and a replica's first sync starts at once (by
+		// default a master waits 5 s for more replicas before it streams its dataset).
+		args = append(args, "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0")
 	}
 	cmd := exec.Command("redis-server", args...)
 	if err := cmd.Start(); err != nil {
