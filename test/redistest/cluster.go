@@ -43,24 +43,10 @@ func StartRealCluster(t testing.TB, masters int) *RealCluster {
 // waitReplicated waits until every replica's link to its master is up: its first sync is done.
 func (c *RealCluster) waitReplicated() {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		synced := true
-		for _, n := range c.Nodes {
-			info, err := n.Do("INFO", "replication")
-			if err != nil || (strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up")) {
-				synced = false
-				break
-			}
-		}
-		if synced {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatal("the cluster's replicas did not sync within 30 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.untilEveryLiveNode("the cluster's replicas did not sync", func(n *Server) bool {
+		info, err := n.Do("INFO", "replication")
+		return err == nil && (!strings.Contains(info, "role:slave") || strings.Contains(info, "master_link_status:up"))
+	})
 }
 
 // Addrs are every node's address (a cluster client discovers the rest from any of them).
@@ -75,24 +61,30 @@ func (c *RealCluster) Addrs() []string {
 // WaitHealthy waits until every live node reports the cluster ok with all slots served by live masters.
 func (c *RealCluster) WaitHealthy() {
 	c.t.Helper()
+	c.untilEveryLiveNode("the cluster did not become healthy", func(n *Server) bool {
+		info, err := n.Do("CLUSTER", "INFO")
+		return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384")
+	})
+}
+
+// untilEveryLiveNode polls every live node until ok holds of all of them, failing the test with failure after
+// 30 s.
+func (c *RealCluster) untilEveryLiveNode(failure string, ok func(n *Server) bool) {
+	c.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ok := true
+		all := true
 		for _, n := range c.Nodes {
-			if n.cmd == nil {
-				continue
-			}
-			info, err := n.Do("CLUSTER", "INFO")
-			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
-				ok = false
+			if n.cmd != nil && !ok(n) {
+				all = false
 				break
 			}
 		}
-		if ok {
+		if all {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatal("the cluster did not become healthy within 30 s")
+			c.t.Fatal(failure + " within 30 s")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
