@@ -338,10 +338,7 @@ func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
 	}
 	b.mu.Lock()
 	b.pending = append(b.pending, settlement{tenant: tenant, id: id, items: items})
-	if len(b.pending) > maxHeldSettlements {
-		b.dropped.Add(1)
-		b.pending = b.pending[len(b.pending)-maxHeldSettlements:]
-	}
+	b.trimHeld()
 	n := len(b.pending)
 	b.mu.Unlock()
 	if n == 1 || n >= maxBatch {
@@ -426,6 +423,11 @@ func (b *redisBackend) requeue(batch []settlement) {
 			b.dropped.Add(1)
 		}
 	}
+	b.trimHeld()
+}
+
+// trimHeld drops the oldest settlements past maxHeldSettlements, counting them; b.mu is held.
+func (b *redisBackend) trimHeld() {
 	if n := len(b.pending); n > maxHeldSettlements {
 		b.dropped.Add(int64(n - maxHeldSettlements))
 		b.pending = b.pending[n-maxHeldSettlements:]
