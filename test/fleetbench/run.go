@@ -74,7 +74,9 @@ type pickerRouter struct {
 }
 
 func (p *pickerRouter) pick(r *request) (destination, func(outcome)) {
-	d, err := p.decide(r, picker.Input{})
+	req := parsed(r)
+	defer req.Release()
+	d, err := p.decide(r, &req, picker.Input{})
 	if err != nil {
 		return destination{}, func(outcome) {}
 	}
@@ -82,16 +84,22 @@ func (p *pickerRouter) pick(r *request) (destination, func(outcome)) {
 	return p.sent(r, d, 0)
 }
 
-// decide asks the picker for a request, with in's queueing and time waited.
-func (p *pickerRouter) decide(r *request, in picker.Input) (picker.Decision, error) {
-	in.Model, _ = p.snap.Model(r.model)
-	in.Tenant = &p.snap.Policy.Spec.Tenants[0]
+// parsed is a request's body as the gateway parses it; the caller releases it.
+func parsed(r *request) openai.Request {
 	req, err := openai.ParseRequest(openai.EndpointChat, chatBody(r, r.model))
 	if err != nil {
 		log.Fatal(err)
 	}
-	in.Request = &req
-	defer req.Release()
+	return req
+}
+
+// tenant is the benchmark policy's one tenant.
+func (p *pickerRouter) tenant() *policies.Tenant { return &p.snap.Policy.Spec.Tenants[0] }
+
+// decide asks the picker for a parsed request, with in's queueing and time waited.
+func (p *pickerRouter) decide(r *request, req *openai.Request, in picker.Input) (picker.Decision, error) {
+	in.Model, _ = p.snap.Model(r.model)
+	in.Tenant, in.Request = p.tenant(), req
 	return p.picker.Pick(p.snap, in)
 }
 
@@ -131,9 +139,11 @@ type queuedRouter struct {
 func (q *queuedRouter) pick(r *request) (destination, func(outcome)) {
 	arrived := time.Now()
 	none := func(outcome) {}
+	req := parsed(r)
+	defer req.Release() // after the wait: the queue tries an entry only while it waits
 	in := picker.Input{Queueing: true}
 	if q.queue.Len(r.model) == 0 {
-		d, err := q.decide(r, in)
+		d, err := q.decide(r, &req, in)
 		var nc *picker.NoCapacity
 		switch {
 		case err == nil:
@@ -144,15 +154,16 @@ func (q *queuedRouter) pick(r *request) (destination, func(outcome)) {
 		}
 	}
 	var placed picker.Decision
-	deadline := arrived.Add(time.Duration(float64(modelByName(r.model).ttft) * timeScale))
-	if limit := q.snap.MaxQueueWait(&q.snap.Policy.Spec.Tenants[0]); limit > 0 {
-		deadline = minTime(deadline, arrived.Add(time.Duration(float64(limit)*timeScale)))
+	wait := modelByName(r.model).ttft
+	if limit := q.snap.MaxQueueWait(q.tenant()); limit > 0 {
+		wait = min(wait, limit)
 	}
 	set := q.snap.Admission()
-	e := &admission.Entry{Model: r.model, Tenant: "t", Class: q.snap.QueueClass(&q.snap.Policy.Spec.Tenants[0]), Cost: 1, Deadline: deadline,
+	e := &admission.Entry{Model: r.model, Tenant: "t", Class: q.snap.QueueClass(q.tenant()), Cost: 1,
+		Deadline: arrived.Add(time.Duration(float64(wait) * timeScale)),
 		Try: func() admission.TryResult {
 			in.Waited = time.Duration(float64(time.Since(arrived)) / timeScale)
-			d, err := q.decide(r, in)
+			d, err := q.decide(r, &req, in)
 			if err != nil {
 				return admission.NoRoom
 			}
@@ -169,13 +180,6 @@ func (q *queuedRouter) pick(r *request) (destination, func(outcome)) {
 		done(o)
 		q.queue.Kick(r.model) // its endpoint has room for a waiting request
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 func chatBody(r *request, model string) []byte {
