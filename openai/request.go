@@ -149,104 +149,159 @@ var parsers fastjson.ParserPool
 // mistyped field gives a 400 *Error naming it. Call Release when done with the request.
 func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 	req := Request{Endpoint: ep, BodyBytes: len(body)}
-	if len(body) == 0 {
-		return req, BadRequest("", "The request body is empty; send a JSON object.")
+	if err := req.screen(body); err != nil {
+		return req, err
 	}
-	// The recursive validator below must never see a deep body, and misses control characters in strings
-	// that also hold an escape: a linear scan checks both first.
-	start, end, err := scanBody(body, MaxJSONDepth, ep.promptField())
+	obj, err := req.parse(body)
 	if err != nil {
-		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
+		return req, err
 	}
-	req.PromptStart, req.PromptEnd = start, end
-	if err := fastjson.ValidateBytes(body); err != nil {
-		return req, BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
-	}
-	p := parsers.Get()
-	doc, err := p.ParseBytes(body)
-	if err != nil { // unreachable after ValidateBytes, kept for safety
-		parsers.Put(p)
-		return req, BadRequest("", "We could not parse the JSON body of your request: %s.", trimErr(err))
-	}
-	req.doc, req.parser, req.body = doc, p, body
-	obj, err := doc.Object()
-	if err != nil {
-		req.Release()
-		return req, BadRequest("", "The request body must be a JSON object.")
-	}
-	promptField := ep.promptField()
-	var maxTokens, maxCompletion int64
-	var fieldErr *Error
-	var seen routedKeys
-	obj.Visit(func(key []byte, v *fastjson.Value) {
-		if seen.repeated(string(key), promptField) {
-			// Parsers disagree on which of two equal keys wins (the engine's Python json takes the last): a
-			// body whose routed fields are ambiguous is refused rather than routed on one reading and served on
-			// another.
-			fieldErr = cmp.Or(fieldErr, BadRequest(string(key), "The request body repeats the key '%s'; send each field once.", key))
-			return
-		}
-		var e *Error
-		switch string(key) {
-		case "model":
-			b, err := v.StringBytes()
-			if err != nil {
-				e = BadRequest("model", "'model' must be a string.")
-				break
-			}
-			req.Model = string(b)
-		case "stream":
-			switch v.Type() {
-			case fastjson.TypeTrue:
-				req.Stream = true
-			case fastjson.TypeFalse, fastjson.TypeNull:
-			default:
-				e = BadRequest("stream", "'stream' must be a boolean.")
-			}
-		case "stream_options":
-			e = parseStreamOptions(&req, v)
-		case "max_tokens":
-			maxTokens, e = parseCount("max_tokens", v)
-		case "max_completion_tokens":
-			maxCompletion, e = parseCount("max_completion_tokens", v)
-		case "max_output_tokens":
-			if ep == EndpointResponses {
-				maxCompletion, e = parseCount("max_output_tokens", v)
-			}
-		case "instructions":
-			if ep == EndpointResponses {
-				e = checkInstructions(&req, v)
-			}
-		case "user":
-			if b, err := v.StringBytes(); err == nil {
-				req.User = string(b)
-			}
-		case promptField:
-			req.Prompt = v
-			e = checkPrompt(ep, v)
-		}
-		if e != nil && fieldErr == nil {
-			fieldErr = e
-		}
-	})
-	switch {
-	case fieldErr != nil:
-	case req.Model == "":
-		fieldErr = BadRequest("model", "You must provide a model parameter.")
-	case req.Prompt == nil:
-		fieldErr = BadRequest(promptField, "Missing required parameter: '%s'.", promptField)
+	limits, fieldErr := req.readFields(obj)
+	if fieldErr == nil {
+		fieldErr = req.missingField()
 	}
 	if fieldErr != nil {
 		req.Release()
 		return req, fieldErr
 	}
-	switch {
-	case maxCompletion > 0:
-		req.MaxTokens = maxCompletion
-	case maxTokens > 0:
-		req.MaxTokens = maxTokens
-	}
+	req.MaxTokens = limits.bound()
 	return req, nil
+}
+
+// screen refuses an empty body and checks the rest in one linear scan before any parser sees it: the recursive
+// validator must never see a deep body, and misses control characters in strings that also hold an escape.
+// The scan also locates the prompt's value, for the audit log.
+func (req *Request) screen(body []byte) error {
+	if len(body) == 0 {
+		return BadRequest("", "The request body is empty; send a JSON object.")
+	}
+	start, end, err := scanBody(body, MaxJSONDepth, req.Endpoint.promptField())
+	if err != nil {
+		return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
+	}
+	req.PromptStart, req.PromptEnd = start, end
+	if err := fastjson.ValidateBytes(body); err != nil {
+		return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
+	}
+	return nil
+}
+
+// parse parses a screened body with a pooled parser, which req then holds until Release (the fields it reads
+// point into the parser's document), and returns the top-level object.
+func (req *Request) parse(body []byte) (*fastjson.Object, error) {
+	p := parsers.Get()
+	doc, err := p.ParseBytes(body)
+	if err != nil { // unreachable after ValidateBytes, kept for safety
+		parsers.Put(p)
+		return nil, BadRequest("", "We could not parse the JSON body of your request: %s.", trimErr(err))
+	}
+	req.doc, req.parser, req.body = doc, p, body
+	obj, err := doc.Object()
+	if err != nil {
+		req.Release()
+		return nil, BadRequest("", "The request body must be a JSON object.")
+	}
+	return obj, nil
+}
+
+// tokenLimits are the output bounds a body sets, held apart until every field is read because which one wins
+// does not depend on their order in the body.
+type tokenLimits struct{ maxTokens, maxCompletion int64 }
+
+// bound is the output bound the request asks for: max_completion_tokens (or max_output_tokens) over
+// max_tokens; 0 when neither is set.
+func (l tokenLimits) bound() int64 {
+	switch {
+	case l.maxCompletion > 0:
+		return l.maxCompletion
+	case l.maxTokens > 0:
+		return l.maxTokens
+	}
+	return 0
+}
+
+// readFields reads the routed fields of the top-level object into req in one pass, and returns the first
+// field error in body order. A repeated routed key is an error: parsers disagree on which of two equal keys
+// wins (the engine's Python json takes the last), so a body whose routed fields are ambiguous is refused
+// rather than routed on one reading and served on another.
+func (req *Request) readFields(obj *fastjson.Object) (tokenLimits, *Error) {
+	promptField := req.Endpoint.promptField()
+	var limits tokenLimits
+	var fieldErr *Error
+	var seen routedKeys
+	obj.Visit(func(key []byte, v *fastjson.Value) {
+		if seen.repeated(string(key), promptField) {
+			fieldErr = cmp.Or(fieldErr, BadRequest(string(key), "The request body repeats the key '%s'; send each field once.", key))
+			return
+		}
+		if e := req.readField(key, v, promptField, &limits); e != nil && fieldErr == nil {
+			fieldErr = e
+		}
+	})
+	return limits, fieldErr
+}
+
+// readField reads one top-level field, if routing or accounting uses it for this endpoint, and checks its
+// type; other fields pass through unread.
+func (req *Request) readField(key []byte, v *fastjson.Value, promptField string, limits *tokenLimits) *Error {
+	var e *Error
+	switch string(key) {
+	case "model":
+		b, err := v.StringBytes()
+		if err != nil {
+			return BadRequest("model", "'model' must be a string.")
+		}
+		req.Model = string(b)
+	case "stream":
+		e = parseStream(req, v)
+	case "stream_options":
+		e = parseStreamOptions(req, v)
+	case "max_tokens":
+		limits.maxTokens, e = parseCount("max_tokens", v)
+	case "max_completion_tokens":
+		limits.maxCompletion, e = parseCount("max_completion_tokens", v)
+	case "max_output_tokens":
+		if req.Endpoint == EndpointResponses {
+			limits.maxCompletion, e = parseCount("max_output_tokens", v)
+		}
+	case "instructions":
+		if req.Endpoint == EndpointResponses {
+			e = checkInstructions(req, v)
+		}
+	case "user":
+		if b, err := v.StringBytes(); err == nil {
+			req.User = string(b)
+		}
+	case promptField:
+		req.Prompt = v
+		e = checkPrompt(req.Endpoint, v)
+	}
+	return e
+}
+
+// missingField names the first required field a body without field errors lacks: the model routes the
+// request and the prompt is what it is for.
+func (req *Request) missingField() *Error {
+	switch {
+	case req.Model == "":
+		return BadRequest("model", "You must provide a model parameter.")
+	case req.Prompt == nil:
+		promptField := req.Endpoint.promptField()
+		return BadRequest(promptField, "Missing required parameter: '%s'.", promptField)
+	}
+	return nil
+}
+
+// parseStream reads stream: true, or false or null for the default (not streamed).
+func parseStream(req *Request, v *fastjson.Value) *Error {
+	switch v.Type() {
+	case fastjson.TypeTrue:
+		req.Stream = true
+	case fastjson.TypeFalse, fastjson.TypeNull:
+	default:
+		return BadRequest("stream", "'stream' must be a boolean.")
+	}
+	return nil
 }
 
 // routedKeys remembers which of the fields the gateway reads were already seen in a body.

@@ -195,6 +195,18 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 	if len(t.entries) == 0 {
 		return nil, nil, nil
 	}
+	keys, args := admitArgs(now, t)
+	res, err := b.runAdmit(ctx, keys, args)
+	if err != nil {
+		b.freeLostSlots(t)
+		return nil, nil, fmt.Errorf("quota admission: %w", err)
+	}
+	return b.admitReply(now, t, res)
+}
+
+// admitArgs lays out the admission script's KEYS and ARGV for a ticket's entries (see admitScript), built
+// once so that a retried admission sends the same.
+func admitArgs(now time.Time, t *Ticket) ([]string, []any) {
 	keys := make([]string, len(t.entries))
 	args := make([]any, 0, 3+5*len(t.entries))
 	args = append(args, now.UnixMilli(), t.ID, ConcurrencyTTL.Milliseconds())
@@ -202,71 +214,86 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 		keys[i] = e.key
 		args = append(args, e.kind, e.limit, e.sent(), e.window.Milliseconds(), e.extra)
 	}
+	return keys, args
+}
+
+// runAdmit runs the admission script until it runs or fails for good, and returns its raw reply. It retries
+// only where the script is known not to have run: a slot in migration (TRYAGAIN) and, once, a master that
+// lost its script cache (NOSCRIPT). The first attempt carries the queued settlements.
+func (b *redisBackend) runAdmit(ctx context.Context, keys []string, args []any) ([]int64, error) {
 	batch := b.take(maxBatch)
-	var res []int64
-	var err error
 	reloaded := false
 	for attempt := 0; ; attempt++ {
-		var admitCmd *redis.Cmd
-		var settleCmds []*redis.Cmd
-		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			// Settlements go before the admission, so that a slot freed a moment ago (a client that aborted and
-			// tries again) is free when the admission runs. But when a node's first command meets an error
-			// go-redis retries (TRYAGAIN, as a settlement's new marker key meets mid-resharding), it sends that
-			// node's whole pipeline again, commands that succeeded too: the admission would run twice. So a
-			// pilot leads: a read of one of the admission's keys, which as a one-key command never gets TRYAGAIN.
-			p.Exists(ctx, keys[0])
-			settleCmds = addSettlements(ctx, p, batch)
-			admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
-			return nil
-		})
-		// Settlements that failed go back in the queue (settling is idempotent); the admission's outcome is
-		// its own command's.
-		failed := failedSettlements(batch, settleCmds)
-		b.requeue(failed)
+		admitCmd, settleNoScript := b.admitOnce(ctx, keys, args, batch)
 		batch = nil
-		err = admitCmd.Err()
+		err := admitCmd.Err()
 		if err == nil {
-			res, err = admitCmd.Int64Slice()
-			if !reloaded && slices.ContainsFunc(failed, func(s settlement) bool { return s.noScript }) {
+			res, err := admitCmd.Int64Slice()
+			if !reloaded && settleNoScript {
 				// The admission ran but a settlement it carried met a master without its script. Under
 				// steady traffic admissions carry every queued settlement, so none would load it.
-				reloaded = true
 				_ = b.loadScripts(ctx)
 			}
-			break
+			return res, err
 		}
 		if redis.IsTryAgainError(err) && attempt < maxTryAgain && pause(ctx, tryAgainPause) {
 			continue // the slot is migrating and the script did not run: the move takes milliseconds
 		}
 		if !isNoScript(err) || reloaded {
-			break
+			return nil, err
 		}
 		// Redis lost its script cache (a restart): the admission did not run; load the scripts and retry.
 		reloaded = true
 		if lerr := b.loadScripts(ctx); lerr != nil {
-			err = lerr
-			break
+			return nil, lerr
 		}
 	}
-	if err != nil {
-		// The script may have run before the reply was lost: free the concurrency slots it may hold (ZREM is
-		// harmless if it does not). Counters are left alone: refunding what was never added would drift.
-		var items []settleItem
-		for _, e := range t.entries {
-			if e.kind != KindConcurrency {
-				continue
-			}
-			if e.sent() > 0 {
-				items = append(items, settleItem{key: e.key, kind: e.kind, member: t.ID})
-			}
-			for j := int64(1); j <= e.extra; j++ {
-				items = append(items, settleItem{key: e.key, kind: e.kind, member: extraMember(t.ID, j)})
-			}
+}
+
+// admitOnce sends one admission in a pipeline with batch's settlements ahead of it, so that settling costs no
+// round trip of its own. Settlements that failed go back in the queue (settling is idempotent); it returns
+// the admission's command, whose outcome is its own, and whether a settlement met NOSCRIPT.
+func (b *redisBackend) admitOnce(ctx context.Context, keys []string, args []any, batch []settlement) (*redis.Cmd, bool) {
+	var admitCmd *redis.Cmd
+	var settleCmds []*redis.Cmd
+	_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Settlements go before the admission, so that a slot freed a moment ago (a client that aborted and
+		// tries again) is free when the admission runs. But when a node's first command meets an error
+		// go-redis retries (TRYAGAIN, as a settlement's new marker key meets mid-resharding), it sends that
+		// node's whole pipeline again, commands that succeeded too: the admission would run twice. So a
+		// pilot leads: a read of one of the admission's keys, which as a one-key command never gets TRYAGAIN.
+		p.Exists(ctx, keys[0])
+		settleCmds = addSettlements(ctx, p, batch)
+		admitCmd = admitScript.EvalSha(ctx, p, keys, args...)
+		return nil
+	})
+	failed := failedSettlements(batch, settleCmds)
+	b.requeue(failed)
+	return admitCmd, slices.ContainsFunc(failed, func(s settlement) bool { return s.noScript })
+}
+
+// freeLostSlots handles an admission whose outcome is unknown: the script may have run before the reply was
+// lost, so it frees the concurrency slots it may hold (ZREM is harmless if it does not). Counters are left
+// alone: refunding what was never added would drift.
+func (b *redisBackend) freeLostSlots(t *Ticket) {
+	var items []settleItem
+	for _, e := range t.entries {
+		if e.kind != KindConcurrency {
+			continue
 		}
-		b.settleAsync(t.Tenant, t.ID+":lost", items)
-		return nil, nil, fmt.Errorf("quota admission: %w", err)
+		if e.sent() > 0 {
+			items = append(items, settleItem{key: e.key, kind: e.kind, member: t.ID})
+		}
+		for j := int64(1); j <= e.extra; j++ {
+			items = append(items, settleItem{key: e.key, kind: e.kind, member: extraMember(t.ID, j)})
+		}
 	}
+	b.settleAsync(t.Tenant, t.ID+":lost", items)
+}
+
+// admitReply reads the admission script's reply: the extra granted per entry, noting the counters it reports
+// for the remaining budget, or the rejection it names.
+func (b *redisBackend) admitReply(now time.Time, t *Ticket, res []int64) ([]int64, *Rejection, error) {
 	if len(res) > 0 && res[0] == 1 {
 		n := len(t.entries)
 		granted := make([]int64, n)
