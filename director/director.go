@@ -41,6 +41,15 @@ type ObserverFunc func(Settlement)
 // Settled implements SettleObserver.
 func (f ObserverFunc) Settled(s Settlement) { f(s) }
 
+// OnRouted is an observer of routed requests' settlements only (tests, and infergate's OnSettle hook).
+func OnRouted(f func(Settlement)) SettleObserver {
+	return ObserverFunc(func(s Settlement) {
+		if s.Routed {
+			f(s)
+		}
+	})
+}
+
 // Rollouts publishes, for each model whose policy has a rollout, the candidate's current share of its
 // conversation groups (rollout.Controller); a model it has no share for sends the candidate nothing.
 type Rollouts interface {
@@ -50,7 +59,8 @@ type Rollouts interface {
 // Options wire a Director to the stages.
 type Options struct {
 	Policies *policies.Store
-	// Picker places requests (default: picker.NewAffinity over InFlight and Engines, following policy changes).
+	// Picker places requests and learns from them once they settle (default: picker.ForStore over Policies,
+	// InFlight and Engines; infergate serve builds its own in gateway, with placements shared).
 	Picker   picker.Picker
 	InFlight *fleet.InFlight
 	Engines  picker.EngineView
@@ -81,9 +91,7 @@ func New(o Options) *Director {
 		o.InFlight = &fleet.InFlight{}
 	}
 	if o.Picker == nil {
-		a := picker.NewAffinity(o.InFlight, o.Engines)
-		o.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index
-		o.Picker = a
+		o.Picker = picker.ForStore(o.Policies, o.InFlight, o.Engines)
 	}
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
@@ -146,10 +154,14 @@ type Route struct {
 	prompt    int64 // estimated prompt tokens
 	stream    bool
 	ticket    *quota.Ticket
-	target    string // the in-flight key
+	inFlight  inFlight
 	settled   bool
 	split     picker.Split
 }
+
+// Settled says the route's request has been settled: Settle accounts for a request once, and the protocol
+// stage asks here rather than keeping a flag of its own.
+func (r *Route) Settled() bool { return r.settled }
 
 // Budgets are what is left of the tenant's rate limits after this request's admission (none without quotas).
 func (r *Route) Budgets() []quota.Budget { return r.ticket.Budgets() }
@@ -194,7 +206,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err
 	}
-	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body, Queueing: d.queueing(req.Snapshot)}
+	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body, Queueing: d.queueing(req.Snapshot), OutputTokens: maxOut}
 	if req.Snapshot.Adapter(body.Model) {
 		in.Adapter = body.Model
 	}
@@ -203,7 +215,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if plan, ok := req.Snapshot.Rollout(model); ok && (in.Adapter == "" || plan.Candidate != nil) {
 		in.Split = d.split(req, rt, plan)
 	}
-	dec, started, refusal := d.place(ctx, req, rt, in, maxOut)
+	dec, refusal := d.place(ctx, req, rt, in, maxOut)
 	if refusal != nil {
 		d.release(rt)
 		return refusal
@@ -219,17 +231,12 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
 		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail
 	}
-	rt.target = dec.Target(rt.Model.Name)
-	if !started {
-		d.opts.InFlight.Start(rt.target)
-	}
-	d.opts.Metrics.InFlight.Inc()
+	d.count(&rt.inFlight, dec.Target(rt.Model.Name)) // counted already when the queue placed it
 	return nil
 }
 
-// place picks where the request goes; when the policy queues and every endpoint is full, it waits for room
-// (started: the queue counted it in flight already).
-func (d *Director) place(ctx context.Context, req *Request, rt *Route, in picker.Input, maxOut int64) (picker.Decision, bool, *Refusal) {
+// place picks where the request goes; when the policy queues and every endpoint is full, it waits for room.
+func (d *Director) place(ctx context.Context, req *Request, rt *Route, in picker.Input, maxOut int64) (picker.Decision, *Refusal) {
 	if in.Queueing && d.opts.Queue.Len(rt.Model.Name) > 0 {
 		// Others wait already: room that frees goes to them in queue order, not to whoever comes next.
 		return d.wait(ctx, req, rt, in, quota.AddTokens(rt.prompt, maxOut))
@@ -238,11 +245,11 @@ func (d *Director) place(ctx context.Context, req *Request, rt *Route, in picker
 	var nc *picker.NoCapacity
 	switch {
 	case err == nil:
-		return dec, false, nil
+		return dec, nil
 	case in.Queueing && errors.As(err, &nc) && nc.Saturated:
 		return d.wait(ctx, req, rt, in, quota.AddTokens(rt.prompt, maxOut))
 	}
-	return picker.Decision{}, false, &Refusal{Reason: NoCapacity, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: err}
+	return picker.Decision{}, &Refusal{Reason: NoCapacity, Model: rt.Model.Name, Tenant: req.Tenant.Name, Err: err}
 }
 
 // split is a rolled-out model's division of traffic for this request: the controller's share, or the arm a
@@ -290,23 +297,15 @@ func (d *Director) refused(req *Request, rt *Route, r *Refusal) {
 	d.notify(st)
 }
 
-// outputBound fixes the most output tokens the request can produce, which admission reserves: what the
-// client asked (not ok when the model's context cannot hold it), or the policy's default, returned as inject
-// to be written into the body, so that the engine's own default cannot exceed what was charged.
+// outputBound fixes the most output tokens the request can produce (policies.Snapshot.OutputBound), which
+// admission reserves and SLO placement prices; inject, when the client asked none, is the bound to write into
+// the body.
 func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request) (maxOut, inject int64, ok bool) {
-	if ep == openai.EndpointEmbeddings {
-		return 0, 0, true
-	}
-	maxOut, ctxTokens := body.MaxTokens, model.ContextTokens
-	if maxOut > ctxTokens {
-		return 0, 0, false
-	}
-	if maxOut == 0 {
-		room := ctxTokens - min(int64(body.EstimatePromptTokens()), ctxTokens)
-		maxOut = max(1, min(int64(snap.Gateway().DefaultMaxTokens), room))
+	maxOut, injected, ok := snap.OutputBound(model, ep != openai.EndpointEmbeddings, body.MaxTokens, int64(body.EstimatePromptTokens()))
+	if injected {
 		inject = maxOut
 	}
-	return maxOut, inject, true
+	return maxOut, inject, ok
 }
 
 // admit reserves the request's estimated tokens and cost against the tenant's quotas.

@@ -1,13 +1,17 @@
 package director
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/quota"
 )
 
 func quickstart(t *testing.T) *policies.Snapshot {
@@ -72,6 +76,69 @@ func TestRouteRefusals(t *testing.T) {
 		var r *Refusal
 		if !errors.As(err, &r) || r.Reason != reason {
 			t.Errorf("%s: %v, want reason %d", body, err, reason)
+		}
+	}
+}
+
+// recordingPicker keeps the inputs it was asked to place.
+type recordingPicker struct {
+	picker.Picker
+	inputs []picker.Input
+}
+
+func (r *recordingPicker) Pick(snap *policies.Snapshot, in picker.Input) (picker.Decision, error) {
+	r.inputs = append(r.inputs, in)
+	return r.Picker.Pick(snap, in)
+}
+
+// recordingAdmission keeps what admission reserved.
+type recordingAdmission struct{ reserved []int64 }
+
+func (r *recordingAdmission) Admit(_ context.Context, q quota.Request) (*quota.Ticket, *quota.Rejection, error) {
+	r.reserved = append(r.reserved, q.EstimatedTokens)
+	return nil, nil, nil
+}
+
+func (r *recordingAdmission) Settle(*quota.Ticket, int64, int64) {}
+
+// The picker prices the output bound admission reserves: the policy's defaultMaxTokens when the client asked
+// none, the client's max_tokens otherwise (issue #32: the picker once priced 256 tokens of its own).
+func TestPickerPricesWhatQuotaReserves(t *testing.T) {
+	raw, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := policies.Parse("policy.yaml", bytes.Replace(raw, []byte("defaultMaxTokens: 256"), []byte("defaultMaxTokens: 1024"), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	for _, tc := range []struct {
+		body string
+		want int64
+	}{
+		{`{"model":"llama-70b","messages":[{"role":"user","content":"hi"}]}`, 1024},
+		{`{"model":"llama-70b","max_tokens":77,"messages":[{"role":"user","content":"hi"}]}`, 77},
+	} {
+		rec := &recordingPicker{Picker: picker.NewAffinity(&fleet.InFlight{}, nil)}
+		adm := &recordingAdmission{}
+		d := New(Options{Policies: policies.NewStaticStore(snap), Picker: rec, Admission: adm})
+		body, err := openai.ParseRequest(openai.EndpointChat, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &Route{}
+		if err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body}, rt); err != nil {
+			t.Fatal(err)
+		}
+		prompt := int64(body.EstimatePromptTokens())
+		body.Release()
+		if len(rec.inputs) != 1 || len(adm.reserved) != 1 {
+			t.Fatalf("%s: %d picks, %d admissions", tc.body, len(rec.inputs), len(adm.reserved))
+		}
+		priced, reserved := rec.inputs[0].OutputTokens, adm.reserved[0]-prompt
+		if priced != tc.want || reserved != tc.want {
+			t.Errorf("%s: the picker priced %d output tokens, quota reserved %d, want %d for both", tc.body, priced, reserved, tc.want)
 		}
 	}
 }

@@ -14,8 +14,8 @@ func (d *Director) queueing(snap *policies.Snapshot) bool {
 }
 
 // wait holds a request that no endpoint has room for in the admission queue until one has (the request is then
-// placed and counted in flight, started reports it), and degrades or sheds it when it cannot start in time.
-func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.Input, tokens int64) (dec picker.Decision, started bool, r *Refusal) {
+// placed and counted in flight), and degrades or sheds it when it cannot start in time.
+func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.Input, tokens int64) (picker.Decision, *Refusal) {
 	snap, q := req.Snapshot, d.opts.Queue
 	set, name := snap.Admission(), rt.Model.Name
 	maxWait := snap.MaxQueueWait(req.Tenant)
@@ -32,6 +32,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	}
 	class := snap.QueueClass(req.Tenant)
 	var placed *policies.Model
+	var dec picker.Decision
 	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
 		Deadline: arrived.Add(maxWait), Try: func() admission.TryResult {
 			cur, tin := d.current(snap, in)
@@ -45,7 +46,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 				return admission.NoRoom
 			}
 			dec, placed = got, m
-			d.opts.InFlight.Start(got.Target(m.Name))
+			d.count(&rt.inFlight, got.Target(m.Name)) // before the queue tries the next request
 			return admission.Placed
 		}}
 	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
@@ -54,16 +55,15 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	case admission.Started:
 		if ctx.Err() != nil {
 			// The client went away as its request was placed: it is not sent, and its room goes to the next.
-			d.opts.InFlight.Done(dec.Target(placed.Name))
-			q.Kick(name)
-			return picker.Decision{}, false, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
+			d.uncount(&rt.inFlight, name)
+			return picker.Decision{}, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
 		}
 		rt.Model = placed
-		return dec, true, nil
+		return dec, nil
 	case admission.Aborted:
-		return picker.Decision{}, false, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
+		return picker.Decision{}, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
 	case admission.Removed:
-		return picker.Decision{}, false, &Refusal{Reason: ModelNotFound, Model: name, Tenant: req.Tenant.Name}
+		return picker.Decision{}, &Refusal{Reason: ModelNotFound, Model: name, Tenant: req.Tenant.Name}
 	}
 	return d.degrade(req, rt, in, out)
 }
@@ -83,7 +83,7 @@ func (d *Director) current(snap *policies.Snapshot, in picker.Input) (*policies.
 // degrade finds a request that cannot start in time somewhere else to go: the cheaper model its tier names for
 // this one, when that has room; the model's managed fallback, when the policy lets it take saturation;
 // otherwise it is shed with a 429 whose retry-after is the queue's drain time.
-func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome) (picker.Decision, bool, *Refusal) {
+func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome) (picker.Decision, *Refusal) {
 	snap, model, tier := req.Snapshot, rt.Model, policies.TierOf(req.Tenant)
 	metrics, why := d.opts.Queue.Metrics(), out.Result.String()
 	if to, ok := snap.DegradeTo(req.Tenant, model); ok {
@@ -92,14 +92,14 @@ func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admissi
 		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
 			metrics.Result(model.Name, tier, "degraded", why)
 			rt.Model = to
-			return dec, false, nil
+			return dec, nil
 		}
 	}
 	if dec, ok := picker.SaturatedFallback(model, in.Adapter); ok {
 		metrics.Result(model.Name, tier, "degraded", why)
-		return dec, false, nil
+		return dec, nil
 	}
 	metrics.Result(model.Name, tier, "shed", why)
-	return picker.Decision{}, false, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name,
+	return picker.Decision{}, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name,
 		Err: &picker.NoCapacity{Model: model.Name, Saturated: true, RetryAfter: out.RetryAfter}}
 }

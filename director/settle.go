@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/openai"
-	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 )
@@ -109,11 +108,8 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	}
 	rt.settled = true
 	m := d.opts.Metrics
-	d.opts.InFlight.Done(rt.target)
-	m.InFlight.Dec()
-	if d.opts.Queue != nil {
-		d.opts.Queue.Kick(rt.Model.Name) // its endpoint has room for a waiting request
-	}
+	endpoint := rt.inFlight.target
+	d.uncount(&rt.inFlight, rt.Model.Name)
 
 	result := "completed"
 	switch {
@@ -131,7 +127,6 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	m.Tokens.WithLabelValues(tenant, model.Name, "completion").Add(float64(usage.CompletionTokens))
 	m.Tokens.WithLabelValues(tenant, model.Name, "cached").Add(float64(usage.CachedTokens))
 	m.CostUSD.WithLabelValues(tenant, model.Name).Add(cost)
-	endpoint := rt.target
 	if o.Served != "" && rt.Decision.Fallback == nil {
 		endpoint = o.Served
 	}
@@ -155,18 +150,22 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	if rt.ticket != nil {
 		d.opts.Admission.Settle(rt.ticket, usage.Total(), quota.MicroUSD(model, usage.PromptTokens, usage.CompletionTokens))
 	}
-	if obs, ok := d.opts.Picker.(picker.TimingObserver); ok && st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 {
-		dec := rt.Decision
-		dec.ServedBy = o.Served
-		obs.ObserveTiming(model.Name, dec, st.Timing.TTFT-st.Timing.Queued, st.Timing.TPOT)
-	}
-	if obs, ok := d.opts.Picker.(picker.Observer); ok && o.Reported && rt.Decision.Fallback == nil {
-		dec := rt.Decision
-		dec.ServedBy = o.Served
-		obs.Observe(dec, usage)
-	}
+	d.learn(rt, o, st, usage)
 	d.notify(st)
 	return st
+}
+
+// learn tells the picker what the request showed: its timing when it succeeded and was seen chunk by chunk,
+// the engine's usage when the engine reported it.
+func (d *Director) learn(rt *Route, o Outcome, st Settlement, usage openai.Usage) {
+	dec := rt.Decision
+	dec.ServedBy = o.Served
+	if st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 {
+		d.opts.Picker.ObserveTiming(rt.Model.Name, dec, st.Timing.TTFT-st.Timing.Queued, st.Timing.TPOT)
+	}
+	if o.Reported && dec.Fallback == nil {
+		d.opts.Picker.Observe(dec, usage)
+	}
 }
 
 // settledUsage is what the request is charged for: the engine's report, clamped to the model's context, or

@@ -53,7 +53,7 @@ func TestFailedAuthenticationsAreLimitedPerSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock := &fakeClock{now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	h := newHarnessWith(t, snap, Options{Now: clock.Now})
+	h := newHarnessWith(t, snap, config{Options: Options{Now: clock.Now}})
 	const attacker = "203.0.113.5:40001"
 	for i := range authFailureBurst {
 		if st := authStatus(t, h, "sk-guess-"+string(rune('a'+i)), attacker); st != 401 {

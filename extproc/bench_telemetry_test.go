@@ -34,8 +34,8 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 	b.Cleanup(func() { _ = alog.Close() })
 	servers := map[string]*Server{
 		"off": New(Options{Policies: policies.NewStaticStore(snap)}),
-		"on": New(Options{Policies: policies.NewStaticStore(snap), Tracing: tracing, Digests: true,
-			Observers: []director.SettleObserver{telemetry.NewMetrics(nil), alog}}),
+		"on": newServer(policies.NewStaticStore(snap), config{Options: Options{Tracing: tracing, Digests: true},
+			Director: director.Options{Observers: []director.SettleObserver{telemetry.NewMetrics(nil), alog}}}),
 	}
 	for _, size := range []int{2 << 10, 32 << 10} {
 		head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`

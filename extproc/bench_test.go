@@ -80,11 +80,11 @@ func BenchmarkDecisionQuotas(b *testing.B) {
 	hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
 	done := respHeaders("200", true)
 	for _, withQuotas := range []bool{false, true} {
-		opts := Options{Policies: policies.NewStaticStore(snap)}
+		var c config
 		if withQuotas {
-			opts.Quotas = quota.New(ctx, quota.Options{Addrs: []string{redisSrv.Addr}})
+			c.Director.Admission = quota.New(ctx, quota.Options{Addrs: []string{redisSrv.Addr}})
 		}
-		srv := New(opts)
+		srv := newServer(policies.NewStaticStore(snap), c)
 		b.Run(fmt.Sprintf("quotas=%v", withQuotas), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -43,7 +43,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	}
 	// From here on the request is routed: the director settles it when the stream ends.
 	rs.decided = true
-	m := rs.srv.opts.Metrics
+	m := rs.srv.metrics
 	m.Requests.WithLabelValues("routed").Inc()
 	rs.timing.routed = rs.now()
 	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(rs.timing.routed.Sub(rs.started).Seconds())
@@ -146,7 +146,10 @@ func formatScores(scores []picker.Score) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "%s;total=%.3f;prefix=%.3f;load=%.3f;prefill=%.3f;lora=%.0f", s.Endpoint, s.Total, s.Prefix, s.Load, s.Prefill, s.LoRA)
+		fmt.Fprintf(&b, "%s;total=%.3f", s.Endpoint, s.Total)
+		for _, p := range s.Parts { // one per scorer of the picker's table, in its order
+			fmt.Fprintf(&b, ";%s=%.3f", p.Scorer, p.Value)
+		}
 		if s.TTFT > 0 || s.CostUSD > 0 {
 			fmt.Fprintf(&b, ";ttft_ms=%.1f;tpot_ms=%.1f;cost_usd=%.3g;meets_slo=%t", float64(s.TTFT)/1e6, float64(s.TPOT)/1e6, s.CostUSD, s.MeetsSLO)
 		}

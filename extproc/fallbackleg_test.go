@@ -33,7 +33,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessWith(t, snap, Options{})
+	h := newHarnessWith(t, snap, config{})
 	tests := []struct {
 		name, model, fallback, body string
 		want                        string // the model the provider gets; "" = body unchanged

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
@@ -42,7 +43,7 @@ type harness struct {
 	client   extprocv3.ExternalProcessorClient
 	conn     *grpc.ClientConn
 	inflight *fleet.InFlight
-	settled  chan Settlement
+	settled  chan director.Settlement
 	store    *policies.Store
 }
 
@@ -52,17 +53,33 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHarnessWith(t, snap, Options{})
+	return newHarnessWith(t, snap, config{})
+}
+
+// config is a test server's options: the protocol stage's, and those of the director behind it.
+type config struct {
+	Options
+	Director director.Options
+}
+
+// newServer builds a Server over store with a director of c.Director (its store, clock and logger filled in).
+func newServer(store *policies.Store, c config) *Server {
+	c.Options.Policies, c.Director.Policies = store, store
+	if c.Director.Now == nil {
+		c.Director.Now = c.Options.Now
+	}
+	c.Options.Director = director.New(c.Director)
+	return New(c.Options)
 }
 
 // newHarnessWith serves a given policy with extra options (quotas, engine metrics); the harness fills in the
 // policy store, the in-flight counter and the settlement hook.
-func newHarnessWith(t *testing.T, snap *policies.Snapshot, opts Options) *harness {
+func newHarnessWith(t *testing.T, snap *policies.Snapshot, c config) *harness {
 	t.Helper()
-	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan Settlement, 64), store: policies.NewStaticStore(snap)}
-	opts.Policies, opts.InFlight = h.store, h.inflight
-	opts.OnSettle = func(s Settlement) { h.settled <- s }
-	srv := New(opts)
+	h := &harness{t: t, inflight: &fleet.InFlight{}, settled: make(chan director.Settlement, 64), store: policies.NewStaticStore(snap)}
+	c.Director.InFlight = h.inflight
+	c.Director.Observers = append(c.Director.Observers, director.OnRouted(func(s director.Settlement) { h.settled <- s }))
+	srv := newServer(h.store, c)
 	gs := grpc.NewServer(ServerOptions()...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -81,7 +98,7 @@ func newHarnessWith(t *testing.T, snap *policies.Snapshot, opts Options) *harnes
 }
 
 // settlement waits for the next settlement.
-func (h *harness) settlement() Settlement {
+func (h *harness) settlement() director.Settlement {
 	h.t.Helper()
 	select {
 	case s := <-h.settled:
@@ -89,7 +106,7 @@ func (h *harness) settlement() Settlement {
 	case <-time.After(10 * time.Second):
 		h.t.Fatal("no settlement")
 	}
-	return Settlement{}
+	return director.Settlement{}
 }
 
 func (h *harness) noSettlement() {

@@ -11,6 +11,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/test/redistest"
@@ -40,7 +41,7 @@ func quotaHarnessAt(t *testing.T, acmeQuota, settings string, now func() time.Ti
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return newHarnessWith(t, snap, Options{Quotas: quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}, Now: now})}), srv
+	return newHarnessWith(t, snap, config{Director: director.Options{Admission: quota.New(ctx, quota.Options{Addrs: []string{srv.Addr}, Now: now})}}), srv
 }
 
 // sendChat opens a BUFFERED stream and sends a chat request; it returns the stream and the body answer.

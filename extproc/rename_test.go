@@ -20,7 +20,7 @@ func TestResponsesNameTheRequestedModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessWith(t, snap, Options{})
+	h := newHarnessWith(t, snap, config{})
 	const served = "meta-llama/Llama-3.3-70B-Instruct"
 	sse := "data: {\"id\":\"c\",\"model\":\"" + served + "\",\"choices\":[{\"delta\":{\"content\":\"the \\\"model\\\": key\"}}]}\n\n" +
 		"data: {\"id\":\"c\",\"model\":\"" + served + "\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n" +

@@ -77,7 +77,6 @@ type requestState struct {
 	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
 	output                  hash.Hash // the generated text's digest, with Options.Digests
-	settledOnce             bool
 }
 
 func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }
@@ -117,7 +116,7 @@ func (rs *requestState) handle(msg *extprocv3.ProcessingRequest) []*extprocv3.Pr
 // reject ends the request with an OpenAI-shaped error.
 func (rs *requestState) reject(e *openai.Error) []*extprocv3.ProcessingResponse {
 	rs.finished = true
-	rs.srv.opts.Metrics.Requests.WithLabelValues(e.Code).Inc()
+	rs.srv.metrics.Requests.WithLabelValues(e.Code).Inc()
 	rs.trace.Reject(e.Status, e.Code, rs.now())
 	rs.log().Debug("request rejected", "request_id", rs.requestID, "status", e.Status, "code", e.Code,
 		"tenant", tenantName(rs.tenant))
@@ -208,11 +207,11 @@ func (rs *requestState) answerModels(hdr requestHeaderValues) []*extprocv3.Proce
 			return rs.reject(openai.ModelNotFound(id))
 		}
 		rs.finished = true
-		rs.srv.opts.Metrics.Requests.WithLabelValues("models_get").Inc()
+		rs.srv.metrics.Requests.WithLabelValues("models_get").Inc()
 		return one(immediate(http.StatusOK, modelObject(id, rs.snap.LoadedAt), rs.requestID, "", nil))
 	}
 	rs.finished = true
-	rs.srv.opts.Metrics.Requests.WithLabelValues("models_list").Inc()
+	rs.srv.metrics.Requests.WithLabelValues("models_list").Inc()
 	return one(immediate(http.StatusOK, modelList(rs.snap.NamesFor(rs.tenant), rs.snap.LoadedAt), rs.requestID, "", nil))
 }
 

@@ -152,10 +152,9 @@ func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
 
 // settle hands the response's outcome to the director, which accounts for the request once.
 func (rs *requestState) settle(aborted bool) {
-	if !rs.decided || rs.route == nil || rs.settledOnce {
+	if !rs.decided || rs.route == nil || rs.route.Settled() { // the director settles once; it keeps the flag
 		return
 	}
-	rs.settledOnce = true
 	o := rs.outcome(aborted)
 	o.TraceID = rs.trace.TraceID()
 	st := rs.srv.director.Settle(rs.route, o)

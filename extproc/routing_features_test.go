@@ -39,7 +39,7 @@ func featuresHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHarnessWith(t, snap, Options{})
+	return newHarnessWith(t, snap, config{})
 }
 
 // post sends one BUFFERED chat request with a key and returns the stream and the answer to the body.
@@ -128,7 +128,7 @@ func TestAdapterNeedsItsOwnGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessWith(t, snap, Options{})
+	h := newHarnessWith(t, snap, config{})
 	_, r := post(t, h, keyInitech, `{"model":"llama-sql","messages":[{"role":"user","content":"x"}]}`, modeNone)
 	if status, code := immediateError(t, r); status != 403 || code != "model_not_allowed" {
 		t.Errorf("an adapter the tenant does not list: %d %q", status, code)

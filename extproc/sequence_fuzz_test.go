@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
@@ -25,7 +26,7 @@ func FuzzMessageSequence(f *testing.F) {
 		f.Fatal(err)
 	}
 	inflight := &fleet.InFlight{}
-	srv := New(Options{Policies: policies.NewStaticStore(snap), InFlight: inflight})
+	srv := newServer(policies.NewStaticStore(snap), config{Director: director.Options{InFlight: inflight}})
 	modes := []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_NONE, filterv3.ProcessingMode_BUFFERED,
 		filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL, filterv3.ProcessingMode_STREAMED}
 	f.Fuzz(func(t *testing.T, ops, reqData, respData []byte, reqMode, respMode uint8, auth string) {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/experimental"
@@ -19,48 +18,24 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/director"
-	"github.com/infergate/infergate/fleet"
-	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
-	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/telemetry"
 )
 
-// Settlement is the final account of one routed request (see director.Settlement).
-type Settlement = director.Settlement
-
-// Metrics are the request path's Prometheus series (see director.Metrics).
-type Metrics = director.Metrics
-
-// NewMetrics creates the request path's series and registers them on reg (nil: unregistered, for tests).
-func NewMetrics(reg prometheus.Registerer) *Metrics { return director.NewMetrics(reg) }
-
-// Options wires a Server to the other stages.
+// Options wires a Server to the stage behind it.
 type Options struct {
 	Policies *policies.Store
-	Picker   picker.Picker // default: prefix affinity with bounded load over InFlight
-	InFlight *fleet.InFlight
-	// Engines, when set, feeds engine metrics (saturation, queues) to the default picker.
-	Engines picker.EngineView
-	Metrics *Metrics
-	Logger  *slog.Logger
-	// Quotas, when set, admits each request against its tenant's limits and settles the real usage.
-	Quotas *quota.Limiter
-	// OnSettle, when set, receives the Settlement of every routed request (tests); it must not block for long.
-	OnSettle func(Settlement)
-	// Observers hear of every request that reached routing (metrics, audit): see director.Options.Observers.
-	Observers []director.SettleObserver
-	// Queue, when set, holds the requests no endpoint has room for, for policies with spec.admission.
-	Queue *admission.Queue
+	// Director decides each request between the protocol and the stages (routing, quotas, admission, settling);
+	// nil: a director with its defaults over Policies (tests and benchmarks). infergate serve builds it in
+	// gateway, over the same store.
+	Director *director.Director
+	Logger   *slog.Logger
 	// Tracing, when set, gives every authenticated request a span and passes its context to the engine.
 	Tracing *telemetry.Tracing
 	// Digests makes settlements carry sha256 digests of the prompt and of the generated text (for the audit
 	// log); they cost a parse of the body after the response.
 	Digests bool
-	// Rollouts, when set, gives rolled-out models' candidate shares (rollout.Controller).
-	Rollouts director.Rollouts
 	// Now replaces the clock of request timing and of the failed-authentication limit (tests).
 	Now func() time.Time
 }
@@ -71,32 +46,22 @@ type Server struct {
 	opts     Options
 	auth     *authGuard
 	director *director.Director
+	metrics  *director.Metrics // the director's series, which the protocol stage shares
 }
 
-// New builds a Server and the director behind it; Policies is required, everything else has a default.
+// New builds a Server; Policies is required.
 func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Metrics == nil {
-		opts.Metrics = NewMetrics(nil)
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	do := director.Options{Policies: opts.Policies, Picker: opts.Picker, InFlight: opts.InFlight, Engines: opts.Engines,
-		Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Now, Observers: opts.Observers, Queue: opts.Queue, Rollouts: opts.Rollouts}
-	if opts.Quotas != nil { // a nil *quota.Limiter must not become a non-nil Admission
-		do.Admission = opts.Quotas
+	d := opts.Director
+	if d == nil {
+		d = director.New(director.Options{Policies: opts.Policies, Logger: opts.Logger, Now: opts.Now})
 	}
-	if f := opts.OnSettle; f != nil {
-		do.Observers = append(do.Observers[:len(do.Observers):len(do.Observers)], director.ObserverFunc(func(st Settlement) {
-			if st.Routed {
-				f(st)
-			}
-		}))
-	}
-	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: director.New(do)}
+	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics()}
 }
 
 // HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.
@@ -150,7 +115,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	if model, fallback := fallbackLeg(stream.Context()); model != "" || fallback != "" {
 		return s.processFallbackLeg(stream, model, fallback)
 	}
-	m := s.opts.Metrics
+	m := s.metrics
 	m.ActiveStreams.Inc()
 	defer m.ActiveStreams.Dec()
 	rs := &requestState{srv: s, ctx: stream.Context()}

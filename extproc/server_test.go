@@ -18,6 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/wait"
@@ -533,7 +534,7 @@ func TestOverflowToManagedFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessWith(t, snap, Options{Engines: allSaturated{}})
+	h := newHarnessWith(t, snap, config{Director: director.Options{Engines: allSaturated{}}})
 
 	s := h.open(t, modeBuffered, modeNone)
 	s.send(postHeaders("/v1/chat/completions", keyAcme))

@@ -59,7 +59,7 @@ func TestResponseTimingByMode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newHarnessWith(t, snap, Options{Now: clock.now, Digests: true})
+			h := newHarnessWith(t, snap, config{Options: Options{Now: clock.now, Digests: true}})
 			s := h.open(t, modeFullDuplex, tc.mode)
 			body := `{"model":"qwen2.5-7b","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 			s.send(postHeaders("/v1/chat/completions", keyAcme))
@@ -185,7 +185,7 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessWith(t, snap, Options{Tracing: tracing})
+	h := newHarnessWith(t, snap, config{Options: Options{Tracing: tracing}})
 	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	s := h.open(t, modeFullDuplex, modeStreamed)
 	s.send(postHeaders("/v1/chat/completions", keyAcme, "traceparent", "00-"+clientTrace+"-"+clientSpan+"-01"))
@@ -301,9 +301,9 @@ func TestStreamIsByteIdenticalWithTelemetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tracing.Shutdown(context.Background()) })
-	off := newHarnessWith(t, snap, Options{})
-	on := newHarnessWith(t, snap, Options{Digests: true, Tracing: tracing,
-		Observers: []director.SettleObserver{telemetry.NewMetrics(nil)}})
+	off := newHarnessWith(t, snap, config{})
+	on := newHarnessWith(t, snap, config{Options: Options{Digests: true, Tracing: tracing},
+		Director: director.Options{Observers: []director.SettleObserver{telemetry.NewMetrics(nil)}}})
 	for _, mode := range []bodyMode{modeStreamed, modeFullDuplex} {
 		for _, cuts := range [][]int{{}, {7}, {100, 101, 102}, {len(sse) - 30}} {
 			forward := func(h *harness) []byte {

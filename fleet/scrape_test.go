@@ -18,7 +18,7 @@ func TestDialects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	v, err := Parse(f, DialectFor("vllm"))
+	v, err := Parse(f, MustDialect("vllm"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestDialects(t *testing.T) {
 		{"sglang", "sglang:build_info{version=\"0.5.2\"} 1\n", EngineMetrics{Version: "0.5.2"}},
 	}
 	for _, tc := range tests {
-		got, err := Parse(strings.NewReader(tc.text), DialectFor(tc.engine))
+		got, err := Parse(strings.NewReader(tc.text), MustDialect(tc.engine))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.engine, err)
 		}
@@ -49,7 +49,7 @@ func TestDialects(t *testing.T) {
 			t.Errorf("%s: got %+v, want %+v", tc.engine, got, tc.want)
 		}
 	}
-	if _, err := Parse(strings.NewReader("not a metric line {{{"), DialectFor("vllm")); err == nil {
+	if _, err := Parse(strings.NewReader("not a metric line {{{"), MustDialect("vllm")); err == nil {
 		t.Error("garbage parsed")
 	}
 }
@@ -70,7 +70,7 @@ func TestScraperAgainstSimulatedReplicas(t *testing.T) {
 	start := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	sc := &Scraper{Interval: 20 * time.Millisecond, StaleAfter: 200 * time.Millisecond,
 		Now: func() time.Time { return start.Add(time.Duration(clock.Load())) }}
-	sc.SetTargets([]Target{{v.Addr(), DialectFor("vllm")}, {sg.Addr(), DialectFor("sglang")}})
+	sc.SetTargets([]Target{{v.Addr(), MustDialect("vllm")}, {sg.Addr(), MustDialect("sglang")}})
 	sctx, stop := context.WithCancel(ctx)
 	runDone := make(chan struct{})
 	go func() { sc.Run(sctx); close(runDone) }()
@@ -99,6 +99,12 @@ func FuzzParse(f *testing.F) {
 	f.Add("sglang:token_usage 0.5\n", "sglang")
 	f.Add("trtllm_kv_cache_max_blocks 1e3\n", "trtllm")
 	f.Fuzz(func(t *testing.T, text, engine string) {
-		_, _ = Parse(strings.NewReader(text), DialectFor(engine)) // must not panic
+		ds := Dialects() // an unknown engine name: every dialect reads the text
+		if d, ok := DialectFor(engine); ok {
+			ds = []Dialect{d}
+		}
+		for _, d := range ds {
+			_, _ = Parse(strings.NewReader(text), d) // must not panic
+		}
 	})
 }

@@ -107,6 +107,10 @@ type Gateway struct {
 // Build loads the policy and wires every component; background work (scraping, the fleet-state refresh of
 // xDS, the policy watch) runs until ctx ends. The quota store outlives ctx until Close, so that requests
 // finishing during a drain still settle.
+//
+// It goes in three steps, so that a reordering cannot silently switch a feature off: construct each component
+// from the values it needs (a component another needs is an argument or a return value, never a side effect
+// of an earlier call), wire the listeners that close the loops between them, then start the loops.
 func Build(ctx context.Context, c Config) (*Gateway, error) {
 	log := c.Logger
 	if log == nil {
@@ -123,74 +127,114 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	g := &Gateway{Policies: store, Registry: prometheus.NewRegistry(), tracing: c.Tracing, log: log}
 	g.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerPolicyMetrics(g.Registry, store)
-	metrics := extproc.NewMetrics(g.Registry)
 
-	quotaCtx, stopQuotas := context.WithCancel(context.Background())
-	g.stopQuotas = stopQuotas
-	if len(c.RedisAddrs) > 0 {
-		g.Quotas = quota.New(quotaCtx, quota.Options{Addrs: c.RedisAddrs, Cluster: c.RedisCluster || len(c.RedisAddrs) > 1,
-			Logger: log, Registerer: g.Registry, InstanceID: c.InstanceID})
-		g.reclaim(ctx, log)
-		log.Info("tenant quotas enforced in Redis", "redis_addrs", len(c.RedisAddrs), "fail_mode", store.Current().QuotaSettings().FailMode)
-	} else {
-		log.Warn("no Redis: tenant quotas are not enforced")
-	}
-
-	// Engine metrics: every pool endpoint in its engine's dialect, refreshed when the policy changes.
+	// Construct.
+	admit := g.quotas(ctx, c)
 	queue := admission.New(nil, admission.NewMetrics(g.Registry))
-	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval, OnRound: queue.KickAll}
-	g.Scraper.SetTargets(scrapeTargets(store.Current()))
-	store.OnChange(func(snap *policies.Snapshot) { g.Scraper.SetTargets(scrapeTargets(snap)) })
-	var engines picker.EngineView
-	var state xds.FleetState
-	if c.ScrapeInterval > 0 {
-		g.relayScrapes(ctx, c)
-		go g.Scraper.Run(ctx)
-		engines, state = g.Scraper, xds.ScrapedFleet{View: g.Scraper}
-		// The first requests are not routed on no data at all (they would all find the fleet stale).
-		select {
-		case <-g.Scraper.FirstRound():
-		case <-time.After(2*c.ScrapeInterval + time.Second):
-		case <-ctx.Done():
-		}
-	}
-	observers, err := g.telemetry(c)
+	engines := g.scraper(ctx, c, queue)
+	inflight := &fleet.InFlight{}
+	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
+	auditLog, err := g.auditLog(c)
 	if err != nil {
 		g.Close()
 		return nil, err
 	}
-	inflight := &fleet.InFlight{}
-	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
-	// The autoscaling signal (infergate_pool_desired_replicas) hears settlements for each pool's TTFT p95.
-	var scaleEngines capacity.EngineView
-	if engines != nil {
-		scaleEngines = engines
-	}
-	g.Autoscaler = capacity.NewAutoscaler(store, scaleEngines, nil)
-	g.Registry.MustRegister(g.Autoscaler)
-	observers = append(observers, g.Autoscaler)
+	g.Autoscaler, g.Rollouts = g.autoscaler(engines), g.rollouts(c, engines)
+	pick := g.picker(ctx, c, inflight, engines)
+	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
+		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
+		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
+	g.ExtProc = extproc.New(extproc.Options{Policies: store, Director: dir, Logger: log, Tracing: c.Tracing,
+		Digests: auditLog != nil})
+	state := rolloutFleet{state: scrapedFleet(engines), shares: g.Rollouts}
 	g.XDS = xds.NewServer(log)
-	var refresh func()
-	g.rollouts(c, engines, func() { refresh() })
-	observers = append(observers, g.Rollouts)
-	g.ExtProc = extproc.New(extproc.Options{Policies: store, Metrics: metrics, Logger: log, Quotas: g.Quotas, Engines: engines,
-		InFlight: inflight, Picker: g.sharingPicker(ctx, c, inflight, engines), OnSettle: c.OnSettle, Observers: observers, Tracing: c.Tracing, Digests: g.Audit != nil,
-		Queue: queue, Rollouts: g.Rollouts})
-
-	state = rolloutFleet{state: state, shares: g.Rollouts}
-	refresh = func() { g.refreshXDS(log, store.Current(), state) }
 	g.XDS.AllowSecrets(c.SecretNodes...)
 	if err := g.XDS.Update(store.Current(), state); err != nil {
 		g.Close()
 		return nil, fmt.Errorf("initial xDS snapshot: %w", err)
 	}
-	store.OnChange(func(snap *policies.Snapshot) { g.refreshXDS(log, snap, state) })
+	g.Hook = &xds.EnvoyGatewayHook{Policy: store.Current, Fleet: state}
+
+	// Wire: a reload and a rollout's share move push xDS.
+	push := func(snap *policies.Snapshot) { g.refreshXDS(log, snap, state) }
+	store.OnChange(push)
+	g.Rollouts.OnShareChange(func() { push(store.Current()) }) // the gRPC routes' weights follow the shares
+
+	// Start.
 	if c.ScrapeInterval > 0 {
 		// Weights and health follow the fleet; hysteresis inside Update keeps routes from flapping, and an
 		// unchanged snapshot is not pushed.
-		go every(ctx, 5*time.Second, func() { g.refreshXDS(log, store.Current(), state) })
+		go every(ctx, 5*time.Second, func() { push(store.Current()) })
 	}
-	g.Hook = &xds.EnvoyGatewayHook{Policy: store.Current, Fleet: state}
+	g.runRollouts(ctx, c)
+	go func() {
+		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
+			log.Error("policy watch stopped; reload with SIGHUP", "err", err)
+		}
+	}()
+	return g, nil
+}
+
+// quotas connects the quota store when there is Redis; the admission stage it returns is nil otherwise (never
+// a nil *quota.Limiter in the interface).
+func (g *Gateway) quotas(ctx context.Context, c Config) director.Admission {
+	quotaCtx, stopQuotas := context.WithCancel(context.Background())
+	g.stopQuotas = stopQuotas
+	if len(c.RedisAddrs) == 0 {
+		g.log.Warn("no Redis: tenant quotas are not enforced")
+		return nil
+	}
+	g.Quotas = quota.New(quotaCtx, quota.Options{Addrs: c.RedisAddrs, Cluster: c.RedisCluster || len(c.RedisAddrs) > 1,
+		Logger: g.log, Registerer: g.Registry, InstanceID: c.InstanceID})
+	g.reclaim(ctx, g.log)
+	g.log.Info("tenant quotas enforced in Redis", "redis_addrs", len(c.RedisAddrs), "fail_mode", g.Policies.Current().QuotaSettings().FailMode)
+	return g.Quotas
+}
+
+// scraper reads every pool endpoint's engine metrics in its engine's dialect, refreshed when the policy
+// changes, and kicks the admission queue after each round; without scraping it returns nil (routing on
+// in-flight counts only).
+func (g *Gateway) scraper(ctx context.Context, c Config, queue *admission.Queue) picker.EngineView {
+	store := g.Policies
+	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval, OnRound: queue.KickAll}
+	g.Scraper.SetTargets(scrapeTargets(store.Current()))
+	store.OnChange(func(snap *policies.Snapshot) { g.Scraper.SetTargets(scrapeTargets(snap)) })
+	if c.ScrapeInterval <= 0 {
+		return nil
+	}
+	g.relayScrapes(ctx, c)
+	go g.Scraper.Run(ctx)
+	// The first requests are not routed on no data at all (they would all find the fleet stale).
+	select {
+	case <-g.Scraper.FirstRound():
+	case <-time.After(2*c.ScrapeInterval + time.Second):
+	case <-ctx.Done():
+	}
+	return g.Scraper
+}
+
+// scrapedFleet is the fleet state xDS reads: the scraper's, or nil (every endpoint healthy and idle).
+func scrapedFleet(engines picker.EngineView) xds.FleetState {
+	if s, ok := engines.(*fleet.Scraper); ok {
+		return xds.ScrapedFleet{View: s}
+	}
+	return nil
+}
+
+// autoscaler computes each pool's desired replicas (infergate_pool_desired_replicas) from the engines and the
+// settlements' TTFT p95.
+func (g *Gateway) autoscaler(engines picker.EngineView) *capacity.Autoscaler {
+	var view capacity.EngineView
+	if engines != nil {
+		view = engines
+	}
+	a := capacity.NewAutoscaler(g.Policies, view, nil)
+	g.Registry.MustRegister(a)
+	return a
+}
+
+// runRollouts starts the rollout controller's loop; Close stops it.
+func (g *Gateway) runRollouts(ctx context.Context, c Config) {
 	rctx, stopRollouts := context.WithCancel(ctx)
 	g.rolloutsDone = make(chan struct{})
 	g.stopRollouts = stopRollouts
@@ -198,13 +242,6 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		defer close(g.rolloutsDone)
 		g.Rollouts.Run(rctx, cmp.Or(c.RolloutInterval, time.Second))
 	}()
-
-	go func() {
-		if err := store.Watch(ctx, 200*time.Millisecond); err != nil {
-			log.Error("policy watch stopped; reload with SIGHUP", "err", err)
-		}
-	}()
-	return g, nil
 }
 
 // Close stops the quota store after its last settlements went out, and flushes the audit log and the traces;
@@ -230,11 +267,10 @@ func (g *Gateway) Close() {
 	}
 }
 
-// telemetry builds the settle observers: the goodput metrics and, when configured, the audit log.
-func (g *Gateway) telemetry(c Config) ([]director.SettleObserver, error) {
-	obs := []director.SettleObserver{telemetry.NewMetrics(g.Registry)}
+// auditLog opens the audit log when the configuration asks for one (nil otherwise).
+func (g *Gateway) auditLog(c Config) (*audit.Log, error) {
 	if c.AuditLog == "" {
-		return obs, nil
+		return nil, nil
 	}
 	o := audit.Options{MaxFileBytes: c.AuditMaxFileBytes, Registerer: g.Registry, Logger: g.log,
 		Retention: func(tenant string) time.Duration { return g.Policies.Current().AuditRetention(tenant) }}
@@ -249,7 +285,20 @@ func (g *Gateway) telemetry(c Config) ([]director.SettleObserver, error) {
 	}
 	g.Audit = a
 	g.log.Info("audit log on", "to", c.AuditLog)
-	return append(obs, a), nil
+	return a, nil
+}
+
+// observers are the settle observers: the goodput metrics, the autoscaling signal, the rollouts' gates, the
+// audit log when on, and the configuration's OnSettle hook.
+func observers(c Config, goodput *telemetry.Metrics, scale *capacity.Autoscaler, gates *rollout.Controller, auditLog *audit.Log) []director.SettleObserver {
+	obs := []director.SettleObserver{goodput, scale, gates}
+	if auditLog != nil {
+		obs = append(obs, auditLog)
+	}
+	if c.OnSettle != nil {
+		obs = append(obs, director.OnRouted(c.OnSettle))
+	}
+	return obs
 }
 
 // discover starts watching the EndpointSlices of the Services the policy's pools name, when any does.
@@ -288,16 +337,14 @@ func kubeConfig(path string) (*rest.Config, error) {
 }
 
 // rollouts builds the controller of the policy's rollouts, its state shared in Redis when there is one.
-// onShareChange pushes xDS again (the gRPC routes' weights follow the shares).
-func (g *Gateway) rollouts(c Config, engines picker.EngineView, onShareChange func()) {
-	o := rollout.Options{Policies: g.Policies, Metrics: rollout.NewMetrics(g.Registry), Logger: g.log, OnShareChange: onShareChange}
+func (g *Gateway) rollouts(c Config, engines picker.EngineView) *rollout.Controller {
+	o := rollout.Options{Policies: g.Policies, Metrics: rollout.NewMetrics(g.Registry), Logger: g.log}
 	if engines != nil {
 		o.Engines = engines
 	}
 	if client := g.sharedRedis(c); client != nil {
 		o.Store = rollout.NewRedisStore(client)
 	}
-	g.Rollouts = rollout.New(o)
 	warn := func(snap *policies.Snapshot) {
 		if o.Store == nil && snap.HasRollouts() {
 			g.log.Warn("rollout state is kept in this process only: without Redis no other gateway replica shares it, and a restart starts every rollout over from its compatibility gate")
@@ -305,6 +352,7 @@ func (g *Gateway) rollouts(c Config, engines picker.EngineView, onShareChange fu
 	}
 	warn(g.Policies.Current())
 	g.Policies.OnChange(warn)
+	return rollout.New(o)
 }
 
 // sharedRedis is the client of the rollouts' state and the placements' bus (the quotas keep their own), made
@@ -330,17 +378,15 @@ func (g *Gateway) relayScrapes(ctx context.Context, c Config) {
 	g.log.Info("engine readings relayed between gateway replicas over Redis: one replica scrapes for all", "channel", relay.Channel)
 }
 
-// sharingPicker is the prefix-affinity picker publishing its placements to the other gateway replicas and
-// learning theirs until ctx ends, when SharePlacements is on and there is Redis; otherwise nil, the
-// director's default picker.
-func (g *Gateway) sharingPicker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView) picker.Picker {
+// picker builds the gateway's one picker: prefix affinity over the policy store, the in-flight counts and the
+// engines, publishing its placements to the other gateway replicas and learning theirs until ctx ends when
+// SharePlacements is on and there is Redis.
+func (g *Gateway) picker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView) picker.Picker {
+	a := picker.ForStore(g.Policies, inflight, engines)
 	client := g.sharedRedis(c)
 	if !c.SharePlacements || client == nil {
-		return nil
+		return a
 	}
-	a := picker.NewAffinity(inflight, engines)
-	a.PolicyChanged(g.Policies.Current())
-	g.Policies.OnChange(a.PolicyChanged) // replicas removed from the policy leave the index, and are not learnt
 	g.Placements = placements.New(placements.Options{Client: client, Metrics: placements.NewMetrics(g.Registry), Logger: g.log})
 	a.Placements = g.Placements
 	go g.Placements.Run(ctx, a.Learn)
@@ -395,13 +441,19 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 	}
 }
 
-// scrapeTargets lists every pool endpoint with its engine's metrics dialect.
+// scrapeTargets lists every pool endpoint with its engine's metrics dialect. Validation refuses an engine
+// with no dialect, so a snapshot holds none; were one to slip through, its pool is not scraped (its endpoints
+// have no fresh readings and count as saturated) rather than read with another engine's metric names.
 func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
 	var out []fleet.Target
 	for _, m := range snap.Policy.Spec.Models {
 		for _, p := range m.Pools {
+			d, ok := fleet.DialectFor(p.Engine)
+			if !ok {
+				continue
+			}
 			for _, ep := range p.Endpoints {
-				out = append(out, fleet.Target{Addr: ep, Dialect: fleet.DialectFor(p.Engine)})
+				out = append(out, fleet.Target{Addr: ep, Dialect: d})
 			}
 		}
 	}

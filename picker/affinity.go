@@ -1,35 +1,36 @@
 package picker
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/fleet"
-	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker/scorers"
 	"github.com/infergate/infergate/policies"
 )
 
 // Affinity sends a prompt where its prefix is already cached, on the right hardware, without overloading
-// anyone, and agrees with other gateway replicas without sharing state. Normalised scorers, weighted by the
-// policy's routing section, add up to each candidate's score:
+// anyone, and agrees with other gateway replicas without sharing state. It holds what outlives a request — the
+// prefix index, the timing models, what it learnt of the engines' tokens and the prompts' sharing — and each
+// Pick runs one decision through the pipeline (decision.go):
 //
-//   - prefix: the share of the prompt's leading blocks this gateway has sent to the endpoint;
-//   - load: the endpoint's requests in flight (this gateway's, or the engine's running batch plus what this
-//     gateway sent since the reading when that is more: other replicas' requests are in it) plus its engine
-//     queue, against the busiest;
-//   - prefill: how fast the endpoint's hardware class computes the prompt's uncached tokens (τ/(t+τ), t in
-//     seconds), so long uncached prompts prefer the class with faster prefill;
-//   - lora: 1 where the requested adapter is loaded.
+//		candidates → bound → score → place → decide
 //
-// Bounded load: endpoints above (1+ε) × the mean load (+1; 2ε for one holding a prefix of the prompt) are not
-// candidates. The best score wins; scores within tieTolerance of it are ties, which go to the cheapest
-// hardware (cost per token). A prefix no endpoint holds is placed by placeNew: while prompts share prefixes,
-// at the rendezvous-hash winner of its first blocks among endpoints under a bound on conversation groups, so
-// that gateway replicas that never talk to each other start a group on the same endpoint; while they do not,
-// on the least loaded endpoint. With an SLO, placeBySLO orders the candidates by predicted timing and cost.
+//	  - candidates: the endpoints of the model's pools the tenant's tier may use, less the saturated and those
+//	    without fresh metrics (candidates.go);
+//	  - bound: endpoints above (1+ε) × the mean load (+1; 2ε for one holding a prefix of the prompt) are out
+//	    (score.go);
+//	  - score: each scorer of the table (picker/scorers: prefix, load, prefill, lora), weighted by the policy's
+//	    routing.weights, adds to the candidate's score (score.go);
+//	  - place: the best score wins, scores within tieTolerance of it are ties, which go to the cheapest
+//	    hardware; a prefix no endpoint holds is placed by placeNew (place.go); with an SLO, placeBySLO orders the
+//	    candidates by predicted timing and cost instead (slo.go);
+//	  - decide: the first candidate and the best others of its pool become the Decision (place.go).
+//
+// What it learns from finished requests is in learn.go (Observe, ObserveTiming), share.go (Learn) and
+// churn.go.
 type Affinity struct {
 	InFlight *fleet.InFlight
 	// Engines, when set, supplies engine metrics: a saturated endpoint (queue or KV cache over the policy's
@@ -38,10 +39,9 @@ type Affinity struct {
 	Engines EngineView
 	Index   *Index
 	Hasher  Hasher
-	// Epsilon is the bounded-load slack (default: the policy's).
-	Epsilon float64
-	// PrefixWeight and LoadWeight override the policy's weights when either is set.
-	PrefixWeight, LoadWeight float64
+	// Scorers is the scorer table (default scorers.Default, at most scorers.Max entries); each one's weight is
+	// the policy's routing.weights entry of its name, or its default weight.
+	Scorers []scorers.Scorer
 	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
 	// Placements, when set, hears every new group or new copy of one this replica places, for the other
@@ -73,65 +73,6 @@ func NewAffinity(inflight *fleet.InFlight, engines EngineView) *Affinity {
 		Hasher: Hasher{BlockBytes: DefaultBlockTokens * CharsPerToken, MaxBlocks: DefaultMaxBlocks}}
 }
 
-// Observe implements Observer. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
-// that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
-// tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the
-// prefix (or another gateway's traffic did): the index forgets it there, and the prefix is placed again as a
-// new one, where the other gateway replicas place it.
-func (p *Affinity) Observe(d Decision, u openai.Usage) {
-	if len(d.Endpoints) > 0 && d.ServedBy != "" && d.ServedBy != d.Endpoints[0] {
-		// Envoy retried the request elsewhere: the chosen endpoint never saw the prompt, so what the index
-		// recorded there is not true. The served endpoint's cache is learnt from its own later answers.
-		p.forget(d.Endpoints[0], d)
-	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
-		p.forget(d.Endpoints[0], d)
-	}
-	p.observeChurn(d, u)
-	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
-	if estimated <= 0 || real <= 0 {
-		return
-	}
-	sample := min(8, max(0.125, float64(estimated)/float64(real)))
-	for {
-		old := p.scale.Load()
-		next := sample
-		if old != 0 {
-			next = 0.95*math.Float64frombits(old) + 0.05*sample
-		}
-		if p.scale.CompareAndSwap(old, math.Float64bits(next)) {
-			return
-		}
-	}
-}
-
-// noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
-// prompts that did (before this one).
-func (p *Affinity) noteSharing(matched bool) float64 {
-	sample := 0.0
-	if matched {
-		sample = 1
-	}
-	for {
-		old := p.sharing.Load()
-		prev := initialSharing
-		if old != 0 {
-			prev = math.Float64frombits(old)
-		}
-		next := max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
-		if p.sharing.CompareAndSwap(old, math.Float64bits(next)) {
-			return prev
-		}
-	}
-}
-
-// tokenScale is estimated ÷ real tokens (1 until Observe has data).
-func (p *Affinity) tokenScale() float64 {
-	if b := p.scale.Load(); b != 0 {
-		return math.Float64frombits(b)
-	}
-	return 1
-}
-
 // EngineView is the fleet's engine metrics, as the scraper keeps them.
 type EngineView interface {
 	Metrics(addr string) (fleet.EngineMetrics, bool)
@@ -151,33 +92,6 @@ const (
 
 // tieTolerance is how close two candidates' scores must be to count as a tie.
 const tieTolerance = 0.02
-
-// prefillTau is the prefill scorer's scale: a prompt whose uncached part takes τ to prefill scores 0.5.
-const prefillTau = 0.25 // seconds
-
-type scored struct {
-	pool       *policies.Pool
-	endpoint   string
-	load       int64 // requests in flight at the endpoint: this gateway's, or the engine's running batch plus this gateway's sends since, if more
-	own        int64 // this gateway's requests in flight there (placement of unshared prompts)
-	queue      int64 // the engine's waiting requests, from its metrics
-	capacity   int   // the engine's KV blocks, 0 when unknown
-	prefillTPS float64
-	cost       float64 // USD per token of the hardware class
-	speed      policies.PoolSpeed
-	running    float64    // the engine's running sequences, from its metrics (SLO placement)
-	since      float64    // what this gateway sent it since that reading, less what finished (SLO placement)
-	pred       Prediction // SLO placement
-	matched    int
-	lora       float64
-	kvFull     bool // the engine's KV cache is over the policy's threshold while requests wait
-	s          Score
-	rank       uint64 // rendezvous rank
-	// lastStarted is when this gateway last sent the endpoint a request (placement of unshared prompts).
-	lastStarted uint64
-	groups      int  // conversation groups the index holds there (placement of shared prompts)
-	agedOut     bool // the index aged this prompt's group out there (placement of shared prompts)
-}
 
 // PolicyChanged forgets endpoints the new policy no longer lists.
 func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
@@ -204,61 +118,26 @@ func (p *Affinity) PolicyChanged(snap *policies.Snapshot) {
 	p.pred.forget(func(ep string) bool { return live[ep] })
 }
 
-// Pick implements Picker: candidates, scores, order, decision.
-// With routing.placement slo and a TTFT target for the request, candidates are predicted and placed by
-// placeBySLO; otherwise by score.
+// Pick implements Picker: one decision through the pipeline (see Affinity).
 func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
-	targets, slo := sloTargets(snap, in)
-	cands, saturated, unavailable, engineBlock := p.candidates(snap, in, slo)
-	if len(cands) == 0 {
-		return overflow(in.Model, in, saturated, unavailable)
-	}
-	pr := p.hashPrompt(in, engineBlock)
-	defer p.releasePrompt(&pr)
-	if in.Split != nil {
-		return p.pickArm(snap, in, cands, pr, targets, slo, saturated, unavailable)
-	}
-	return p.place(snap, in, cands, pr, targets, slo, saturated, unavailable)
+	d := p.newDecision(snap, in)
+	defer d.release()
+	return d.run()
 }
 
-// pickArm places a rolled-out model's request on its arm's pools. A candidate arm that cannot take it (no
-// endpoint, or all full so that placement would overflow) leaves it to the baseline: the candidate's share is
-// a ceiling, never a reason to refuse or to pay the managed API.
-func (p *Affinity) pickArm(snap *policies.Snapshot, in Input, cands []scored, pr prompt, targets policies.Targets, slo bool, saturated, unavailable int) (Decision, error) {
-	sp := in.Split
-	group := sp.Conversation
-	if group == 0 && len(pr.hashes) > 0 {
-		group = GroupKey(pr.hashes)
+// table is the scorer table in force.
+func (p *Affinity) table() []scorers.Scorer {
+	if p.Scorers != nil {
+		return p.Scorers
 	}
-	if group == 0 {
-		group = sp.Ungrouped
-	}
-	arm := sp.arm(in.Model.Name, group)
-	if kept := sp.inArmOnly(cands, arm); len(kept) > 0 {
-		d, err := p.place(snap, in, kept, pr, targets, slo, saturated, unavailable)
-		if arm == ArmBaseline || sp.Force != "" || (err == nil && d.Fallback == nil) {
-			return sp.annotate(d, arm), err
-		}
-	} else if sp.Force == ArmBaseline {
-		return overflow(in.Model, in, saturated, unavailable)
-	}
-	base := sp.inArmOnly(cands, ArmBaseline)
-	if len(base) == 0 {
-		return overflow(in.Model, in, saturated, unavailable)
-	}
-	d, err := p.place(snap, in, base, pr, targets, slo, saturated, unavailable)
-	return sp.annotate(d, ArmBaseline), err
+	return scorers.Default
 }
 
-// place decides among the candidates for a hashed prompt.
-func (p *Affinity) place(snap *policies.Snapshot, in Input, cands []scored, pr prompt, targets policies.Targets, slo bool, saturated, unavailable int) (Decision, error) {
-	w := p.weightsFor(snap.Routing())
-	eligible, anyMatch, kvFull := p.eligible(cands, pr, w, slo)
-	if len(eligible) == 0 {
-		return overflow(in.Model, in, saturated+kvFull, unavailable)
-	}
-	if slo {
-		return p.placeBySLO(snap, in, eligible, cands, pr, w, targets)
-	}
-	return p.decide(snap, in, p.order(eligible, cands, pr, anyMatch, w), pr), nil
+// ForStore is the Affinity a gateway runs over a policy store: endpoints a reload removes leave its index and
+// its timing models, and are not learnt from other replicas. infergate serve builds it once (gateway).
+func ForStore(store *policies.Store, inflight *fleet.InFlight, engines EngineView) *Affinity {
+	a := NewAffinity(inflight, engines)
+	a.PolicyChanged(store.Current())
+	store.OnChange(a.PolicyChanged)
+	return a
 }

@@ -4,16 +4,50 @@ import (
 	"slices"
 
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/picker/scorers"
 	"github.com/infergate/infergate/policies"
 )
 
-// candidates lists the endpoints that may take the request: the pools of the model the tenant's tier allows,
-// less the endpoints whose engine is saturated (queue at the policy's threshold) or unheard of (no fresh
-// metrics), each with its load, queue, KV state, hardware speed and cost. It counts what it left out, for
-// overflow, and returns the engine's KV block size when one reports it (0 otherwise).
-// With slo, each candidate also carries the engine's running batch and what this gateway sent it since.
-func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cands []scored, saturated, unavailable, blockTokens int) {
-	routing := snap.Routing()
+// scored is one candidate endpoint as the stages fill it in: what the candidates stage read of it, what the
+// index holds of the prompt there (bound), its scores (score) and, under SLO placement, its prediction.
+type scored struct {
+	pool       *policies.Pool
+	endpoint   string
+	load       int64 // requests in flight at the endpoint: this gateway's, or the engine's running batch plus this gateway's sends since, if more
+	own        int64 // this gateway's requests in flight there (placement of unshared prompts)
+	queue      int64 // the engine's waiting requests, from its metrics
+	capacity   int   // the engine's KV blocks, 0 when unknown
+	prefillTPS float64
+	cost       float64 // USD per token of the hardware class
+	speed      policies.PoolSpeed
+	running    float64 // the engine's running sequences, from its metrics (SLO placement)
+	since      float64 // what this gateway sent it since that reading, less what finished (SLO placement)
+	// adapterLoaded: the engine reports the requested LoRA adapter loaded.
+	adapterLoaded bool
+	kvFull        bool // the engine's KV cache is over the policy's threshold while requests wait
+
+	matched int    // leading prompt blocks the index holds there (bound)
+	rank    uint64 // rendezvous rank (bound)
+	// parts are the table's scores, total their weighted sum, fit that of the hardware-fit scorers (score).
+	parts       [scorers.Max]float64
+	total, fit  float64
+	pred        Prediction // SLO placement
+	meets       bool       // pred is within the request's targets (SLO placement)
+	lastStarted uint64     // when this gateway last sent the endpoint a request (placement of unshared prompts)
+	groups      int        // conversation groups the index holds there (placement of shared prompts)
+	agedOut     bool       // the index aged this prompt's group out there (placement of shared prompts)
+}
+
+// candidates is the first stage: it lists the endpoints that may take the request (d.all) — the pools of the
+// model the tenant's tier allows, less the endpoints whose engine is saturated (queue at the policy's
+// threshold) or unheard of (no fresh metrics), each with its load, queue, KV state, hardware speed and cost. It
+// counts what it left out, for overflow, and returns the engine's KV block size when one reports it (0
+// otherwise). Under SLO placement each candidate also carries the engine's running batch and what this
+// gateway sent it since.
+func (d *decision) candidates() (blockTokens int) {
+	p, snap, in, slo, routing := d.p, d.snap, d.in, d.slo, d.routing
+	cands := d.all[:0]
+	var saturated, unavailable int
 	var headroom, replicas float64 // read only with the admission queue
 	if in.Queueing {
 		headroom, replicas = snap.QueueClass(in.Tenant).Headroom, float64(max(1, snap.QuotaSettings().GatewayReplicas))
@@ -53,9 +87,7 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cand
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize
 				}
-				if in.Adapter != "" && slices.Contains(m.LoRAs, in.Adapter) {
-					c.lora = 1
-				}
+				c.adapterLoaded = in.Adapter != "" && slices.Contains(m.LoRAs, in.Adapter)
 			}
 			if slo && p.Engines == nil {
 				c.since = float64(c.load) // no engine metrics: this gateway's own requests are the queue
@@ -63,7 +95,8 @@ func (p *Affinity) candidates(snap *policies.Snapshot, in Input, slo bool) (cand
 			cands = append(cands, c)
 		}
 	}
-	return cands, saturated, unavailable, blockTokens
+	d.all, d.saturated, d.unavailable = cands, saturated, unavailable
+	return blockTokens
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy

@@ -7,6 +7,7 @@ import (
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker/scorers"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -51,32 +52,6 @@ func idleEngines(mod func(ep string, m *fleet.EngineMetrics)) engines {
 		e[ep] = m
 	}
 	return e
-}
-
-func TestScoreOf(t *testing.T) {
-	for _, tc := range []struct {
-		name                     string
-		c                        scored
-		blocks, prompt           int
-		maxLoad                  int64
-		prefix, load, prefill, l float64
-	}{
-		{"cold, idle, fast class", scored{prefillTPS: 24000}, 10, 6000, 0, 0, 1, 0.25 / (0.25 + 0.25), 0},
-		{"half cached", scored{prefillTPS: 24000, matched: 5}, 10, 6000, 0, 0.5, 1, 0.25 / (0.125 + 0.25), 0},
-		{"busiest of the candidates", scored{prefillTPS: 24000, load: 2, queue: 1}, 0, 0, 3, 0, 0.25, 1, 0},
-		{"slow class, long prompt", scored{prefillTPS: 7000}, 0, 70000, 0, 0, 1, 0.25 / (10 + 0.25), 0},
-		{"adapter loaded", scored{prefillTPS: 7000, lora: 1}, 0, 0, 0, 0, 1, 1, 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := scoreOf(&tc.c, tc.blocks, tc.prompt, 600, tc.maxLoad)
-			for name, pair := range map[string][2]float64{"prefix": {s.Prefix, tc.prefix}, "load": {s.Load, tc.load},
-				"prefill": {s.Prefill, tc.prefill}, "lora": {s.LoRA, tc.l}} {
-				if math.Abs(pair[0]-pair[1]) > 1e-9 {
-					t.Errorf("%s = %v, want %v", name, pair[0], pair[1])
-				}
-			}
-		})
-	}
 }
 
 func TestHardwareClassAndCost(t *testing.T) {
@@ -146,7 +121,7 @@ func TestDebugScores(t *testing.T) {
 		t.Fatalf("scores %+v for decision %v", d.Scores, d.Endpoints)
 	}
 	for _, s := range d.Scores {
-		if s.Total <= 0 || s.Load != 1 || s.Prefill <= 0 || s.Prefill > 1 {
+		if s.Total <= 0 || s.Part("load") != 1 || s.Part("prefill") <= 0 || s.Part("prefill") > 1 || len(s.Parts) != len(scorers.Default) {
 			t.Errorf("score %+v", s)
 		}
 	}

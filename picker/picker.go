@@ -3,12 +3,9 @@
 package picker
 
 import (
-	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/infergate/infergate/contract"
-	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
@@ -46,23 +43,34 @@ type Decision struct {
 	churn churnBasis // what Observe needs to report the request's churn (see Affinity.ChurnEvery)
 }
 
-// Observer is a Picker that learns from finished requests what the engine reported: the prompt's tokens
-// (to correct its characters-per-token estimate) and, when the engine reports it, how many of them it served
-// from its KV cache (to correct its index).
-type Observer interface {
-	Observe(d Decision, u openai.Usage)
-}
-
-// Score is one candidate's normalised scores (each in [0,1]) and their weighted total, and with SLO
-// placement its predicted timing and cost.
+// Score is one candidate's normalised scores (each in [0,1], one per scorer of the picker's table) and their
+// weighted total, and with SLO placement its predicted timing and cost.
 type Score struct {
-	Endpoint                           string
-	Total, Prefix, Load, Prefill, LoRA float64
+	Endpoint string
+	Total    float64
+	// Parts are the scorers' scores, in the order of the picker's table (picker/scorers).
+	Parts []ScorePart
 	// TTFT and TPOT are predicted (0 TPOT: not yet predictable); CostUSD is the request's estimated cost there.
 	TTFT, TPOT time.Duration
 	CostUSD    float64
 	// MeetsSLO says whether the prediction is within the request's targets (SLO placement only).
 	MeetsSLO bool
+}
+
+// ScorePart is one scorer's score of a candidate.
+type ScorePart struct {
+	Scorer string
+	Value  float64
+}
+
+// Part is the score of the named scorer (0 when the table has none of that name).
+func (s Score) Part(scorer string) float64 {
+	for _, p := range s.Parts {
+		if p.Scorer == scorer {
+			return p.Value
+		}
+	}
+	return 0
 }
 
 // Input is what one decision is about.
@@ -86,6 +94,10 @@ type Input struct {
 	// Waited is how long the request has already waited in the gateway (the admission queue): SLO placement
 	// judges predictions against what is left of the TTFT target.
 	Waited time.Duration
+	// OutputTokens is the most output tokens the request may produce, as admission reserves them: the
+	// director's bound (policies.Snapshot.OutputBound), which SLO placement prices. 0 with a Request: the picker
+	// computes the same bound itself (benchmarks and tests that call it directly).
+	OutputTokens int64
 }
 
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.
@@ -96,69 +108,18 @@ func (d Decision) Target(model string) string {
 	return d.Endpoints[0]
 }
 
-// Picker chooses a Decision for a request to a model. When no endpoint or fallback can take the request the
-// error is a *NoCapacity.
+// Picker chooses a Decision for a request to a model, and learns from the requests it placed once they
+// finish: learning is part of the contract, so that a picker cannot be wired without it by mistake.
 type Picker interface {
+	// Pick decides; when no endpoint or fallback can take the request the error is a *NoCapacity.
 	Pick(snap *policies.Snapshot, in Input) (Decision, error)
-}
-
-// LeastInFlight picks the endpoint with the fewest of this process's requests in flight, rotating among ties so
-// an idle fleet is still spread evenly.
-type LeastInFlight struct {
-	InFlight *fleet.InFlight
-	rotor    atomic.Uint64
-}
-
-type candidate struct {
-	pool     *policies.Pool
-	endpoint string
-	load     int64
-}
-
-// Pick implements Picker.
-func (p *LeastInFlight) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
-	model := in.Model
-	var all []candidate
-	for i := range model.Pools {
-		pool := &model.Pools[i]
-		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
-			continue
-		}
-		for _, ep := range pool.Endpoints {
-			all = append(all, candidate{pool: pool, endpoint: ep})
-		}
-	}
-	n := len(all)
-	if n == 0 {
-		return Decision{}, openai.NoCapacity(model.Name)
-	}
-	start := int(p.rotor.Add(1) % uint64(n))
-	var best candidate
-	found := false
-	for j := 0; j < n; j++ {
-		c := all[(start+j)%n]
-		c.load = p.InFlight.Count(c.endpoint)
-		if !found || c.load < best.load {
-			best, found = c, true
-		}
-	}
-	limit := snap.Gateway().MaxEndpointsPerDecision
-	rest := make([]candidate, 0, len(best.pool.Endpoints))
-	for _, ep := range best.pool.Endpoints {
-		if ep != best.endpoint {
-			rest = append(rest, candidate{pool: best.pool, endpoint: ep, load: p.InFlight.Count(ep)})
-		}
-	}
-	slices.SortStableFunc(rest, func(a, b candidate) int { return int(a.load - b.load) })
-	eps := make([]string, 0, min(limit, len(rest)+1))
-	eps = append(eps, best.endpoint)
-	for _, c := range rest {
-		if len(eps) >= limit {
-			break
-		}
-		eps = append(eps, c.endpoint)
-	}
-	return Decision{Pool: best.pool, Endpoints: eps, Adapter: in.Adapter}, nil
+	// Observe hears what the engine reported of a finished request: the prompt's tokens (to correct the
+	// characters-per-token estimate) and, when the engine reports it, how many of them it served from its KV
+	// cache (to correct the prefix index). Only for requests the engine answered with usage.
+	Observe(d Decision, u openai.Usage)
+	// ObserveTiming hears what the gateway measured of a finished request: the time from routing to its first
+	// token and its time per output token, against what was predicted. Only for requests that succeeded.
+	ObserveTiming(model string, d Decision, ttft, tpot time.Duration)
 }
 
 // Served is the model name the destination serves (the body's model is rewritten to it).

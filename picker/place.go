@@ -3,33 +3,32 @@ package picker
 import (
 	"math"
 	"slices"
-
-	"github.com/infergate/infergate/policies"
 )
 
 // order puts the eligible candidates in the order the decision takes them: by score, or, for a prefix no
 // endpoint holds, by placeNew; scores within tieTolerance of the best are ties, which the cheapest hardware
 // takes.
-func (p *Affinity) order(eligible, all []scored, pr prompt, anyMatch bool, w weights) []scored {
+func (d *decision) order(eligible, all []scored, anyMatch bool) []scored {
 	slices.SortFunc(eligible, byScore)
-	if len(pr.hashes) > 0 {
-		sharing := p.noteSharing(anyMatch)
+	if hashes := d.prompt.hashes; len(hashes) > 0 {
+		sharing := d.p.noteSharing(anyMatch)
 		if !anyMatch {
-			fit := func(c *scored) float64 { return math.Floor((w.prefill*c.s.Prefill + w.lora*c.s.LoRA) / tieTolerance) }
-			return p.placeNew(eligible, all, sharing >= consistentPlacement, w.eps, fit, GroupKey(pr.hashes))
+			return d.placeNew(eligible, all, sharing >= consistentPlacement, GroupKey(hashes))
 		}
 	}
 	n := 1
-	for n < len(eligible) && eligible[n].s.Total >= eligible[0].s.Total-tieTolerance {
+	for n < len(eligible) && eligible[n].total >= eligible[0].total-tieTolerance {
 		n++
 	}
 	slices.SortStableFunc(eligible[:n], func(a, b scored) int { return cmpFloat(a.cost, b.cost) })
 	return eligible
 }
 
-// decide turns the ordered candidates into the decision: the first, then the best others of its pool as
-// Envoy's retry endpoints, up to the policy's limit; the prompt is credited to the first in the index.
-func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, pr prompt) Decision {
+// decide is the last stage: it turns the ordered candidates into the Decision — the first, then the best
+// others of its pool as Envoy's retry endpoints, up to the policy's limit — and credits the prompt to the
+// first in the index.
+func (d *decision) decide(ordered []scored) Decision {
+	p, snap, in, pr := d.p, d.snap, d.in, &d.prompt
 	best := ordered[0]
 	var basis churnBasis
 	if len(pr.hashes) > 0 {
@@ -45,7 +44,7 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 			p.share(&best, pr, capacity)
 			carried = c.Added - c.AddedPastShared // the others learn these from the placement
 		}
-		basis = churnBasis{blockTokens: float64(pr.blockTokens) / pr.scale, carried: carried, added: c.Added - carried}
+		basis = churnBasis{blockTokens: pr.engineBlockTokens(), carried: carried, added: c.Added - carried}
 	}
 	limit := snap.Gateway().MaxEndpointsPerDecision
 	chosen := []string{best.endpoint}
@@ -57,22 +56,22 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 			chosen = append(chosen, c.endpoint)
 		}
 	}
-	d := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: pr.estimated,
+	dec := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: pr.estimated,
 		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), churn: basis}
 	if len(pr.hashes) > 0 {
-		d.FirstBlock, d.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
+		dec.FirstBlock, dec.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
 	}
 	if best.pred.set {
-		d.Predicted = best.pred
+		dec.Predicted = best.pred
 		p.pred.sent(best.endpoint, best.pred)
 	}
-	if snap.Routing().DebugScores {
-		d.Scores = make([]Score, len(ordered))
-		for i, c := range ordered {
-			d.Scores[i] = c.s
+	if d.routing.DebugScores {
+		dec.Scores = make([]Score, len(ordered))
+		for i := range ordered {
+			dec.Scores[i] = d.scoreOf(&ordered[i])
 		}
 	}
-	return d
+	return dec
 }
 
 // placeNew orders the candidates for a prefix no endpoint holds (or one the index has forgotten): the first
@@ -92,7 +91,8 @@ func (p *Affinity) decide(snap *policies.Snapshot, in Input, ordered []scored, p
 // tieTolerance) and then the cheapest come first, and among those, for shared prompts, an endpoint holding no
 // group at all before the rendezvous rank: otherwise the few groups a slower class gets could all hash to one
 // of its replicas and leave the other idle.
-func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64, fit func(*scored) float64, group uint64) []scored {
+func (d *decision) placeNew(eligible, all []scored, consistent bool, group uint64) []scored {
+	p, eps := d.p, d.routing.BoundedLoadEpsilon
 	var band, rest []scored
 	if consistent {
 		held := make(map[string]int, len(all)) // each endpoint's groups, read once
@@ -130,7 +130,7 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 		}
 	}
 	slices.SortFunc(band, func(a, b scored) int {
-		if fa, fb := fit(&a), fit(&b); fa != fb {
+		if fa, fb := fitStep(&a), fitStep(&b); fa != fb {
 			return cmpFloat(fb, fa)
 		}
 		if a.cost != b.cost {
@@ -149,6 +149,9 @@ func (p *Affinity) placeNew(eligible, all []scored, consistent bool, eps float64
 	})
 	return append(band, rest...)
 }
+
+// fitStep is a candidate's hardware fit (the weighted hardware-fit scorers) in steps of tieTolerance.
+func fitStep(c *scored) float64 { return math.Floor(c.fit / tieTolerance) }
 
 // trueFirst orders two candidates that differ in a flag: the one with it (a's flag given) first.
 func trueFirst(a bool) int {

@@ -23,12 +23,6 @@ type Prediction struct {
 	set          bool
 }
 
-// TimingObserver is a Picker that learns from what the gateway measured of a finished request: the time from
-// routing to its first token and its time per output token, against what it predicted.
-type TimingObserver interface {
-	ObserveTiming(model string, d Decision, ttft, tpot time.Duration)
-}
-
 // The TTFT model of one endpoint. Before it has observations, the prediction is
 //
 //	TTFT ≈ step + (queued × ū + uncached) ÷ prefill speed + turnovers × service time
@@ -79,6 +73,10 @@ func (p *predictor) model(ep string, service float64) *endpointModel {
 	return m
 }
 
+// priorServiceTokens is the output of a typical request in an engine's batch, for the service-time prior: the
+// requests a new one waits behind, not its own output (which is priced at the director's bound).
+const priorServiceTokens = 256
+
 // serviceTime is a candidate's service-time prior: 256 output tokens at the per-sequence decode speed, 0 when
 // the pool states no batch size.
 func serviceTime(c *scored) float64 {
@@ -86,7 +84,7 @@ func serviceTime(c *scored) float64 {
 	if slots <= 0 {
 		return 0
 	}
-	return defaultOutputTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
+	return priorServiceTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
 }
 
 // features are a candidate's TTFT features (see the model above).
@@ -101,10 +99,10 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
 // holds, and whose output is outTokens long. One lock for the whole decision.
-func (p *predictor) predictAll(cands []scored, pr prompt, outTokens float64) {
+func (p *predictor) predictAll(cands []scored, pr *prompt, outTokens float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	blockTokens := float64(pr.blockTokens) / pr.scale
+	blockTokens := pr.engineBlockTokens()
 	for i := range cands {
 		c := &cands[i]
 		uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)

@@ -88,14 +88,14 @@ func (p *Affinity) Learn(pl Placement) bool {
 // at all is published while prompts do not come back (the sharing estimate below consistentPlacement): a
 // prompt never seen again is worth no message, and a fleet of distinct prompts would otherwise publish one
 // per request.
-func (p *Affinity) share(best *scored, pr prompt, capacity int) {
+func (p *Affinity) share(best *scored, pr *prompt, capacity int) {
 	hashes := make([]uint64, min(len(pr.hashes), MaxSharedBlocks))
 	copy(hashes, pr.hashes)
 	p.Placements.Publish(Placement{Endpoint: best.endpoint, Hashes: hashes, Capacity: capacity})
 }
 
 // shares reports whether a decision's placement is published (see share); faded is Credit's.
-func (p *Affinity) shares(best *scored, pr prompt, faded bool) bool {
+func (p *Affinity) shares(best *scored, pr *prompt, faded bool) bool {
 	if p.Placements == nil || len(pr.hashes) == 0 {
 		return false
 	}

@@ -97,8 +97,8 @@ func TestPlacementsPublishedAndLearnt(t *testing.T) {
 		t.Fatalf("an eviction found published %+v, want a Forgotten placement on %s", bus.sent[1:], ep)
 	}
 	probe := request(t, sys, "third")
-	pr := a.hashPrompt(Input{Model: m, Request: probe}, 0)
-	defer a.releasePrompt(&pr)
+	pr, release := promptOf(a, Input{Model: m, Request: probe})
+	defer release()
 	if n := a.Index.Match(ep, pr.hashes); n != 0 {
 		t.Errorf("the first replica still believes %s holds %d blocks of the evicted group", ep, n)
 	}
@@ -271,9 +271,9 @@ func TestFadingGroupsArePublishedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := d.Endpoints[0]
-	probe := b.hashPrompt(Input{Model: m, Request: request(t, system(0), "probe")}, 0)
+	probe, release := promptOf(b, Input{Model: m, Request: request(t, system(0), "probe")})
 	group := GroupKey(probe.hashes)
-	b.releasePrompt(&probe)
+	release()
 	fading := func() bool {
 		b.Index.mu.Lock()
 		defer b.Index.mu.Unlock()
@@ -332,4 +332,11 @@ func TestDistinctPromptsReportNoChurn(t *testing.T) {
 			t.Fatalf("distinct prompts reported churn: %+v", pl)
 		}
 	}
+}
+
+// promptOf hashes a request's prompt as a decision does (release gives the buffer back).
+func promptOf(p *Affinity, in Input) (prompt, func()) {
+	d := decision{p: p, in: in}
+	d.hashPrompt(0)
+	return d.prompt, d.release
 }

@@ -13,9 +13,6 @@ import (
 // hold, and prices in the policy are not exact to the percent.
 const costTolerance = 0.10
 
-// defaultOutputTokens is the output a request that sets no max_tokens is costed for.
-const defaultOutputTokens = 256
-
 // sloTargets returns the request's targets and whether SLO placement applies: routing.placement slo and a
 // TTFT target for the tenant's tier and the model.
 func sloTargets(snap *policies.Snapshot, in Input) (policies.Targets, bool) {
@@ -40,8 +37,9 @@ func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Durat
 // admission queue) rather than go to the fastest now: the gateway queues, and some candidate would meet the
 // TTFT target once its queue drained. A prompt too long for the target even on an idle endpoint is served at
 // once: waiting would only make it later.
-func (p *Affinity) worthWaiting(in Input, late []scored, tg policies.Targets, margin float64) bool {
-	return in.Queueing && p.pred.anyIdleWithin(late, time.Duration(float64(tg.TTFT-in.Waited)*margin))
+func (d *decision) worthWaiting(late []scored) bool {
+	in, tg, margin := d.in, d.targets, d.routing.SLOMargin
+	return in.Queueing && d.p.pred.anyIdleWithin(late, time.Duration(float64(tg.TTFT-in.Waited)*margin))
 }
 
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
@@ -58,31 +56,23 @@ func (p *Affinity) worthWaiting(in Input, late []scored, tg policies.Targets, ma
 // all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
 // the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
 // counts differ, still agree on where a new group starts.
-func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all []scored, pr prompt, w weights, tg policies.Targets) (Decision, error) {
-	out := float64(defaultOutputTokens)
-	if in.Request != nil && in.Request.MaxTokens > 0 {
-		out = float64(in.Request.MaxTokens)
-	}
-	p.pred.predictAll(eligible, pr, out)
-	margin := snap.Routing().SLOMargin
+func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
+	p, in := d.p, d.in
+	p.pred.predictAll(eligible, &d.prompt, d.out)
 	nGood := 0
 	for i := range eligible {
 		c := &eligible[i]
-		c.s.TTFT, c.s.TPOT, c.s.CostUSD = c.pred.TTFT, c.pred.TPOT, c.pred.CostUSD
-		c.s.MeetsSLO = meets(c.pred, tg, margin, in.Waited)
-		if c.s.MeetsSLO {
+		c.meets = meets(c.pred, d.targets, d.routing.SLOMargin, in.Waited)
+		if c.meets {
 			nGood++
 		}
 	}
 	// In place: the meeting candidates first, cheapest first; then the late ones, fastest first.
 	slices.SortStableFunc(eligible, func(a, b scored) int {
 		switch {
-		case a.s.MeetsSLO != b.s.MeetsSLO:
-			if a.s.MeetsSLO {
-				return -1
-			}
-			return 1
-		case a.s.MeetsSLO:
+		case a.meets != b.meets:
+			return trueFirst(a.meets)
+		case a.meets:
 			return cmpFloat(a.pred.CostUSD, b.pred.CostUSD)
 		}
 		return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT))
@@ -91,23 +81,23 @@ func (p *Affinity) placeBySLO(snap *policies.Snapshot, in Input, eligible, all [
 	if nGood == 0 {
 		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
 			p.noteSharing(anyMatched(eligible))
-			return p.managedDecision(dec, in, pr, out), nil
+			return d.managed(dec), nil
 		}
-		if p.worthWaiting(in, late, tg, margin) {
+		if d.worthWaiting(late) {
 			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
 		}
-		return p.decide(snap, in, p.fastest(late, all, pr, w), pr), nil
+		return d.decide(d.fastest(late, all)), nil
 	}
 	nBand := 1
 	for nBand < len(good) && good[nBand].pred.CostUSD <= good[0].pred.CostUSD*(1+costTolerance) {
 		nBand++
 	}
 	band := good[:nBand]
-	ordered := p.order(band, peersOf(band, all), pr, anyMatched(band), w)
+	ordered := d.order(band, peersOf(band, all), anyMatched(band))
 	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
-		return p.decide(snap, in, eligible, pr), nil // sorted in place: the dearer and the late follow as they are
+		return d.decide(eligible), nil // sorted in place: the dearer and the late follow as they are
 	}
-	return p.decide(snap, in, append(ordered, eligible[nBand:]...), pr), nil
+	return d.decide(append(ordered, eligible[nBand:]...)), nil
 }
 
 // lateTolerance is how much slower than the fastest prediction a late candidate may be and still be placed by
@@ -118,13 +108,13 @@ const lateTolerance = 0.25
 
 // fastest orders late candidates (sorted by predicted TTFT) when none meets the targets: those within
 // lateTolerance of the fastest by affinity and load, then the others by predicted TTFT.
-func (p *Affinity) fastest(late, all []scored, pr prompt, w weights) []scored {
+func (d *decision) fastest(late, all []scored) []scored {
 	n := 1
 	for n < len(late) && float64(late[n].pred.TTFT) <= float64(late[0].pred.TTFT)*(1+lateTolerance) {
 		n++
 	}
 	head := late[:n]
-	ordered := p.order(head, peersOf(head, all), pr, anyMatched(head), w)
+	ordered := d.order(head, peersOf(head, all), anyMatched(head))
 	if len(ordered) == n && &ordered[0] == &late[0] {
 		return late // sorted in place
 	}
@@ -158,13 +148,13 @@ func peersOf(cands, all []scored) []scored {
 	return peers
 }
 
-// managedDecision is a decision for the model's fallback with its predicted TTFT and cost.
-func (p *Affinity) managedDecision(dec Decision, in Input, pr prompt, out float64) Decision {
-	f := dec.Fallback
+// managed is a decision for the model's fallback with its predicted TTFT and cost.
+func (d *decision) managed(dec Decision) Decision {
+	f, in, pr := dec.Fallback, d.in, &d.prompt
 	dec.Adapter = in.Adapter
 	dec.EstimatedPromptTokens = pr.estimated
-	dec.Predicted = Prediction{TTFT: p.pred.managedTTFT(contract.FallbackClusterName(in.Model.Name, f.Name)),
-		CostUSD: (float64(pr.tokens)*f.Pricing.InputPerMTok + out*f.Pricing.OutputPerMTok) / 1e6, set: true}
+	dec.Predicted = Prediction{TTFT: d.p.pred.managedTTFT(contract.FallbackClusterName(in.Model.Name, f.Name)),
+		CostUSD: (float64(pr.tokens)*f.Pricing.InputPerMTok + d.out*f.Pricing.OutputPerMTok) / 1e6, set: true}
 	return dec
 }
 
@@ -175,21 +165,4 @@ func anyMatched(cands []scored) bool {
 		}
 	}
 	return false
-}
-
-// ObserveTiming implements TimingObserver: the chosen endpoint's model (or the fallback's) is fitted to the
-// measured time from routing to the first token and time per output token. A request Envoy retried elsewhere
-// teaches nothing: it was predicted for another endpoint.
-func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Duration) {
-	if !d.Predicted.set {
-		return
-	}
-	if d.Fallback != nil {
-		p.pred.observeManaged(contract.FallbackClusterName(model, d.Fallback.Name), ttft)
-		return
-	}
-	if len(d.Endpoints) == 0 || (d.ServedBy != "" && d.ServedBy != d.Endpoints[0]) {
-		return
-	}
-	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
 }

@@ -212,11 +212,26 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 	if c.Pool != "" && len(r.Baseline.Pools) == 0 && len(m.Pools) < 2 {
 		v.fail(append(slices.Clone(rb), "candidate", "pool"), "the model has no other pool to be the baseline")
 	}
-	if len(r.Steps) == 0 {
+	v.rolloutSteps(r.Steps, rb)
+	v.rolloutGates(&r.Gates, append(slices.Clone(rb), "gates"))
+	tenants := map[string]bool{}
+	for _, t := range s.Tenants {
+		tenants[t.Name] = true
+	}
+	for k, name := range r.Testers {
+		if !tenants[name] {
+			v.fail(append(slices.Clone(rb), "testers", k), "unknown tenant %q", name)
+		}
+	}
+}
+
+// rolloutSteps checks a rollout's steps: rising percentages that end at 100.
+func (v *validator) rolloutSteps(steps []RolloutStep, rb []seg) {
+	if len(steps) == 0 {
 		v.fail(append(slices.Clone(rb), "steps"), "at least one step is required, the last at 100 percent")
 	}
 	prev := 0.0
-	for k, st := range r.Steps {
+	for k, st := range steps {
 		sb := append(slices.Clone(rb), "steps", k)
 		switch {
 		case st.Percent <= 0 || st.Percent > 100:
@@ -230,11 +245,13 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 			v.fail(append(slices.Clone(sb), "minRequests"), "must not be negative, got %d", st.MinRequests)
 		}
 	}
-	if n := len(r.Steps); n > 0 && r.Steps[n-1].Percent != 100 {
-		v.fail(append(slices.Clone(rb), "steps", n-1, "percent"), "the last step must be 100, got %v", r.Steps[n-1].Percent)
+	if n := len(steps); n > 0 && steps[n-1].Percent != 100 {
+		v.fail(append(slices.Clone(rb), "steps", n-1, "percent"), "the last step must be 100, got %v", steps[n-1].Percent)
 	}
-	gb := append(slices.Clone(rb), "gates")
-	g := r.Gates
+}
+
+// rolloutGates checks a rollout's gates.
+func (v *validator) rolloutGates(g *RolloutGates, gb []seg) {
 	if g.MinGoodputRatio < 0 || g.MinGoodputRatio > 1 {
 		v.fail(append(slices.Clone(gb), "minGoodputRatio"), "must be between 0 and 1, got %v", g.MinGoodputRatio)
 	}
@@ -257,15 +274,6 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 	if d, err := time.ParseDuration(g.Window); err == nil && d > MaxRolloutWindow {
 		// Every second of the window is kept per arm, with its latency histograms.
 		v.fail(append(slices.Clone(gb), "window"), "must be at most %v, got %q", MaxRolloutWindow, g.Window)
-	}
-	tenants := map[string]bool{}
-	for _, t := range s.Tenants {
-		tenants[t.Name] = true
-	}
-	for k, name := range r.Testers {
-		if !tenants[name] {
-			v.fail(append(slices.Clone(rb), "testers", k), "unknown tenant %q", name)
-		}
 	}
 }
 

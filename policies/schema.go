@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/invopop/jsonschema"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/picker/scorers"
 )
 
 // JSONSchema returns a JSON Schema of the policy document, so editors (yaml-language-server and the like)
@@ -64,10 +67,32 @@ func addPatterns(s *jsonschema.Schema) error {
 		{"Pool", "endpoints", items(PatternEndpoint)},
 		{"Pool", "name", func(p *jsonschema.Schema) { p.Pattern = PatternClusterName }},
 		{"Fallback", "name", func(p *jsonschema.Schema) { p.Pattern = PatternClusterName }},
+		// The engines come from fleet's dialect registry, not a struct tag, so the schema lists exactly the
+		// engines validation accepts and the scraper reads.
+		{"Pool", "engine", func(p *jsonschema.Schema) {
+			p.Enum = nil
+			for _, n := range fleet.EngineNames() {
+				p.Enum = append(p.Enum, n)
+			}
+		}},
+		// The weights' names come from the picker's scorer table: an editor completes them and flags a typo,
+		// as validation does.
+		{"Routing", "weights", scorerWeights},
 	} {
 		if err := set(e.def, e.prop, e.f); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// scorerWeights makes routing.weights an object with one non-negative number per scorer of the table, and no
+// other key.
+func scorerWeights(p *jsonschema.Schema) {
+	p.Properties = jsonschema.NewProperties()
+	for _, s := range scorers.Default {
+		p.Properties.Set(s.Name, &jsonschema.Schema{Type: "number", Minimum: json.Number("0"),
+			Description: fmt.Sprintf("weight of the %s scorer (default %v)", s.Name, s.DefaultWeight)})
+	}
+	p.AdditionalProperties = jsonschema.FalseSchema
 }

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/fleet"
 )
 
 // compiledSchema compiles the policy's JSON Schema with a real validator, as an editor would use it.
@@ -78,6 +81,7 @@ func TestSchemaAgreesWithValidate(t *testing.T) {
 		{"unknown field", "tenantHeader: true", "tenantHeader: true\n    tenantHeaders: true"},
 		{"number as a word", "costPerHour: 3.50", "costPerHour: cheap"},
 		{"unknown engine", "engine: vllm", "engine: ollama"},
+		{"engine in capitals", "engine: vllm", "engine: VLLM"},
 		{"unknown fail mode", "failMode: open", "failMode: sometimes"},
 		{"objective beyond 1", "objective: 0.99", "objective: 1.5"},
 		{"unknown fallback condition", "when: [saturated, unavailable]", "when: [sometimes]"},
@@ -97,5 +101,28 @@ func TestSchemaAgreesWithValidate(t *testing.T) {
 				t.Error("the schema accepts it")
 			}
 		})
+	}
+}
+
+// The schema's engines are fleet's dialect registry, in its order: an editor offers exactly the engines
+// validation accepts and the scraper can read.
+func TestSchemaEnginesFromRegistry(t *testing.T) {
+	raw, err := JSONSchema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Defs map[string]struct {
+			Properties map[string]struct {
+				Enum []string `json:"enum"`
+			} `json:"properties"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := doc.Defs["Pool"].Properties["engine"].Enum
+	if want := fleet.EngineNames(); !slices.Equal(got, want) || len(got) != 3 {
+		t.Errorf("schema pools[].engine enum = %v, want %v (vllm, sglang, trtllm)", got, want)
 	}
 }

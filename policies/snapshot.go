@@ -17,7 +17,6 @@ type Snapshot struct {
 	Version  string
 	LoadedAt time.Time
 
-	gateway     Gateway
 	models      map[string]*Model // canonical names, aliases and adapters
 	adapters    map[string]bool   // names that are LoRA adapters
 	tierRules   map[*Tenant]*tierRules
@@ -26,8 +25,6 @@ type Snapshot struct {
 	adapterOK   map[*Tenant]map[string]bool // the adapters a tenant lists (every one with "*")
 	everything  map[*Tenant]bool            // "*"
 	modelQuota  map[*Tenant]map[*Model]Quota
-	quotas      QuotaSettings
-	routing     Routing
 	rollouts    map[*Model]*RolloutPlan
 	redisTO     time.Duration
 	upIdle      time.Duration
@@ -37,13 +34,15 @@ type Snapshot struct {
 	queueRules  map[*Tenant]queueRules
 }
 
+// compile builds the snapshot of a validated policy. It applies the defaults to the document first, once: every
+// package reads the resolved values, from the document or the snapshot alike.
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
+	applyDefaults(pol)
 	s := &Snapshot{
 		Policy:      pol,
 		Source:      source,
 		Version:     version,
 		LoadedAt:    now,
-		gateway:     pol.Spec.Gateway,
 		models:      map[string]*Model{},
 		adapters:    map[string]bool{},
 		tierRules:   map[*Tenant]*tierRules{},
@@ -52,70 +51,29 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		adapterOK:   map[*Tenant]map[string]bool{},
 		everything:  map[*Tenant]bool{},
 		modelQuota:  map[*Tenant]map[*Model]Quota{},
-		quotas:      pol.Spec.Quotas,
-		routing:     pol.Spec.Routing,
 		redisTO:     DefaultRedisTimeout,
 		upIdle:      DefaultUpstreamIdleTimeout,
 	}
-	r := &s.routing
-	if r.MaxWaiting == 0 {
-		r.MaxWaiting = DefaultMaxWaiting
-	}
-	if r.MaxKVUtilisation == 0 {
-		r.MaxKVUtilisation = DefaultMaxKVUtilisation
-	}
-	if r.PrefixWeight == 0 && r.LoadWeight == 0 {
-		r.PrefixWeight, r.LoadWeight = DefaultPrefixWeight, DefaultLoadWeight
-	}
-	if r.BoundedLoadEpsilon == 0 {
-		r.BoundedLoadEpsilon = DefaultBoundedLoadEpsilon
-	}
-	if r.PrefillWeight == nil {
-		w := float64(DefaultPrefillWeight)
-		r.PrefillWeight = &w
-	}
-	if r.LoRAWeight == nil {
-		w := float64(DefaultLoRAWeight)
-		r.LoRAWeight = &w
-	}
-	if r.Placement == "" {
-		r.Placement = PlacementSLO
-	}
-	if r.SLOMargin == 0 {
-		r.SLOMargin = DefaultSLOMargin
-	}
-	if s.quotas.FailMode == "" {
-		s.quotas.FailMode = FailOpen
-	}
-	if s.quotas.GatewayReplicas == 0 {
-		s.quotas.GatewayReplicas = DefaultGatewayReplicas
-	}
-	if d, err := time.ParseDuration(s.quotas.RedisTimeout); err == nil && d > 0 {
+	if d, err := time.ParseDuration(pol.Spec.Quotas.RedisTimeout); err == nil && d > 0 {
 		s.redisTO = d
 	}
-	if d, err := time.ParseDuration(s.gateway.UpstreamIdleTimeout); err == nil && d > 0 {
+	if d, err := time.ParseDuration(pol.Spec.Gateway.UpstreamIdleTimeout); err == nil && d > 0 {
 		s.upIdle = d
 	}
-	if s.gateway.MaxRequestBodyBytes == 0 {
-		s.gateway.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
+	s.compileModels(pol)
+	for i := range pol.Spec.Tenants {
+		s.compileTenant(pol, &pol.Spec.Tenants[i])
 	}
-	if s.gateway.MaxEndpointsPerDecision == 0 {
-		s.gateway.MaxEndpointsPerDecision = DefaultMaxEndpointsPerDecision
-	}
-	if s.gateway.DefaultMaxTokens == 0 {
-		s.gateway.DefaultMaxTokens = DefaultMaxTokens
-	}
-	pol.Spec.Gateway = s.gateway
+	s.compileSLOs(pol)
+	s.compileRollouts(pol)
+	s.compileAdmission(pol)
+	return s
+}
+
+// compileModels indexes the models by canonical name, alias and adapter.
+func (s *Snapshot) compileModels(pol *Policy) {
 	for i := range pol.Spec.Models {
 		m := &pol.Spec.Models[i]
-		if m.ContextTokens == 0 {
-			m.ContextTokens = DefaultContextTokens
-		}
-		for j := range m.Pools {
-			if m.Pools[j].ServedModel == "" {
-				m.Pools[j].ServedModel = m.Name
-			}
-		}
 		s.models[m.Name] = m
 		for _, a := range m.Aliases {
 			s.models[a] = m
@@ -125,72 +83,70 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 			s.adapters[a] = true
 		}
 	}
-	for i := range pol.Spec.Tenants {
-		t := &pol.Spec.Tenants[i]
-		for _, k := range t.APIKeys {
-			var d [sha256.Size]byte
-			raw, _ := hex.DecodeString(strings.TrimPrefix(k, "sha256:")) // validated already
-			copy(d[:], raw)
-			s.tenantByKey[d] = t
-		}
-		// A model's name or alias grants the base model; an adapter's name grants that adapter alone; "*" grants
-		// every model and adapter. A tenant that lists only adapters has an empty (not nil) set of base models.
-		set := map[*Model]bool{}
-		for _, name := range t.Models {
-			switch {
-			case name == "*":
-				s.everything[t] = true
-			case s.adapters[name]:
-				if s.adapterOK[t] == nil {
-					s.adapterOK[t] = map[string]bool{}
-				}
-				s.adapterOK[t][name] = true
-			default:
-				set[s.models[name]] = true
+}
+
+// compileTenant resolves one tenant: its keys, the models and adapters it may call, its tier's rules and its
+// per-model quotas.
+func (s *Snapshot) compileTenant(pol *Policy, t *Tenant) {
+	for _, k := range t.APIKeys {
+		var d [sha256.Size]byte
+		raw, _ := hex.DecodeString(strings.TrimPrefix(k, "sha256:")) // validated already
+		copy(d[:], raw)
+		s.tenantByKey[d] = t
+	}
+	// A model's name or alias grants the base model; an adapter's name grants that adapter alone; "*" grants
+	// every model and adapter. A tenant that lists only adapters has an empty (not nil) set of base models.
+	set := map[*Model]bool{}
+	for _, name := range t.Models {
+		switch {
+		case name == "*":
+			s.everything[t] = true
+		case s.adapters[name]:
+			if s.adapterOK[t] == nil {
+				s.adapterOK[t] = map[string]bool{}
 			}
-		}
-		if s.everything[t] {
-			set = nil
-		}
-		s.allowed[t] = set
-		if tier, ok := pol.Spec.Tiers[t.Tier]; ok {
-			rules := &tierRules{}
-			for _, c := range tier.HardwareClasses {
-				if rules.classes == nil {
-					rules.classes = map[string]bool{}
-				}
-				rules.classes[c] = true
-			}
-			for _, name := range tier.Models {
-				if rules.models == nil {
-					rules.models = map[*Model]bool{}
-				}
-				rules.models[s.models[name]] = true
-			}
-			s.tierRules[t] = rules
-		}
-		for _, mq := range t.ModelQuotas {
-			if s.modelQuota[t] == nil {
-				s.modelQuota[t] = map[*Model]Quota{}
-			}
-			s.modelQuota[t][s.models[mq.Model]] = mq.Quota
+			s.adapterOK[t][name] = true
+		default:
+			set[s.models[name]] = true
 		}
 	}
-	s.compileSLOs(pol)
-	s.compileRollouts(pol)
-	s.compileAdmission(pol)
-	return s
+	if s.everything[t] {
+		set = nil
+	}
+	s.allowed[t] = set
+	if tier, ok := pol.Spec.Tiers[t.Tier]; ok {
+		rules := &tierRules{}
+		for _, c := range tier.HardwareClasses {
+			if rules.classes == nil {
+				rules.classes = map[string]bool{}
+			}
+			rules.classes[c] = true
+		}
+		for _, name := range tier.Models {
+			if rules.models == nil {
+				rules.models = map[*Model]bool{}
+			}
+			rules.models[s.models[name]] = true
+		}
+		s.tierRules[t] = rules
+	}
+	for _, mq := range t.ModelQuotas {
+		if s.modelQuota[t] == nil {
+			s.modelQuota[t] = map[*Model]Quota{}
+		}
+		s.modelQuota[t][s.models[mq.Model]] = mq.Quota
+	}
 }
 
 // Routing returns the picker's settings with defaults applied.
-func (s *Snapshot) Routing() Routing { return s.routing }
+func (s *Snapshot) Routing() Routing { return s.Policy.Spec.Routing }
 
 // QuotaSettings returns how quotas are enforced, with defaults applied.
-func (s *Snapshot) QuotaSettings() QuotaSettings { return s.quotas }
+func (s *Snapshot) QuotaSettings() QuotaSettings { return s.Policy.Spec.Quotas }
 
 // LeaseFraction is the share of each limit gateways may lease from Redis, with the default applied.
 func (s *Snapshot) LeaseFraction() float64 {
-	if f := s.quotas.LeaseFraction; f != nil {
+	if f := s.Policy.Spec.Quotas.LeaseFraction; f != nil {
 		return *f
 	}
 	return DefaultLeaseFraction
@@ -209,7 +165,7 @@ func (s *Snapshot) ModelQuota(t *Tenant, m *Model) (Quota, bool) {
 }
 
 // Gateway returns the gateway limits with defaults applied.
-func (s *Snapshot) Gateway() Gateway { return s.gateway }
+func (s *Snapshot) Gateway() Gateway { return s.Policy.Spec.Gateway }
 
 // Model resolves a client-supplied model name, alias or adapter name to its canonical model.
 func (s *Snapshot) Model(name string) (*Model, bool) {

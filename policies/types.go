@@ -88,16 +88,19 @@ type Routing struct {
 	MaxWaiting int `yaml:"maxWaiting,omitempty" json:"maxWaiting,omitempty" jsonschema:"minimum=1"`
 	// MaxKVUtilisation is the KV-cache usage (0..1) at which an endpoint counts as saturated.
 	MaxKVUtilisation float64 `yaml:"maxKVUtilisation,omitempty" json:"maxKVUtilisation,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
-	// PrefixWeight and LoadWeight combine the prefix-affinity and load scores.
+	// Weights weigh the picker's scorers by name (the table in picker/scorers: prefix, load, prefill, lora): a
+	// candidate's score is the weighted sum of its scorers' scores. A scorer left out takes its default weight
+	// (prefix 2, load 1, prefill 1, lora 1); 0 turns it off.
+	Weights map[string]float64 `yaml:"weights,omitempty" json:"weights,omitempty"`
+	// PrefixWeight and LoadWeight are the older spelling of weights.prefix and weights.load, kept so policies
+	// written for it still load: either set takes both as written (the other then 0), as it always did.
 	PrefixWeight float64 `yaml:"prefixWeight,omitempty" json:"prefixWeight,omitempty" jsonschema:"minimum=0"`
 	LoadWeight   float64 `yaml:"loadWeight,omitempty" json:"loadWeight,omitempty" jsonschema:"minimum=0"`
 	// BoundedLoadEpsilon: endpoints above (1+ε) × the mean load are skipped.
 	BoundedLoadEpsilon float64 `yaml:"boundedLoadEpsilon,omitempty" json:"boundedLoadEpsilon,omitempty" jsonschema:"minimum=0"`
-	// PrefillWeight weighs the prefill scorer: the time the endpoint's hardware class needs for the prompt's
-	// uncached tokens, so long uncached prompts prefer the class with faster prefill (default 1).
+	// PrefillWeight and LoRAWeight are the older spelling of weights.prefill and weights.lora.
 	PrefillWeight *float64 `yaml:"prefillWeight,omitempty" json:"prefillWeight,omitempty" jsonschema:"minimum=0"`
-	// LoRAWeight weighs the LoRA scorer: 1 where the requested adapter is loaded (default 1).
-	LoRAWeight *float64 `yaml:"loraWeight,omitempty" json:"loraWeight,omitempty" jsonschema:"minimum=0"`
+	LoRAWeight    *float64 `yaml:"loraWeight,omitempty" json:"loraWeight,omitempty" jsonschema:"minimum=0"`
 	// DebugScores returns every candidate's scores to the client in the x-infergate-scores response header.
 	// For tuning; it shows endpoint addresses, so keep it off where clients are not trusted.
 	DebugScores bool `yaml:"debugScores,omitempty" json:"debugScores,omitempty"`
@@ -120,11 +123,7 @@ const (
 const (
 	DefaultMaxWaiting         = 64
 	DefaultMaxKVUtilisation   = 0.97
-	DefaultPrefixWeight       = 2
-	DefaultLoadWeight         = 1
 	DefaultBoundedLoadEpsilon = 0.5
-	DefaultPrefillWeight      = 1
-	DefaultLoRAWeight         = 1
 	DefaultSLOMargin          = 0.8
 )
 
@@ -204,14 +203,13 @@ type Pricing struct {
 	OutputPerMTok float64 `yaml:"outputPerMTok,omitempty" json:"outputPerMTok,omitempty" jsonschema:"minimum=0"`
 }
 
-// Engines the pools may run; the engine decides the metrics dialect that is scraped.
-var Engines = []string{"vllm", "sglang", "trtllm"}
-
 // Pool is a set of identical replicas of one model on one hardware class: one Envoy cluster.
 type Pool struct {
 	Name          string `yaml:"name" json:"name" jsonschema:"minLength=1"`
 	HardwareClass string `yaml:"hardwareClass" json:"hardwareClass"`
-	Engine        string `yaml:"engine" json:"engine" jsonschema:"enum=vllm,enum=sglang,enum=trtllm"`
+	// Engine is what the replicas run; it decides the metrics dialect that is scraped. The names allowed are
+	// fleet.EngineNames() (validation and the JSON Schema's enum both read that registry).
+	Engine string `yaml:"engine" json:"engine"`
 	// ServedModel is the name the engine was started with; the request body is rewritten to it when it differs.
 	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
 	// Endpoints are the replicas as ip:port; they become EDS endpoints and x-gateway-destination-endpoint values.

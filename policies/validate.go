@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/picker/scorers"
 )
 
 // validator checks the meaning of a decoded policy and locates each problem in the YAML node tree.
@@ -143,24 +147,56 @@ func (v *validator) routing(r *Routing) {
 	if r.MaxKVUtilisation < 0 || r.MaxKVUtilisation > 1 {
 		v.fail(append(base, "maxKVUtilisation"), "must be between 0 and 1, got %v", r.MaxKVUtilisation)
 	}
-	if r.PrefixWeight < 0 || r.LoadWeight < 0 {
-		v.fail(base, "prefixWeight and loadWeight must not be negative")
-	}
-	if r.BoundedLoadEpsilon < 0 {
-		v.fail(append(base, "boundedLoadEpsilon"), "must not be negative, got %v", r.BoundedLoadEpsilon)
-	}
-	if w := r.PrefillWeight; w != nil && *w < 0 {
-		v.fail(append(base, "prefillWeight"), "must not be negative, got %v", *w)
-	}
-	if w := r.LoRAWeight; w != nil && *w < 0 {
-		v.fail(append(base, "loraWeight"), "must not be negative, got %v", *w)
-	}
+	v.weights(r)
 	if r.Placement != "" && r.Placement != PlacementSLO && r.Placement != PlacementAffinity {
 		v.fail(append(base, "placement"), "must be %q or %q, got %q", PlacementSLO, PlacementAffinity, r.Placement)
 	}
 	if r.SLOMargin < 0 || r.SLOMargin > 1 {
 		v.fail(append(base, "sloMargin"), "must be between 0 and 1, got %v", r.SLOMargin)
 	}
+}
+
+// weights checks routing.weights against the scorer table, and the older weight fields that stand for the same
+// scorers.
+func (v *validator) weights(r *Routing) {
+	base := p("spec", "routing")
+	for _, name := range slices.Sorted(maps.Keys(r.Weights)) {
+		w := r.Weights[name]
+		switch {
+		case !scorers.Known(name):
+			v.fail(append(slices.Clone(base), "weights", name), "unknown scorer %q; the scorers are %s", name, strings.Join(scorers.Names(scorers.Default), ", "))
+		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
+			v.fail(append(slices.Clone(base), "weights", name), "must be a finite number, not negative, got %v", w)
+		}
+	}
+	older := []struct {
+		field, scorer string
+		set           bool
+		w             float64
+	}{
+		{"prefixWeight", "prefix", r.PrefixWeight != 0, r.PrefixWeight},
+		{"loadWeight", "load", r.LoadWeight != 0, r.LoadWeight},
+		{"prefillWeight", "prefill", r.PrefillWeight != nil, deref(r.PrefillWeight)},
+		{"loraWeight", "lora", r.LoRAWeight != nil, deref(r.LoRAWeight)},
+	}
+	for _, o := range older {
+		if !o.set {
+			continue
+		}
+		if o.w < 0 {
+			v.fail(append(slices.Clone(base), o.field), "must not be negative, got %v", o.w)
+		}
+		if _, both := r.Weights[o.scorer]; both {
+			v.fail(append(slices.Clone(base), o.field), "states the weight weights.%s states too; keep weights.%s", o.scorer, o.scorer)
+		}
+	}
+}
+
+func deref(w *float64) float64 {
+	if w == nil {
+		return 0
+	}
+	return *w
 }
 
 func (v *validator) tiers(s *Spec, models map[string]bool) {
@@ -394,8 +430,8 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 		} else if _, ok := s.HardwareClasses[pl.HardwareClass]; !ok {
 			v.fail(append(pb, "hardwareClass"), "unknown hardware class %q (define it under spec.hardwareClasses)", pl.HardwareClass)
 		}
-		if !slices.Contains(Engines, pl.Engine) {
-			v.fail(append(pb, "engine"), "must be one of %s, got %q", strings.Join(Engines, ", "), pl.Engine)
+		if _, ok := fleet.DialectFor(pl.Engine); !ok {
+			v.fail(append(pb, "engine"), "must be one of %s, got %q", strings.Join(fleet.EngineNames(), ", "), pl.Engine)
 		}
 		switch {
 		case pl.Service != nil && len(pl.Endpoints) > 0:

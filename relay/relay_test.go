@@ -89,7 +89,7 @@ func TestOneReplicaScrapesForAll(t *testing.T) {
 	engines := []*engine{startEngine(t, exposition), startEngine(t, exposition)}
 	var targets []fleet.Target
 	for _, e := range engines {
-		targets = append(targets, fleet.Target{Addr: e.addr(), Dialect: fleet.DialectFor("vllm")})
+		targets = append(targets, fleet.Target{Addr: e.addr(), Dialect: fleet.MustDialect("vllm")})
 	}
 	var gs []*gatewayReplica
 	for range 3 {
@@ -152,7 +152,7 @@ func TestWithoutRedisEveryReplicaScrapes(t *testing.T) {
 	s := &fleet.Scraper{Interval: interval}
 	r := New(Options{Client: client, Scraper: s, Interval: interval})
 	s.Relay = r
-	s.SetTargets([]fleet.Target{{Addr: e.addr(), Dialect: fleet.DialectFor("vllm")}})
+	s.SetTargets([]fleet.Target{{Addr: e.addr(), Dialect: fleet.MustDialect("vllm")}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { r.Run(ctx) })
@@ -176,7 +176,7 @@ func TestRelayOnARealCluster(t *testing.T) {
 	}
 	cluster := redistest.StartRealCluster(t, 3)
 	e := startEngine(t, exposition)
-	targets := []fleet.Target{{Addr: e.addr(), Dialect: fleet.DialectFor("vllm")}}
+	targets := []fleet.Target{{Addr: e.addr(), Dialect: fleet.MustDialect("vllm")}}
 	var gs []*gatewayReplica
 	for i := range 2 {
 		addrs := cluster.Addrs()

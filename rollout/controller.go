@@ -41,8 +41,6 @@ type Options struct {
 	Logger  *slog.Logger
 	// Now is the clock of steps and windows (default time.Now).
 	Now func() time.Time
-	// OnShareChange is called when a model's candidate share changed (the xDS weights follow it).
-	OnShareChange func()
 }
 
 // Controller runs every rollout of the policy: it measures both arms (it is a settle observer), evaluates
@@ -53,6 +51,7 @@ type Controller struct {
 	windows *Windows
 	check   checker
 	shares  atomic.Pointer[map[string]float64]
+	onShare atomic.Pointer[func()] // OnShareChange's listener
 
 	mu      sync.Mutex // one Tick or Command at a time
 	pending map[string]int
@@ -182,10 +181,16 @@ func (c *Controller) Tick(ctx context.Context) {
 	c.publish(shares)
 }
 
-// publish swaps the shares in and tells OnShareChange when one moved.
+// OnShareChange sets what is called when a model's candidate share moved (the xDS weights follow it); it
+// replaces an earlier listener. Wire it before Run: a share that moves before then is not told.
+func (c *Controller) OnShareChange(f func()) { c.onShare.Store(&f) }
+
+// publish swaps the shares in and tells the OnShareChange listener when one moved.
 func (c *Controller) publish(shares map[string]float64) {
-	if old := c.shares.Swap(&shares); !maps.Equal(*old, shares) && c.opts.OnShareChange != nil {
-		c.opts.OnShareChange()
+	if old := c.shares.Swap(&shares); !maps.Equal(*old, shares) {
+		if f := c.onShare.Load(); f != nil {
+			(*f)()
+		}
 	}
 }
 

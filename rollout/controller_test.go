@@ -87,8 +87,9 @@ func (f *fixture) write(policy string) {
 
 // controller is one gateway replica's controller over the fixture's policy and store.
 func (f *fixture) controller(engines EngineView) *Controller {
-	return New(Options{Policies: f.pols, Store: f.store, Engines: engines, Now: f.clock.Now,
-		OnShareChange: func() { f.changes++ }})
+	c := New(Options{Policies: f.pols, Store: f.store, Engines: engines, Now: f.clock.Now})
+	c.OnShareChange(func() { f.changes++ })
+	return c
 }
 
 // feed settles n requests on each arm within the current second.

@@ -8,7 +8,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/director"
 )
 
 // The Responses API through the data plane with the openai-go client, whole and streamed: routed like chat
@@ -62,7 +62,7 @@ func TestResponsesAPIThroughGateway(t *testing.T) {
 	}
 }
 
-func settled(t *testing.T, st *Stack) extproc.Settlement {
+func settled(t *testing.T, st *Stack) director.Settlement {
 	t.Helper()
 	select {
 	case s := <-st.Settled:
@@ -70,5 +70,5 @@ func settled(t *testing.T, st *Stack) extproc.Settlement {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no settlement")
 	}
-	return extproc.Settlement{}
+	return director.Settlement{}
 }

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/rollout"
@@ -348,9 +348,9 @@ func TestRolloutReplicasShareTheState(t *testing.T) {
 }
 
 // collect drains the stack's settlements until ctx ends; the returned function lists those seen so far.
-func collect(ctx context.Context, st *Stack) func() []extproc.Settlement {
+func collect(ctx context.Context, st *Stack) func() []director.Settlement {
 	var mu sync.Mutex
-	var all []extproc.Settlement
+	var all []director.Settlement
 	go func() {
 		for {
 			select {
@@ -363,7 +363,7 @@ func collect(ctx context.Context, st *Stack) func() []extproc.Settlement {
 			}
 		}
 	}()
-	return func() []extproc.Settlement {
+	return func() []director.Settlement {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(all)

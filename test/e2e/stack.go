@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/gateway"
@@ -33,7 +34,7 @@ type Stack struct {
 	URL string
 	// Fleet is the simulated fleet; Settled receives every settlement the processor makes.
 	Fleet    *fleetsim.Fleet
-	Settled  chan extproc.Settlement
+	Settled  chan director.Settlement
 	Policies *policies.Store
 	// ExtProcAddr is where infergate's ext_proc server listens.
 	ExtProcAddr string
@@ -153,7 +154,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	st := &Stack{Fleet: fleet, Settled: make(chan extproc.Settlement, 4096), policyPath: policyPath,
+	st := &Stack{Fleet: fleet, Settled: make(chan director.Settlement, 4096), policyPath: policyPath,
 		envoyFile: filepath.Join(o.Root, o.EnvoyFile), upstreams: real, opts: o}
 
 	ecfg, err := envoysim.LoadFile(filepath.Join(o.Root, o.EnvoyFile))
@@ -168,7 +169,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		// The production graph, as infergate serve builds it.
 		cfg := st.replicaConfig(ecfg)
 		cfg.AuditLog, cfg.Tracing = o.AuditLog, o.Tracing
-		cfg.OnSettle = func(s extproc.Settlement) {
+		cfg.OnSettle = func(s director.Settlement) {
 			select {
 			case st.Settled <- s:
 			default:

@@ -15,6 +15,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
@@ -73,7 +74,8 @@ func benchQuotas(policyPath string, runs int, scale float64, chunk int) {
 		var limiter *quota.Limiter
 		if v.policy != nil {
 			limiter = quota.New(ctx, quota.Options{Addrs: []string{addr}})
-			opts = extproc.Options{Policies: policies.NewStaticStore(v.policy), Quotas: limiter}
+			store := policies.NewStaticStore(v.policy)
+			opts = extproc.Options{Policies: store, Director: director.New(director.Options{Policies: store, Admission: limiter})}
 		}
 		client, stop := startProcessor(extproc.New(opts))
 		defer stop()

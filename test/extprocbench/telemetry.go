@@ -42,13 +42,12 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 		log.Fatal(err)
 	}
 	defer alog.Close()
-	on, stopOn := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap),
-		Tracing: tracing, Digests: true,
-		Observers: []director.SettleObserver{telemetry.NewMetrics(reg), alog}}))
+	on, stopOn := startProcessor(withObservers(snap, extproc.Options{Tracing: tracing, Digests: true},
+		telemetry.NewMetrics(reg), alog))
 	defer stopOn()
 	// The same without the audit log, whose prompt digest (SHA-256 over the whole prompt) is most of the cost.
-	noAudit, stopNoAudit := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap),
-		Tracing: tracing, Observers: []director.SettleObserver{telemetry.NewMetrics(prometheus.NewRegistry())}}))
+	noAudit, stopNoAudit := startProcessor(withObservers(snap, extproc.Options{Tracing: tracing},
+		telemetry.NewMetrics(prometheus.NewRegistry())))
 	defer stopNoAudit()
 
 	fmt.Printf("\nTelemetry on (spans sampled at 100%% to a no-op exporter, audit to a file, goodput series) against off, "+
@@ -104,4 +103,11 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 // pooledResult is the p50 and p99 over every request of runs (see pooled.go).
 func pooledResult(runs []result) result {
 	return result{p50: pooled(runs, 0.50), p99: pooled(runs, 0.99)}
+}
+
+// withObservers is a processor over snap whose director tells obs of every settlement.
+func withObservers(snap *policies.Snapshot, o extproc.Options, obs ...director.SettleObserver) *extproc.Server {
+	o.Policies = policies.NewStaticStore(snap)
+	o.Director = director.New(director.Options{Policies: o.Policies, Observers: obs})
+	return extproc.New(o)
 }

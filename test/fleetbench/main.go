@@ -130,7 +130,7 @@ func startFleet(ctx context.Context) (*env, error) {
 		e.endpoints[k.model+"/"+k.class] = append(e.endpoints[k.model+"/"+k.class], r.Addr())
 		e.price[r.Addr()] = classPrice[k.class]
 		e.speed[r.Addr()] = speedOf(k.model, k.class)
-		targets = append(targets, fleet.Target{Addr: r.Addr(), Dialect: fleet.DialectFor("vllm")})
+		targets = append(targets, fleet.Target{Addr: r.Addr(), Dialect: fleet.MustDialect("vllm")})
 	}
 	for _, p := range pools {
 		e.capacity[p.model] += replicasPerPool * capacity(p.speed)

@@ -115,12 +115,10 @@ func (p *pickerRouter) sent(r *request, d picker.Decision, waited time.Duration)
 		if !o.ok {
 			return
 		}
-		if obs, ok := p.picker.(picker.Observer); ok && d.Fallback == nil {
-			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
+		if d.Fallback == nil {
+			p.picker.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
 		}
-		if obs, ok := p.picker.(picker.TimingObserver); ok {
-			obs.ObserveTiming(r.model, d, o.ttft-o.waited, o.tpot) // from routing, as the director measures
-		}
+		p.picker.ObserveTiming(r.model, d, o.ttft-o.waited, o.tpot) // from routing, as the director measures
 	}
 }
 

@@ -82,11 +82,9 @@ func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 			predictions.note(d.ExpectedCachedTokens, o.cached)
 		}
 		p.inflight[i].Done(ep)
-		if obs, ok := p.pickers[i].(picker.Observer); ok && o.ok {
-			obs.Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
-		}
-		if obs, ok := p.pickers[i].(picker.TimingObserver); ok && o.ok {
-			obs.ObserveTiming(p.model.Name, d, o.ttft, o.tpot)
+		if o.ok {
+			p.pickers[i].Observe(d, openai.Usage{PromptTokens: o.prompt, CachedTokens: o.cached, CachedReported: true})
+			p.pickers[i].ObserveTiming(p.model.Name, d, o.ttft, o.tpot)
 		}
 	}
 }
@@ -227,13 +225,13 @@ func hitsAndMisses(out []outcome) string {
 // published counts the placements put on any bus during the current run.
 var published atomic.Int64
 
-// run sends the workload with Poisson arrivals at rate (requests per simulated second).
-func run(rt router, work []request, rate float64) result {
+// run sends the workload with Poisson arrivals at rate (requests per simulated second), drawn from seed.
+func run(rt router, work []request, rate float64, seed uint64) result {
 	client := &http.Client{Timeout: 120 * time.Second}
 	out := make([]outcome, len(work))
 	var wg sync.WaitGroup
 	start := time.Now()
-	rng := rand.New(rand.NewPCG(7, 7))
+	rng := rand.New(rand.NewPCG(seed, 7))
 	for i := range work {
 		wait := time.Duration(rng.ExpFloat64() / rate * float64(time.Second) * timeScale)
 		time.Sleep(wait)
@@ -322,6 +320,7 @@ func main() {
 	gateways := flag.String("gateways", "", "comma-separated gateway replica counts, e.g. 1,2,4,8,16: instead of the usual policies, infergate as that many pickers taking requests round-robin, independent and sharing placements (issue #19's scale check)")
 	flag.Float64Var(&timeScale, "timescale", timeScale, "real time per simulated time: larger is slower and steadier on a loaded machine")
 	verbose := flag.Bool("v", false, "print, per run, how often the pickers' prefix index was right about the engine's cache, and the TTFTs of hits and misses")
+	seed := flag.Uint64("seed", 7, "arrival seed of the first run; run k draws its arrivals from seed+k, the same for every policy")
 	shareDelay := flag.Duration("share-delay", 5*time.Millisecond, "simulated time a shared placement takes to reach the other gateway replicas (Redis pub/sub)")
 	flag.Parse()
 	// Workloads grow with the fleet: the groups and the rate are those of four replicas, times replicas ÷ 4.
@@ -366,12 +365,19 @@ spec:
 		log.Fatal(err)
 	}
 	sloModel, _ := sloSnap.Model("m")
+	// Prefix-only: the same picker weighing prefix affinity alone, with no bound on load (and, below, no
+	// engine metrics).
+	pfxSnap, err := policies.Parse("bench-prefix-only.yaml", []byte(strings.Replace(policyText, "spec:\n", "spec:\n  routing: {weights: {prefix: 1, load: 0}, boundedLoadEpsilon: 1e9}\n", 1)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	pfxModel, _ := pfxSnap.Model("m")
 	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms.
 	// Staleness stays in real time: a scheduling hiccup of this shared two-core machine is not a dead engine.
 	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: 250 * time.Millisecond}
 	var targets []fleet.Target
 	for _, e := range eps {
-		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.DialectFor("vllm")})
+		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.MustDialect("vllm")})
 	}
 	scraper.SetTargets(targets)
 	go scraper.Run(ctx)
@@ -381,7 +387,7 @@ spec:
 		a := picker.NewAffinity(inflight, scraper) // the configuration infergate serve ships
 		a.IndexBlocks = *blocks
 		if prefixOnly {
-			a.Engines, a.LoadWeight, a.PrefixWeight, a.Epsilon = nil, 0, 1, 1e9
+			a.Engines = nil // and the prefix-only policy's weights (pfxSnap)
 		}
 		return a
 	}
@@ -438,7 +444,7 @@ spec:
 		}{
 			{"round-robin", &roundRobin{eps: eps}},
 			{"least-loaded", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{&picker.LeastInFlight{InFlight: least}}, inflight: []*fleet.InFlight{least}}},
-			{"prefix-only", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(pfx, true)}, inflight: []*fleet.InFlight{pfx}}},
+			{"prefix-only", &pickerRouter{snap: pfxSnap, model: pfxModel, pickers: []picker.Picker{newAffinity(pfx, true)}, inflight: []*fleet.InFlight{pfx}}},
 			{"infergate", &pickerRouter{snap: snap, model: model, pickers: []picker.Picker{newAffinity(one, false)}, inflight: []*fleet.InFlight{one}}},
 			{"infergate ×2", gatewaysOf(snap, model, 2, true)},
 			{"infergate SLO", &pickerRouter{snap: sloSnap, model: sloModel, pickers: []picker.Picker{newAffinity(sloOne, false)}, inflight: []*fleet.InFlight{sloOne}}},
@@ -476,7 +482,7 @@ spec:
 				predictions.reset()
 				published.Store(0)
 				work := tag(w.work(), k*10+i)
-				res := run(p.rt, work, w.rate)
+				res := run(p.rt, work, w.rate, *seed+uint64(k))
 				res.placements = float64(published.Load()) / float64(len(work))
 				results[i] = append(results[i], res)
 				if *verbose && p.name != "round-robin" {

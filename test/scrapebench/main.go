@@ -52,7 +52,7 @@ func main() {
 		len(addrs), sim, *gateways, interval, *window, *runs)
 	var targets []fleet.Target
 	for _, a := range addrs {
-		targets = append(targets, fleet.Target{Addr: a, Dialect: fleet.DialectFor("vllm")})
+		targets = append(targets, fleet.Target{Addr: a, Dialect: fleet.MustDialect("vllm")})
 	}
 	results := map[string][]result{}
 	for range *runs {

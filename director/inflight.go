@@ -1,0 +1,35 @@
+package director
+
+// inFlight is a routed request's place in the in-flight counts (fleet.InFlight, which the picker's load reads,
+// and the infergate_inflight_requests gauge). The director is their one owner: a request is counted once, when
+// it is placed — by Route, or by the admission queue as it places a waiting request, so that the room it takes
+// is counted before the queue tries the next — and uncounted once, when it settles or is dropped after its
+// placement; each uncount frees room a waiting request may take.
+type inFlight struct {
+	target  string // the endpoint or fallback cluster counted
+	counted bool
+}
+
+// count counts a placed request against target; a request counted already (placed from the queue) stays as
+// it is.
+func (d *Director) count(f *inFlight, target string) {
+	if f.counted {
+		return
+	}
+	d.opts.InFlight.Start(target)
+	d.opts.Metrics.InFlight.Inc()
+	f.target, f.counted = target, true
+}
+
+// uncount ends a request's count, once, and offers its room to the model's waiting requests.
+func (d *Director) uncount(f *inFlight, model string) {
+	if !f.counted {
+		return
+	}
+	f.counted = false
+	d.opts.InFlight.Done(f.target)
+	d.opts.Metrics.InFlight.Dec()
+	if d.opts.Queue != nil {
+		d.opts.Queue.Kick(model) // its endpoint has room for a waiting request
+	}
+}

@@ -1,0 +1,133 @@
+package picker
+
+import (
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker/scorers"
+	"github.com/infergate/infergate/policies"
+)
+
+// decision is one request's way through the picker's pipeline (see Affinity): what it is about, the settings
+// in force for it, and what each stage leaves for the next. It lives for one Pick; everything that outlives the
+// request is on the Affinity.
+type decision struct {
+	p    *Affinity
+	snap *policies.Snapshot
+	in   Input
+
+	routing policies.Routing
+	table   []scorers.Scorer
+	weights [scorers.Max]float64 // the table's weights, in its order
+	// targets are the request's SLO; slo says SLO placement applies (routing.placement slo and a TTFT target).
+	targets policies.Targets
+	slo     bool
+	// out is the output SLO placement prices: the director's bound, as admission reserves it.
+	out float64
+
+	// Left by the stages: every candidate and what the candidates stage left out (candidates), the hashed
+	// prompt.
+	all                    []scored
+	saturated, unavailable int
+	prompt                 prompt
+	hashed                 bool
+}
+
+// newDecision gathers what a decision needs before its first stage.
+func (p *Affinity) newDecision(snap *policies.Snapshot, in Input) decision {
+	d := decision{p: p, snap: snap, in: in, routing: snap.Routing(), table: p.table()}
+	if len(d.table) > scorers.Max {
+		d.table = d.table[:scorers.Max]
+	}
+	for i, s := range d.table {
+		w, ok := d.routing.Weights[s.Name]
+		if !ok {
+			w = s.DefaultWeight
+		}
+		d.weights[i] = w
+	}
+	d.targets, d.slo = sloTargets(snap, in)
+	if d.slo {
+		d.out = float64(outputTokens(snap, in))
+	}
+	return d
+}
+
+// outputTokens is the output a request is priced for: the director's bound, or the same bound computed here
+// for a caller that did not pass one.
+func outputTokens(snap *policies.Snapshot, in Input) int64 {
+	if in.OutputTokens > 0 || in.Request == nil {
+		return in.OutputTokens
+	}
+	r := in.Request
+	bound, _, _ := snap.OutputBound(in.Model, r.Endpoint != openai.EndpointEmbeddings, r.MaxTokens, int64(r.EstimatePromptTokens()))
+	return bound
+}
+
+// run takes the decision through the stages: candidates, then (per rollout arm, when the model has one)
+// bound, score, place and decide.
+func (d *decision) run() (Decision, error) {
+	engineBlock := d.candidates()
+	if len(d.all) == 0 {
+		return d.overflow(0)
+	}
+	d.hashPrompt(engineBlock)
+	if d.in.Split != nil {
+		return d.pickArm()
+	}
+	return d.place(d.all)
+}
+
+// place decides among cands (every candidate, or one rollout arm's): bound, score, then order by score or,
+// under SLO placement, by predicted timing and cost; the first wins.
+func (d *decision) place(cands []scored) (Decision, error) {
+	eligible, anyMatch, kvFull := d.bound(cands)
+	if len(eligible) == 0 {
+		return d.overflow(kvFull)
+	}
+	d.score(eligible, cands)
+	if d.slo {
+		return d.placeBySLO(eligible, cands)
+	}
+	return d.decide(d.order(eligible, cands, anyMatch)), nil
+}
+
+// overflow is the decision when no candidate can take the request (kvFull more were left out for a full KV
+// cache): see overflow.
+func (d *decision) overflow(kvFull int) (Decision, error) {
+	return overflow(d.in.Model, d.in, d.saturated+kvFull, d.unavailable)
+}
+
+// pickArm places a rolled-out model's request on its arm's pools. A candidate arm that cannot take it (no
+// endpoint, or all full so that placement would overflow) leaves it to the baseline: the candidate's share is
+// a ceiling, never a reason to refuse or to pay the managed API.
+func (d *decision) pickArm() (Decision, error) {
+	sp := d.in.Split
+	group := sp.Conversation
+	if group == 0 && len(d.prompt.hashes) > 0 {
+		group = GroupKey(d.prompt.hashes)
+	}
+	if group == 0 {
+		group = sp.Ungrouped
+	}
+	arm := sp.arm(d.in.Model.Name, group)
+	if kept := sp.inArmOnly(d.all, arm); len(kept) > 0 {
+		dec, err := d.place(kept)
+		if arm == ArmBaseline || sp.Force != "" || (err == nil && dec.Fallback == nil) {
+			return sp.annotate(dec, arm), err
+		}
+	} else if sp.Force == ArmBaseline {
+		return d.overflow(0)
+	}
+	base := sp.inArmOnly(d.all, ArmBaseline)
+	if len(base) == 0 {
+		return d.overflow(0)
+	}
+	dec, err := d.place(base)
+	return sp.annotate(dec, ArmBaseline), err
+}
+
+// release gives the prompt's hash buffer back.
+func (d *decision) release() {
+	if d.hashed {
+		d.p.pool.Put(&d.prompt.hashes)
+	}
+}

@@ -1,0 +1,85 @@
+package picker
+
+import (
+	"math"
+	"time"
+
+	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/openai"
+)
+
+// Observe implements Picker. It keeps an exponentially weighted mean of estimated ÷ real prompt tokens, so
+// that the index holds as much prompt text as the engine's KV cache really does and prefill times use real
+// tokens. And when the engine served far fewer cached tokens than the index promised, the engine evicted the
+// prefix (or another gateway's traffic did): the index forgets it there, and the prefix is placed again as a
+// new one, where the other gateway replicas place it.
+func (p *Affinity) Observe(d Decision, u openai.Usage) {
+	if len(d.Endpoints) > 0 && d.ServedBy != "" && d.ServedBy != d.Endpoints[0] {
+		// Envoy retried the request elsewhere: the chosen endpoint never saw the prompt, so what the index
+		// recorded there is not true. The served endpoint's cache is learnt from its own later answers.
+		p.forget(d.Endpoints[0], d)
+	} else if u.CachedReported && d.ExpectedCachedTokens > 0 && len(d.Endpoints) > 0 && 2*u.CachedTokens < int64(d.ExpectedCachedTokens) {
+		p.forget(d.Endpoints[0], d)
+	}
+	p.observeChurn(d, u)
+	estimated, real := d.EstimatedPromptTokens, int(u.PromptTokens)
+	if estimated <= 0 || real <= 0 {
+		return
+	}
+	sample := min(8, max(0.125, float64(estimated)/float64(real)))
+	for {
+		old := p.scale.Load()
+		next := sample
+		if old != 0 {
+			next = 0.95*math.Float64frombits(old) + 0.05*sample
+		}
+		if p.scale.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// ObserveTiming implements Picker: the chosen endpoint's model (or the fallback's) is fitted to the
+// measured time from routing to the first token and time per output token. A request Envoy retried elsewhere
+// teaches nothing: it was predicted for another endpoint.
+func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Duration) {
+	if !d.Predicted.set {
+		return
+	}
+	if d.Fallback != nil {
+		p.pred.observeManaged(contract.FallbackClusterName(model, d.Fallback.Name), ttft)
+		return
+	}
+	if len(d.Endpoints) == 0 || (d.ServedBy != "" && d.ServedBy != d.Endpoints[0]) {
+		return
+	}
+	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
+}
+
+// noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
+// prompts that did (before this one).
+func (p *Affinity) noteSharing(matched bool) float64 {
+	sample := 0.0
+	if matched {
+		sample = 1
+	}
+	for {
+		old := p.sharing.Load()
+		prev := initialSharing
+		if old != 0 {
+			prev = math.Float64frombits(old)
+		}
+		next := max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
+		if p.sharing.CompareAndSwap(old, math.Float64bits(next)) {
+			return prev
+		}
+	}
+}
+
+// tokenScale is estimated ÷ real tokens (1 until Observe has data).
+func (p *Affinity) tokenScale() float64 {
+	if b := p.scale.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
+}
