@@ -291,10 +291,11 @@ func (g *Gateway) auditLog(c Config) (*audit.Log, error) {
 // observers are the settle observers: the goodput metrics, the autoscaling signal, the rollouts' gates, the
 // audit log when on, and the configuration's OnSettle hook.
 func observers(c Config, goodput *telemetry.Metrics, scale *capacity.Autoscaler, gates *rollout.Controller, auditLog *audit.Log) []director.SettleObserver {
-	obs := []director.SettleObserver{goodput, scale, gates}
+	obs := []director.SettleObserver{goodput}
 	if auditLog != nil {
 		obs = append(obs, auditLog)
 	}
+	obs = append(obs, scale, gates)
 	if c.OnSettle != nil {
 		obs = append(obs, director.OnRouted(c.OnSettle))
 	}

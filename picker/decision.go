@@ -125,9 +125,11 @@ func (d *decision) pickArm() (Decision, error) {
 	return sp.annotate(dec, ArmBaseline), err
 }
 
-// release gives the prompt's hash buffer back.
+// release gives the prompt's hash buffer back (through a pointer of its own, so that the decision itself stays
+// on the stack).
 func (d *decision) release() {
 	if d.hashed {
-		d.p.pool.Put(&d.prompt.hashes)
+		buf := d.prompt.hashes
+		d.p.pool.Put(&buf)
 	}
 }

@@ -68,7 +68,7 @@ func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull in
 				kvFull++
 				continue
 			}
-			if bounded && float64(c.load) > limit(c) {
+			if bounded && float64(c.load) > limit.of(c) {
 				continue
 			}
 			anyMatch = anyMatch || c.matched > 0
@@ -82,33 +82,46 @@ func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull in
 	return out, anyMatch, kvFull
 }
 
-// loadBound is the bounded-load limit of a candidate among cands.
+// loadLimit is the bounded-load limit of the candidates of one decision: (1+ε) × their mean in-flight, +1
+// (2ε for one holding a prefix of the prompt).
 //
-// Under SLO placement the bound is each pool's own mean: pools on different hardware are not meant to carry the
-// same load, and the SLO prediction decides between them. There it is at least the pool's batch size less one,
-// when stated: a batch with room is what the cost ranking fills first.
-func (d *decision) loadBound(cands []scored) func(*scored) float64 {
-	eps := d.routing.BoundedLoadEpsilon
+// Under SLO placement (perPool) the bound is each pool's own mean: pools on different hardware are not meant to
+// carry the same load, and the SLO prediction decides between them. There it is at least the pool's batch size
+// less one, when stated: a batch with room is what the cost ranking fills first.
+type loadLimit struct {
+	eps, mean float64
+	perPool   map[*policies.Pool][2]int64 // total, count; nil unless SLO placement
+}
+
+// loadBound measures the candidates' load for the bound.
+func (d *decision) loadBound(cands []scored) loadLimit {
+	l := loadLimit{eps: d.routing.BoundedLoadEpsilon}
 	if !d.slo {
 		var total int64
 		for _, c := range cands {
 			total += c.load
 		}
-		mean := float64(total) / float64(len(cands))
-		return func(c *scored) float64 { return (1+eps*hitSlack(c))*mean + 1 }
+		l.mean = float64(total) / float64(len(cands))
+		return l
 	}
-	loads := map[*policies.Pool][2]int64{} // total, count
+	l.perPool = map[*policies.Pool][2]int64{}
 	for _, c := range cands {
-		l := loads[c.pool]
-		loads[c.pool] = [2]int64{l[0] + c.load, l[1] + 1}
+		t := l.perPool[c.pool]
+		l.perPool[c.pool] = [2]int64{t[0] + c.load, t[1] + 1}
 	}
-	return func(c *scored) float64 {
-		l := loads[c.pool]
-		// An endpoint with room in its stated batch is within the bound whatever its pool's mean: the SLO
-		// prediction sees the wait of a full batch, and the cost ranking fills a replica before it wakes
-		// another (see decodeShare).
-		return max((1+eps*hitSlack(c))*float64(l[0])/float64(l[1])+1, float64(c.pool.MaxConcurrency-1))
+	return l
+}
+
+// of is a candidate's limit.
+func (l *loadLimit) of(c *scored) float64 {
+	if l.perPool == nil {
+		return (1+l.eps*hitSlack(c))*l.mean + 1
 	}
+	t := l.perPool[c.pool]
+	// An endpoint with room in its stated batch is within the bound whatever its pool's mean: the SLO prediction
+	// sees the wait of a full batch, and the cost ranking fills a replica before it wakes another (see
+	// decodeShare).
+	return max((1+l.eps*hitSlack(c))*float64(t[0])/float64(t[1])+1, float64(c.pool.MaxConcurrency-1))
 }
 
 // hitSlackFactor multiplies ε for an endpoint holding a prefix of the prompt: sending the request elsewhere
@@ -140,7 +153,7 @@ func (d *decision) score(eligible, all []scored) {
 			AdapterLoaded: c.adapterLoaded}
 		c.total, c.fit = 0, 0
 		for j, s := range d.table {
-			v := s.Score(&f)
+			v := s.Score(f)
 			c.parts[j] = v
 			c.total += d.weights[j] * v
 			if s.Fit {

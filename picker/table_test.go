@@ -15,7 +15,7 @@ import (
 func TestToyScorerThroughTheTableAlone(t *testing.T) {
 	snap, m := mixed(t)
 	// The toy prefers one endpoint, with a default weight that outweighs every other scorer.
-	toy := scorers.Scorer{Name: "toy", DefaultWeight: 10, Score: func(c *scorers.Candidate) float64 {
+	toy := scorers.Scorer{Name: "toy", DefaultWeight: 10, Score: func(c scorers.Candidate) float64 {
 		if c.Load == 7 {
 			return 1
 		}

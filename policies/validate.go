@@ -148,6 +148,9 @@ func (v *validator) routing(r *Routing) {
 		v.fail(append(base, "maxKVUtilisation"), "must be between 0 and 1, got %v", r.MaxKVUtilisation)
 	}
 	v.weights(r)
+	if r.BoundedLoadEpsilon < 0 {
+		v.fail(append(base, "boundedLoadEpsilon"), "must not be negative, got %v", r.BoundedLoadEpsilon)
+	}
 	if r.Placement != "" && r.Placement != PlacementSLO && r.Placement != PlacementAffinity {
 		v.fail(append(base, "placement"), "must be %q or %q, got %q", PlacementSLO, PlacementAffinity, r.Placement)
 	}

@@ -29,8 +29,9 @@ type Scorer struct {
 	// Fit marks a score that says how well the endpoint's hardware suits the prompt, whatever its cache and
 	// load: a prefix no endpoint holds starts on the best fit first (see picker's placeNew).
 	Fit bool
-	// Score is the candidate's score, in [0,1].
-	Score func(*Candidate) float64
+	// Score is the candidate's score, in [0,1]. The candidate is passed by value: through a function value a
+	// pointer would make every candidate escape to the heap.
+	Score func(Candidate) float64
 }
 
 // Max is the most scorers a table may hold: the picker keeps every candidate's scores in a fixed array, so that
@@ -49,7 +50,7 @@ var Default = []Scorer{
 }
 
 // Prefix is the share of the prompt's leading blocks the endpoint holds: a held prefix is prefill not done.
-func Prefix(c *Candidate) float64 {
+func Prefix(c Candidate) float64 {
 	if c.PromptBlocks <= 0 {
 		return 0
 	}
@@ -58,13 +59,13 @@ func Prefix(c *Candidate) float64 {
 
 // Load is 1 for an idle endpoint, falling toward 0 for the busiest candidate: load spreads requests before any
 // engine queues.
-func Load(c *Candidate) float64 {
+func Load(c Candidate) float64 {
 	return 1 - float64(c.Load)/float64(c.MaxLoad+1)
 }
 
 // Prefill is τ/(t+τ) for t the seconds the endpoint's hardware needs for the prompt's uncached tokens: long
 // uncached prompts prefer the class that prefills fastest.
-func Prefill(c *Candidate) float64 {
+func Prefill(c Candidate) float64 {
 	if c.PrefillTokensPerSecond <= 0 {
 		return 0
 	}
@@ -73,7 +74,7 @@ func Prefill(c *Candidate) float64 {
 }
 
 // LoRA is 1 where the requested adapter is already loaded: loading one costs the engine seconds.
-func LoRA(c *Candidate) float64 {
+func LoRA(c Candidate) float64 {
 	if c.AdapterLoaded {
 		return 1
 	}

@@ -21,7 +21,7 @@ func TestDefaultScorers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			want := map[string]float64{"prefix": tc.prefix, "load": tc.load, "prefill": tc.prefill, "lora": tc.lora}
 			for _, s := range Default {
-				if got := s.Score(&tc.c); math.Abs(got-want[s.Name]) > 1e-9 {
+				if got := s.Score(tc.c); math.Abs(got-want[s.Name]) > 1e-9 {
 					t.Errorf("%s = %v, want %v", s.Name, got, want[s.Name])
 				}
 			}
@@ -42,7 +42,7 @@ func TestDefaultTable(t *testing.T) {
 		}
 		seen[s.Name] = true
 		for _, c := range []Candidate{{}, {PromptBlocks: 1, MatchedBlocks: 1, Load: 1 << 40, MaxLoad: 1 << 40, UncachedTokens: 1e12, PrefillTokensPerSecond: 1e-9, AdapterLoaded: true}} {
-			if v := s.Score(&c); v < 0 || v > 1 || math.IsNaN(v) {
+			if v := s.Score(c); v < 0 || v > 1 || math.IsNaN(v) {
 				t.Errorf("%s scored %v for %+v", s.Name, v, c)
 			}
 		}

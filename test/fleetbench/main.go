@@ -45,6 +45,7 @@ func main() {
 	scale := flag.Float64("timescale", 1, "real seconds per simulated second")
 	only := flag.String("policies", "", "run only these policies (comma-separated; round-robin always runs)")
 	verbose := flag.Bool("v", false, "print every run")
+	seed := flag.Uint64("seed", 11, "workload seed of the first run; run k draws its arrivals and prompts from seed+k, the same for every row")
 	flag.Parse()
 	timeScale = *scale
 	ctx, cancel := context.WithCancel(context.Background())
@@ -75,7 +76,7 @@ func main() {
 				continue
 			}
 			rt := env.router(name)
-			work := workload(*duration, env.capacity, fmt.Sprintf("run%d-%d", k, i))
+			work := workload(*duration, env.capacity, fmt.Sprintf("run%d-%d", k, i), *seed+uint64(k))
 			r := env.run(rt, work, *duration)
 			if *verbose {
 				fmt.Fprintf(os.Stderr, "run %d %s: %+v\n", k, name, r)

@@ -217,9 +217,9 @@ func modelByName(name string) modelSpec {
 }
 
 // workload draws Poisson arrivals whose rate ramps linearly from 0.5× to 1.5× of each model's capacity over
-// half the duration and back, by thinning arrivals at the peak rate.
-func workload(d time.Duration, capacity map[string]float64, tag string) []request {
-	rng := rand.New(rand.NewPCG(11, 13))
+// half the duration and back, by thinning arrivals at the peak rate; seed draws the arrivals and the prompts.
+func workload(d time.Duration, capacity map[string]float64, tag string, seed uint64) []request {
+	rng := rand.New(rand.NewPCG(seed, 13))
 	var total float64
 	for _, m := range models {
 		total += capacity[m.name]
