@@ -39,8 +39,8 @@ type Affinity struct {
 	Engines EngineView
 	Index   *Index
 	Hasher  Hasher
-	// Scorers is the scorer table (default scorers.Default, at most scorers.Max entries); each one's weight is
-	// the policy's routing.weights entry of its name, or its default weight.
+	// Scorers is the scorer table (default scorers.Default, at most scorers.Max entries; set before the first
+	// Pick); each one's weight is the policy's routing.weights entry of its name, or its default weight.
 	Scorers []scorers.Scorer
 	// IndexBlocks sizes each endpoint's index when the engine does not report num_gpu_blocks.
 	IndexBlocks int
@@ -59,6 +59,13 @@ type Affinity struct {
 	pred    predictor
 	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
+	weights atomic.Pointer[resolvedWeights]
+}
+
+// resolvedWeights are the scorer table's weights under one policy snapshot.
+type resolvedWeights struct {
+	snap *policies.Snapshot
+	w    [scorers.Max]float64
 }
 
 // DefaultMaxBlocks is how many leading blocks of a prompt are hashed: 512 blocks of 16 tokens, about 8K tokens,
@@ -123,6 +130,25 @@ func (p *Affinity) Pick(snap *policies.Snapshot, in Input) (Decision, error) {
 	d := p.newDecision(snap, in)
 	defer d.release()
 	return d.run()
+}
+
+// weightsFor is each scorer's weight under snap — the policy's routing.weights entry of its name, or its
+// default — looked up once per snapshot rather than per decision (the table is fixed once Pick runs).
+func (p *Affinity) weightsFor(snap *policies.Snapshot, table []scorers.Scorer) *[scorers.Max]float64 {
+	if c := p.weights.Load(); c != nil && c.snap == snap {
+		return &c.w
+	}
+	c := &resolvedWeights{snap: snap}
+	weights := snap.Routing().Weights
+	for i, s := range table {
+		w, ok := weights[s.Name]
+		if !ok {
+			w = s.DefaultWeight
+		}
+		c.w[i] = w
+	}
+	p.weights.Store(c)
+	return &c.w
 }
 
 // table is the scorer table in force.

@@ -45,7 +45,7 @@ type scored struct {
 // otherwise). Under SLO placement each candidate also carries the engine's running batch and what this
 // gateway sent it since.
 func (d *decision) candidates() (blockTokens int) {
-	p, snap, in, slo, routing := d.p, d.snap, d.in, d.slo, d.routing
+	p, snap, in, slo, routing := d.p, d.snap, &d.in, d.slo, &d.routing
 	cands := d.all[:0]
 	var saturated, unavailable int
 	var headroom, replicas float64 // read only with the admission queue

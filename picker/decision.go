@@ -16,7 +16,7 @@ type decision struct {
 
 	routing policies.Routing
 	table   []scorers.Scorer
-	weights [scorers.Max]float64 // the table's weights, in its order
+	weights *[scorers.Max]float64 // the table's weights, in its order (resolved once per snapshot)
 	// targets are the request's SLO; slo says SLO placement applies (routing.placement slo and a TTFT target).
 	targets policies.Targets
 	slo     bool
@@ -37,13 +37,7 @@ func (p *Affinity) newDecision(snap *policies.Snapshot, in Input) decision {
 	if len(d.table) > scorers.Max {
 		d.table = d.table[:scorers.Max]
 	}
-	for i, s := range d.table {
-		w, ok := d.routing.Weights[s.Name]
-		if !ok {
-			w = s.DefaultWeight
-		}
-		d.weights[i] = w
-	}
+	d.weights = p.weightsFor(snap, d.table)
 	d.targets, d.slo = sloTargets(snap, in)
 	if d.slo {
 		d.out = float64(outputTokens(snap, in))
