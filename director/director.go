@@ -198,7 +198,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 		return &Refusal{Reason: ModelForbidden, Model: body.Model, Tenant: req.Tenant.Name}
 	}
 	rt.prompt = int64(body.EstimatePromptTokens())
-	maxOut, inject, ok := outputBound(req.Snapshot, model, req.Endpoint, body)
+	maxOut, inject, ok := outputBound(req.Snapshot, model, req.Endpoint, body, rt.prompt)
 	if !ok {
 		return &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
 			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
@@ -299,9 +299,9 @@ func (d *Director) refused(req *Request, rt *Route, r *Refusal) {
 
 // outputBound fixes the most output tokens the request can produce (policies.Snapshot.OutputBound), which
 // admission reserves and SLO placement prices; inject, when the client asked none, is the bound to write into
-// the body.
-func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request) (maxOut, inject int64, ok bool) {
-	maxOut, injected, ok := snap.OutputBound(model, ep != openai.EndpointEmbeddings, body.MaxTokens, int64(body.EstimatePromptTokens()))
+// the body. prompt is the request's estimated prompt tokens, estimated once by Route.
+func outputBound(snap *policies.Snapshot, model *policies.Model, ep openai.Endpoint, body *openai.Request, prompt int64) (maxOut, inject int64, ok bool) {
+	maxOut, injected, ok := snap.OutputBound(model, ep != openai.EndpointEmbeddings, body.MaxTokens, prompt)
 	if injected {
 		inject = maxOut
 	}
