@@ -190,7 +190,7 @@ func TestUnknownModelIsNotReported(t *testing.T) {
 	}
 }
 
-// timingPicker records what Settle teaches a TimingObserver.
+// timingPicker records what Settle teaches the picker about timing (Picker.ObserveTiming).
 type timingPicker struct {
 	picker.Picker
 	heard []time.Duration // ttft, tpot pairs
