@@ -44,6 +44,8 @@ type seq struct {
 	private     int // KV blocks not shared through the prefix cache
 	arrived     time.Time
 	firstToken  time.Time
+	finished    time.Time // when it retired
+	handle      *Sequence // a VirtualEngine's handle on it
 	tokens      chan int // receives the running output count; closed when finished
 	ctx         context.Context
 	admitted    bool
@@ -53,6 +55,7 @@ type seq struct {
 // chunked prefill sharing one token budget per step, and decode steps that slow down as the batch grows.
 type engine struct {
 	cfg EngineConfig
+	now func() time.Time // the engine's clock: time.Now, or the simulated time of a VirtualEngine
 
 	mu      sync.Mutex
 	cache   *kvCache
@@ -81,7 +84,7 @@ func newEngine(cfg EngineConfig) *engine {
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 1
 	}
-	return &engine{cfg: cfg, cache: newKVCache(cfg.BlockSize, cfg.NumGPUBlocks), wake: make(chan struct{}, 1), slow: 1}
+	return &engine{cfg: cfg, now: time.Now, cache: newKVCache(cfg.BlockSize, cfg.NumGPUBlocks), wake: make(chan struct{}, 1), slow: 1}
 }
 
 // submit queues a request. Its tokens channel yields the output-token count as tokens are produced (the
@@ -90,7 +93,7 @@ func (e *engine) submit(ctx context.Context, tokens []string, maxOut int) (*seq,
 	hashes := blockHashes(tokens, e.cfg.BlockSize)
 	totalBlocks := (len(tokens) + maxOut + e.cfg.BlockSize - 1) / e.cfg.BlockSize
 	s := &seq{
-		prompt: len(tokens), hashes: hashes, maxOut: maxOut, arrived: time.Now(),
+		prompt: len(tokens), hashes: hashes, maxOut: maxOut, arrived: e.now(),
 		private: max(0, totalBlocks-len(hashes)), tokens: make(chan int, maxOut+2), ctx: ctx,
 	}
 	if totalBlocks > e.cfg.NumGPUBlocks {
@@ -129,7 +132,7 @@ func (e *engine) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		e.finishStep()
+		e.finishStep(nil)
 	}
 }
 
@@ -191,11 +194,12 @@ func (e *engine) step() (time.Duration, bool) {
 	return d, true
 }
 
-// finishStep applies the step's prefill and decode progress and retires finished sequences.
-func (e *engine) finishStep() {
+// finishStep applies the step's prefill and decode progress and retires finished sequences, which it returns
+// to a caller that asks (retired non-nil).
+func (e *engine) finishStep(retired *[]*seq) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := time.Now()
+	now := e.now()
 	for s, n := range e.current.prefill {
 		s.prefillLeft -= n
 		if s.prefillLeft == 0 {
@@ -215,7 +219,11 @@ func (e *engine) finishStep() {
 	kept := e.running[:0]
 	for _, s := range e.running {
 		if s.prefillLeft == 0 && s.out >= s.maxOut || s.ctx.Err() != nil {
+			s.finished = now
 			e.retire(s)
+			if retired != nil {
+				*retired = append(*retired, s)
+			}
 			continue
 		}
 		kept = append(kept, s)

@@ -45,7 +45,7 @@ func stepIs(t *testing.T, e *engine, want time.Duration) {
 	if !busy || (d-want).Abs() > time.Microsecond {
 		t.Fatalf("step took %v (busy %v), want %v", d, busy, want)
 	}
-	e.finishStep()
+	e.finishStep(nil)
 }
 
 // ms is a duration of fractional milliseconds.
@@ -125,7 +125,7 @@ func TestEngineEvictsLeastRecentlyUsedBlocks(t *testing.T) {
 		if d, busy := e.step(); !busy || d <= 0 {
 			t.Fatalf("%s: no step", tag)
 		}
-		e.finishStep()
+		e.finishStep(nil)
 		return s
 	}
 	run("old")
