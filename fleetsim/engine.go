@@ -46,7 +46,7 @@ type seq struct {
 	firstToken  time.Time
 	finished    time.Time // when it retired
 	handle      *Sequence // a VirtualEngine's handle on it
-	tokens      chan int // receives the running output count; closed when finished
+	tokens      chan int  // receives the running output count; closed when finished
 	ctx         context.Context
 	admitted    bool
 }

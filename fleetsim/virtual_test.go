@@ -33,7 +33,7 @@ func TestVirtualEngineRunsOnTheCallersClock(t *testing.T) {
 	if got, want := first.FirstToken().Sub(t0), ms(102); (got - want).Abs() > time.Microsecond {
 		t.Errorf("first token after %v, want %v", got, want)
 	}
-	if got, want := first.Finished().Sub(t0), ms(102+2*23); (got - want).Abs() > time.Microsecond || !idle.Equal(first.Finished()) {
+	if got, want := first.Finished().Sub(t0), ms(102+2*23); (got-want).Abs() > time.Microsecond || !idle.Equal(first.Finished()) {
 		t.Errorf("finished after %v (idle at %v), want %v", got, idle.Sub(t0), want)
 	}
 	if len(retired) != 1 || retired[0] != first || first.Output() != 3 || first.Prompt() != 1000 {
