@@ -43,6 +43,10 @@ bench-admission: ## goodput under 3× overload: admission queue against no queue
 bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output tokens, four policies and SLO placement with the admission queue instead of a managed API (≈ 22 min; table for BENCHMARKS.md)
 	$(GO) run ./test/fleetbench -runs 3
 
+.PHONY: bench-placement
+bench-placement: ## placement over a generated family of fleets and workloads (24 scenarios × 3 arrival seeds, five policies; ≈ 2 min in simulated time; table for BENCHMARKS.md; -quick: CI-sized)
+	$(GO) run ./test/placementbench
+
 .PHONY: bench-routing
 bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench

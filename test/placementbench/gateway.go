@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infergate/infergate/admission"
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/fleetsim"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+)
+
+// The rows: every scenario runs each.
+const (
+	rowRR       = "round-robin"
+	rowLeast    = "least-loaded"
+	rowAffinity = "affinity"
+	rowSLO      = "slo"
+	rowQueue    = "slo+queue"
+)
+
+var rows = []string{rowRR, rowLeast, rowAffinity, rowSLO, rowQueue}
+
+// outcome is what became of one request.
+type outcome struct {
+	served, good bool
+	ttft, tpot   time.Duration // TTFT from the request's arrival, the queue's wait included
+	completion   int
+	prompt       int
+	cached       int
+	class        int // the class that served it
+}
+
+// gateway is one row's router over one scenario's fleet, in the sim's time: a request's decision is taken at
+// its arrival (or, with the queue, when room comes), it runs on the chosen engine, and what the engine
+// reported and the client measured goes back to the picker as the director hands it.
+type gateway struct {
+	sc       *scenario
+	sim      *sim
+	fleet    *fleetState
+	row      string
+	snap     *policies.Snapshot
+	model    *policies.Model
+	tenant   *policies.Tenant
+	inflight *fleet.InFlight
+	picker   picker.Picker
+	queue    *admission.Queue
+	classOf  map[string]int
+	rr       atomic.Uint64
+	eps      []string
+
+	out      []outcome
+	decide   []time.Duration // the machine's time per picker decision
+	waiters  sync.WaitGroup
+	decideMu sync.Mutex
+}
+
+func newGateway(sc *scenario, row string) *gateway {
+	sm := &sim{}
+	fl, endpoints := newFleet(sc, sm)
+	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, inflight: &fleet.InFlight{}, classOf: map[string]int{}}
+	placement := policies.PlacementSLO
+	if row == rowAffinity || row == rowLeast || row == rowRR {
+		placement = policies.PlacementAffinity
+	}
+	snap, err := policies.Parse("placementbench.yaml", []byte(sc.policyYAML(endpoints, placement, row == rowQueue)))
+	if err != nil {
+		log.Fatalf("scenario %d: %v", sc.id, err)
+	}
+	g.snap, g.tenant = snap, &snap.Policy.Spec.Tenants[0]
+	g.model, _ = snap.Model(sc.model)
+	for i, eps := range endpoints {
+		for _, e := range eps {
+			g.classOf[e] = i
+			g.eps = append(g.eps, e)
+		}
+	}
+	switch row {
+	case rowLeast:
+		g.picker = &picker.LeastInFlight{InFlight: g.inflight}
+	case rowAffinity, rowSLO, rowQueue:
+		a := picker.NewAffinity(g.inflight, fl)
+		a.ChurnEvery = -1
+		a.PolicyChanged(snap)
+		g.picker = a
+	}
+	if row == rowQueue {
+		g.queue = admission.New(sm, nil)
+		fl.onRound = g.queue.KickAll
+	}
+	return g
+}
+
+// run plays the workload and returns every request's outcome.
+func (g *gateway) run(work []request, d time.Duration) []outcome {
+	g.out = make([]outcome, len(work))
+	g.fleet.end = d
+	g.sim.after(0, g.fleet.scrape)
+	for i := range work {
+		g.sim.after(work[i].at, func() { g.arrive(i, &work[i]) })
+	}
+	g.sim.run()
+	g.waiters.Wait()
+	return g.out
+}
+
+// arrive routes one request as it arrives.
+func (g *gateway) arrive(i int, r *request) {
+	switch g.row {
+	case rowRR:
+		g.send(i, r, g.eps[int(g.rr.Add(1))%len(g.eps)], nil)
+	case rowQueue:
+		g.queued(i, r)
+	default:
+		req := parsed(r, g.sc.model)
+		d, err := g.pick(req, picker.Input{})
+		req.Release()
+		if err != nil {
+			return // no endpoint: not served
+		}
+		g.inflight.Start(d.Target(g.sc.model))
+		g.send(i, r, d.Endpoints[0], &d)
+	}
+}
+
+// pick asks the row's picker, timing the decision on the machine's clock.
+func (g *gateway) pick(req *openai.Request, in picker.Input) (picker.Decision, error) {
+	in.Model, in.Tenant, in.Request = g.model, g.tenant, req
+	start := time.Now()
+	d, err := g.picker.Pick(g.snap, in)
+	took := time.Since(start)
+	g.decideMu.Lock()
+	g.decide = append(g.decide, took)
+	g.decideMu.Unlock()
+	return d, err
+}
+
+// queued is the director's admission path: a request no endpoint can take now, or serve within its target
+// where waiting can help, waits in the admission queue for room until its TTFT target and is shed then.
+// Requests arriving while others wait join behind them.
+func (g *gateway) queued(i int, r *request) {
+	arrived := g.sim.Now()
+	in := picker.Input{Queueing: true}
+	if g.queue.Len(g.sc.model) == 0 {
+		req := parsed(r, g.sc.model)
+		d, err := g.pick(req, in)
+		req.Release()
+		var nc *picker.NoCapacity
+		switch {
+		case err == nil:
+			g.inflight.Start(d.Target(g.sc.model))
+			g.send(i, r, d.Endpoints[0], &d)
+			return
+		case !errors.As(err, &nc) || !nc.Saturated:
+			return
+		}
+	}
+	req := parsed(r, g.sc.model)
+	set := g.snap.Admission()
+	e := &admission.Entry{Model: g.sc.model, Tenant: "t", Class: g.snap.QueueClass(g.tenant), Cost: 1,
+		Deadline: arrived.Add(g.sc.ttft),
+		Try: func() admission.TryResult {
+			in.Waited = g.sim.Now().Sub(arrived)
+			d, err := g.pick(req, in)
+			if err != nil {
+				return admission.NoRoom
+			}
+			g.inflight.Start(d.Target(g.sc.model))
+			g.send(i, r, d.Endpoints[0], &d)
+			return admission.Placed
+		}}
+	// The queue's Wait blocks its caller; it runs on a goroutine of its own, and the loop goes on once the
+	// entry has started, been refused or is parked with its deadline timer set.
+	p := &parked{ch: make(chan struct{})}
+	g.sim.parked.Store(p)
+	g.waiters.Add(1)
+	go func() {
+		defer g.waiters.Done()
+		g.queue.Wait(context.Background(), e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
+		p.once.Do(func() { close(p.ch) })
+		req.Release()
+	}()
+	<-p.ch
+	g.sim.parked.Store(nil)
+}
+
+// parked is closed once a waiter's entry has started, been refused, or set its deadline timer.
+type parked struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// send runs request i on an endpoint now; d is the picker's decision (nil for round-robin).
+func (g *gateway) send(i int, r *request, addr string, d *picker.Decision) {
+	arrived := epoch.Add(r.at)
+	sent := g.sim.Now()
+	tokens := make([]string, 0, len(r.system)+len(r.user)+3)
+	tokens = append(append(append(append(append(tokens, "<|system|>"), r.system...), "<|user|>"), r.user...), "<|assistant|>")
+	var dec picker.Decision
+	if d != nil {
+		dec = *d
+	}
+	g.fleet.submit(addr, tokens, r.output, func(q *fleetsim.Sequence, err error) {
+		if d != nil {
+			g.inflight.Done(dec.Target(g.sc.model))
+		}
+		if err != nil {
+			return // refused by the engine (longer than its KV cache): not served
+		}
+		o := outcome{served: true, ttft: q.FirstToken().Sub(arrived), completion: q.Output(), prompt: q.Prompt(), cached: q.Cached(),
+			class: g.classOf[addr]}
+		if q.Output() > 1 {
+			o.tpot = q.Finished().Sub(q.FirstToken()) / time.Duration(q.Output()-1)
+		}
+		o.good = o.ttft <= g.sc.ttft && o.tpot <= g.sc.tpot
+		g.out[i] = o
+		if d != nil {
+			g.picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
+			g.picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent), o.tpot)
+		}
+		if g.queue != nil {
+			g.queue.Kick(g.sc.model)
+		}
+	})
+}
+
+// parsed is the request's body as the gateway parses it; the caller releases it.
+func parsed(r *request, model string) *openai.Request {
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": r.output,
+		"messages": []map[string]string{{"role": "system", "content": strings.Join(r.system, " ")},
+			{"role": "user", "content": strings.Join(r.user, " ")}}})
+	req, err := openai.ParseRequest(openai.EndpointChat, body)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return &req
+}

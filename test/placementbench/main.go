@@ -1,0 +1,92 @@
+// Command placementbench judges placement over a family of generated fleets and workloads instead of one: each
+// scenario draws 2-4 hardware classes (speeds and prices arranged so that the fast class is the cheaper per
+// token in some, the slow one in others, the cheaper one meets the TTFT target only for cached prompts in
+// others, and one class cannot hold the model's context in others), a 7B-70B model, group sizes of 1-64,
+// shared-prefix shares of 0-90 % and loads of 0.3-1.5× the fleet's capacity, constant or ramped; each runs
+// several arrival seeds under round-robin, least-loaded, infergate's affinity, SLO placement, and SLO
+// placement with the admission queue. The fleet is fleetsim's engine (fleetsim.VirtualEngine) in a
+// discrete-event loop: simulated time, so the figures do not depend on the machine's load, and the family
+// runs in minutes. The report is the distribution over scenarios, and the targets met / not met.
+//
+//	go run ./test/placementbench [-quick]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/test/loadgen"
+)
+
+func main() {
+	n := flag.Int("scenarios", 24, "scenarios in the family")
+	seeds := flag.Int("seeds", 3, "arrival seeds per scenario")
+	familySeed := flag.Uint64("family", 33, "seed the family of scenarios is drawn from")
+	duration := flag.Duration("duration", 60*time.Second, "simulated length of each run")
+	quick := flag.Bool("quick", false, "a CI-sized family: 8 scenarios, 1 seed, 20 s runs")
+	only := flag.String("policies", "", "run only these rows (comma-separated; round-robin and affinity always run)")
+	verbose := flag.Bool("v", false, "print every scenario's rows")
+	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "scenarios run at once")
+	flag.Parse()
+	if *quick {
+		*n, *seeds, *duration = 8, 1, 20*time.Second
+	}
+	start := time.Now()
+	family := make([]scenario, *n)
+	for i := range family {
+		family[i] = generate(i, *familySeed)
+	}
+	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each.\n\n", *n, *familySeed, *seeds, *duration)
+	fmt.Println("| # | kind | model | classes (replicas, price, prefill, $ per 1M output at full batch, KV) | SLO | sharing | load | capacity |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for i := range family {
+		fmt.Printf("| %s |\n", family[i].describe())
+	}
+	selected := make([]string, 0, len(rows))
+	for _, r := range rows {
+		if r == rowRR || r == rowAffinity || loadgen.Selected(*only, r, rowRR) {
+			selected = append(selected, r)
+		}
+	}
+	results := make([]scenarioResult, *n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, *parallel))
+	for i := range family {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = runScenario(&family[i], selected, *seeds, *duration)
+			if *verbose {
+				fmt.Fprintln(os.Stderr, results[i].line())
+			}
+		}()
+	}
+	wg.Wait()
+	report(family, results, selected)
+	fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
+}
+
+// runScenario runs every row on every arrival seed of one scenario.
+func runScenario(sc *scenario, selected []string, seeds int, d time.Duration) scenarioResult {
+	res := scenarioResult{sc: sc, rows: map[string]*rowResult{}}
+	for k := range seeds {
+		work := sc.workload(d, uint64(k+1))
+		for _, row := range selected {
+			g := newGateway(sc, row)
+			out := g.run(work, d)
+			r := res.rows[row]
+			if r == nil {
+				r = &rowResult{classShare: make([]float64, len(sc.classes))}
+				res.rows[row] = r
+			}
+			r.add(out, g.fleet.cost(), g.decide)
+		}
+	}
+	return res
+}
