@@ -27,6 +27,7 @@ type decision struct {
 	// prompt.
 	all                    []scored
 	saturated, unavailable int
+	tooLong                int // candidates whose KV cache cannot hold the request at all (bound)
 	prompt                 prompt
 	hashed                 bool
 }
@@ -87,7 +88,7 @@ func (d *decision) place(cands []scored) (Decision, error) {
 // overflow is the decision when no candidate can take the request (kvFull more were left out for a full KV
 // cache): see overflow.
 func (d *decision) overflow(kvFull int) (Decision, error) {
-	return overflow(d.in.Model, d.in, d.saturated+kvFull, d.unavailable)
+	return overflow(d.in.Model, d.in, d.saturated+kvFull, d.unavailable+d.tooLong)
 }
 
 // pickArm places a rolled-out model's request on its arm's pools. A candidate arm that cannot take it (no

@@ -54,6 +54,11 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 		return
 	}
 	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
+	p.pred.noteRatio(model, ttft, d.Predicted.TTFT)
+	if pd := d.Predicted; pd.inTime && d.Pool != nil {
+		missed := ttft > pd.limit || (pd.tpotLimit > 0 && tpot > pd.tpotLimit)
+		p.pred.calibrate(poolKey{model, d.Pool.Name}, missed, pd.objective, pd.maxFactor)
+	}
 }
 
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent

@@ -20,7 +20,13 @@ type Prediction struct {
 
 	ttftX, tpotX [fitDims]float64
 	uncached     float64
-	set          bool
+	// factor is the pool's calibration factor at the decision; inTime says the prediction was judged to meet
+	// the targets, limit and tpotLimit are those targets less what the request had waited, objective the tier's
+	// and maxFactor the most the factor may grow (see Calibration).
+	factor, objective, maxFactor float64
+	limit, tpotLimit             time.Duration
+	inTime                       bool
+	set                          bool
 }
 
 // The TTFT model of one endpoint. Before it has observations, the prediction is
@@ -58,6 +64,37 @@ type endpointModel struct {
 type predictor struct {
 	mu  sync.Mutex
 	eps map[string]*endpointModel
+	// pressure is, per model, the share of recent SLO decisions that found every endpoint too busy to serve the
+	// request in time, though an idle one would have (an exponential average over about pressureWindow
+	// decisions).
+	pressure map[string]float64
+	calib    map[poolKey]*calibration // see Calibration
+	trust    map[string]*modelTrust   // by model: see Trust
+}
+
+// pressureWindow is how many decisions the pressure average spans; minPressure is the least pressure that
+// counts as an overload, whatever the error budget: about three busy decisions among the last pressureWindow.
+const (
+	pressureWindow = 64
+	minPressure    = 0.05
+)
+
+// notePressure adds one decision to a model's pressure (busy: every endpoint too busy for it) and returns the
+// new pressure.
+func (p *predictor) notePressure(model string, busy bool) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pressure == nil {
+		p.pressure = map[string]float64{}
+	}
+	x := 0.0
+	if busy {
+		x = 1
+	}
+	v := p.pressure[model]
+	v += (x - v) / pressureWindow
+	p.pressure[model] = v
+	return v
 }
 
 // model returns ep's model, created with a service-time prior of service seconds.
@@ -99,7 +136,7 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
 // holds, and whose output is outTokens long. One lock for the whole decision.
-func (p *predictor) predictAll(cands []scored, pr *prompt, outTokens float64) {
+func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	blockTokens := pr.engineBlockTokens()
@@ -119,19 +156,25 @@ func (p *predictor) predictAll(cands []scored, pr *prompt, outTokens float64) {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}
 		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
+		pd.factor = p.factorLocked(poolKey{model, c.pool.Name})
 		c.pred = pd
 	}
 }
 
 // anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within
-// limit with nothing queued or running: whether waiting for room can ever bring the request within its target.
-func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration) bool {
+// limit × margin with nothing queued or running — the margin scaled by the candidate's calibration factor when
+// calibrated, as meets judges it: whether waiting for room can ever bring the request within its target.
+func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration, margin float64, calibrated bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range cands {
 		c := &cands[i]
+		m := margin
+		if calibrated {
+			m = min(1, margin*c.pred.factor)
+		}
 		idle := [fitDims]float64{1, c.pred.uncached / max(c.speed.PrefillTokensPerSecond, 1), 0}
-		if seconds(max(0, p.model(c.endpoint, serviceTime(c)).ttft.predict(idle))) <= limit {
+		if seconds(max(0, p.model(c.endpoint, serviceTime(c)).ttft.predict(idle))) <= time.Duration(float64(limit)*m) {
 			return true
 		}
 	}

@@ -43,7 +43,8 @@ func (d *decision) hashPrompt(engineBlock int) {
 // bound keeps the candidates within the bounded load — their in-flight counts (at least the engine's running
 // batch, which every gateway replica reads alike) against (1+ε) × their mean, +1: so the replicas' bounds agree
 // and so do their choices, while the engines' queues weigh in the load score. A candidate whose KV cache is
-// full and holds none of the prompt is out (counted in kvFull). When the bound leaves no one it is dropped.
+// full and holds none of the prompt is out (counted in kvFull), and so is one whose whole KV cache cannot hold
+// the request (counted in d.tooLong: the engine would refuse it). When the bound leaves no one it is dropped.
 // anyMatch reports whether some kept candidate holds a prefix of the prompt. Each candidate of cands learns
 // what the index holds of the prompt there and its rendezvous rank.
 func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull int) {
@@ -60,10 +61,16 @@ func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull in
 		}
 	}
 	limit := d.loadBound(cands)
+	need := d.contextTokens()
 	out = cands[:0:0]
 	for _, bounded := range []bool{true, false} {
+		d.tooLong = 0
 		for i := range cands {
 			c := &cands[i]
+			if need > 0 && c.capacity > 0 && float64(c.capacity)*d.prompt.engineBlockTokens() < need {
+				d.tooLong++ // the engine's whole KV cache cannot hold the request: it would refuse it
+				continue
+			}
 			if c.kvFull && c.matched == 0 {
 				kvFull++
 				continue
@@ -74,12 +81,26 @@ func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull in
 			anyMatch = anyMatch || c.matched > 0
 			out = append(out, *c)
 		}
-		if len(out) > 0 || kvFull == len(cands) {
+		if len(out) > 0 || kvFull+d.tooLong == len(cands) {
 			break
 		}
 		kvFull = 0 // the bound left no one (it cannot, for the least loaded): take everyone that fits
 	}
 	return out, anyMatch, kvFull
+}
+
+// contextTokens is what a request needs of an engine's KV cache — its prompt, in the engine's tokens, and the
+// most output it may produce — once the picker has learnt the engine's tokens per estimated token (0 before:
+// an estimate from bytes alone could rule out an engine that would serve the request).
+func (d *decision) contextTokens() float64 {
+	if d.p.scale.Load() == 0 || d.prompt.tokens == 0 {
+		return 0
+	}
+	out := d.out
+	if !d.slo {
+		out = float64(outputTokens(d.snap, d.in))
+	}
+	return float64(d.prompt.tokens) + out
 }
 
 // loadLimit is the bounded-load limit of the candidates of one decision: (1+ε) × their mean in-flight, +1

@@ -39,7 +39,7 @@ func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Durat
 // once: waiting would only make it later.
 func (d *decision) worthWaiting(late []scored) bool {
 	in, tg, margin := d.in, d.targets, d.routing.SLOMargin
-	return in.Queueing && d.p.pred.anyIdleWithin(late, time.Duration(float64(tg.TTFT-in.Waited)*margin))
+	return in.Queueing && d.p.pred.anyIdleWithin(late, tg.TTFT-in.Waited, margin, true)
 }
 
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
@@ -58,11 +58,22 @@ func (d *decision) worthWaiting(late []scored) bool {
 // counts differ, still agree on where a new group starts.
 func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
-	p.pred.predictAll(eligible, &d.prompt, d.out)
+	p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out)
+	if !p.pred.trusted(in.Model.Name, eligible, d.targets.Objective) {
+		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
+		// carries its prediction, so that the models learn and trust can return.
+		return d.decide(d.order(eligible, all, anyMatched(eligible))), nil
+	}
 	nGood := 0
+	margin := d.routing.SLOMargin
 	for i := range eligible {
 		c := &eligible[i]
-		c.meets = meets(c.pred, d.targets, d.routing.SLOMargin, in.Waited)
+		if in.Queueing {
+			c.pred.factor = 1
+		}
+		c.meets = meets(c.pred, d.targets, min(1, margin*c.pred.factor), in.Waited)
+		c.pred.inTime, c.pred.objective, c.pred.maxFactor = c.meets, d.targets.Objective, 1/margin
+		c.pred.limit, c.pred.tpotLimit = d.targets.TTFT-in.Waited, d.targets.TPOT
 		if c.meets {
 			nGood++
 		}
@@ -86,8 +97,16 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 		if d.worthWaiting(late) {
 			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
 		}
+		if d.overloaded(late) {
+			if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
+				p.noteSharing(anyMatched(eligible))
+				return d.managed(dec), nil
+			}
+			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
+		}
 		return d.decide(d.fastest(late, all)), nil
 	}
+	p.pred.notePressure(in.Model.Name, false)
 	nBand := 1
 	for nBand < len(good) && good[nBand].pred.CostUSD <= good[0].pred.CostUSD*(1+costTolerance) {
 		nBand++
@@ -119,6 +138,21 @@ func (d *decision) fastest(late, all []scored) []scored {
 		return late // sorted in place
 	}
 	return append(ordered, late[n:]...)
+}
+
+// overloaded says the model's fleet is over its capacity: the request is predicted past its target itself (not
+// only the margin) on every candidate, and not for its own prompt's sake (an idle endpoint would serve it in
+// time) but for their backlogs; and either some endpoints are saturated (their queues at routing.maxWaiting)
+// or the share of recent decisions that found every endpoint too busy is past the tier's error budget
+// (1 − objective) and past minPressure (one busy moment in pressureWindow decisions is not an overload). Serving the request anyway only deepens the backlogs every later request waits behind,
+// until the whole fleet serves late; it goes where saturated overflow goes instead — the fallback whose when
+// lists saturated, or a 429 with retry — as it would once every endpoint saturated. A lone busy moment at
+// moderate load, within the error budget, is served by the fastest as before.
+func (d *decision) overloaded(late []scored) bool {
+	limit := d.targets.TTFT - d.in.Waited
+	busy := len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
+	pressure := d.p.pred.notePressure(d.in.Model.Name, busy)
+	return busy && (d.saturated > 0 || pressure > max(1-d.targets.Objective, minPressure))
 }
 
 // peersOf is every candidate of all in the pools of cands, for placeNew's group bound: all itself when they

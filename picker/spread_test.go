@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -37,6 +38,10 @@ func TestEveryReplicaGetsAGroup(t *testing.T) {
 				g := i % len(topics)
 				system := strings.Repeat(fmt.Sprintf("You are the %s assistant (%d); follow the policy handbook section %d exactly and cite it. ", topics[g], seed, g), 30)
 				d, err := p.Pick(snap, Input{Tenant: tc.tenant, Model: m, Request: request(t, system, fmt.Sprintf("Question %d: what applies here?", i))})
+				var nc *NoCapacity
+				if tc.tenant != nil && errors.As(err, &nc) && nc.Saturated {
+					break // nothing finishes, so the fleet ends up overloaded: SLO placement refuses what it would serve late
+				}
 				if err != nil {
 					t.Fatal(err)
 				}

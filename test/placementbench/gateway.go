@@ -37,6 +37,8 @@ type outcome struct {
 	prompt       int
 	cached       int
 	class        int // the class that served it
+	predicted    time.Duration // the picker's predicted TTFT (SLO placement), from the decision
+	sentAfter    time.Duration // how long after its arrival it was sent (the queue's wait)
 }
 
 // gateway is one row's router over one scenario's fleet, in the sim's time: a request's decision is taken at
@@ -217,6 +219,7 @@ func (g *gateway) send(i int, r *request, addr string, d *picker.Decision) {
 		}
 		o := outcome{served: true, ttft: q.FirstToken().Sub(arrived), completion: q.Output(), prompt: q.Prompt(), cached: q.Cached(),
 			class: g.classOf[addr]}
+		o.predicted, o.sentAfter = dec.Predicted.TTFT, sent.Sub(arrived)
 		if q.Output() > 1 {
 			o.tpot = q.Finished().Sub(q.FirstToken()) / time.Duration(q.Output()-1)
 		}

@@ -31,6 +31,7 @@ func main() {
 	only := flag.String("policies", "", "run only these rows (comma-separated; round-robin and affinity always run)")
 	verbose := flag.Bool("v", false, "print every scenario's rows")
 	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "scenarios run at once")
+	pick := flag.Int("scenario", -1, "run only this scenario of the family (with -v: its rows' class shares)")
 	flag.Parse()
 	if *quick {
 		*n, *seeds, *duration = 8, 1, 20*time.Second
@@ -39,6 +40,9 @@ func main() {
 	family := make([]scenario, *n)
 	for i := range family {
 		family[i] = generate(i, *familySeed)
+	}
+	if *pick >= 0 && *pick < *n {
+		family = family[*pick : *pick+1]
 	}
 	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each.\n\n", *n, *familySeed, *seeds, *duration)
 	fmt.Println("| # | kind | model | classes (replicas, price, prefill, $ per 1M output at full batch, KV) | SLO | sharing | load | capacity |")
@@ -52,7 +56,7 @@ func main() {
 			selected = append(selected, r)
 		}
 	}
-	results := make([]scenarioResult, *n)
+	results := make([]scenarioResult, len(family))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, max(1, *parallel))
 	for i := range family {
@@ -63,7 +67,7 @@ func main() {
 			defer func() { <-sem }()
 			results[i] = runScenario(&family[i], selected, *seeds, *duration)
 			if *verbose {
-				fmt.Fprintln(os.Stderr, results[i].line())
+				fmt.Fprintln(os.Stderr, results[i].line(true))
 			}
 		}()
 	}
@@ -85,7 +89,7 @@ func runScenario(sc *scenario, selected []string, seeds int, d time.Duration) sc
 				r = &rowResult{classShare: make([]float64, len(sc.classes))}
 				res.rows[row] = r
 			}
-			r.add(out, g.fleet.cost(), g.decide)
+			r.add(out, g.fleet.cost(), g.decide, sc.ttft, sc.tpot)
 		}
 	}
 	return res

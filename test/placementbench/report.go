@@ -17,10 +17,11 @@ type rowResult struct {
 	completion, goodTokens int64
 	prompt, cached         int64
 	classShare             []float64 // requests served per class
+	classes                []classFigures
 	decisionP99            []time.Duration
 }
 
-func (r *rowResult) add(out []outcome, usd float64, decide []time.Duration) {
+func (r *rowResult) add(out []outcome, usd float64, decide []time.Duration, ttft, tpot time.Duration) {
 	r.requests += len(out)
 	r.usd += usd
 	for _, o := range out {
@@ -32,6 +33,10 @@ func (r *rowResult) add(out []outcome, usd float64, decide []time.Duration) {
 		r.prompt += int64(o.prompt)
 		r.cached += int64(o.cached)
 		r.classShare[o.class]++
+		if r.classes == nil {
+			r.classes = make([]classFigures, len(r.classShare))
+		}
+		r.classes[o.class].add(o, ttft, tpot)
 		if o.good {
 			r.good++
 			r.goodTokens += int64(o.completion)
@@ -57,12 +62,23 @@ type scenarioResult struct {
 	rows map[string]*rowResult
 }
 
-func (s scenarioResult) line() string {
+func (s scenarioResult) line(verbose bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| %d | %s |", s.sc.id, kindNames[s.sc.kind])
 	for _, row := range rows {
 		if r, ok := s.rows[row]; ok {
 			fmt.Fprintf(&b, " %.1f%% $%.3f hit %.2f |", 100*r.goodput(), r.perMGood(), r.hit())
+			if verbose {
+				fmt.Fprintf(&b, " (not served %d; by class", r.requests-r.served)
+				for _, n := range r.classShare {
+					fmt.Fprintf(&b, " %.0f%%", 100*n/float64(max(1, r.served)))
+				}
+				b.WriteString(")")
+				for i := range r.classes {
+					fmt.Fprintf(&b, "\n    class %d: %s", i, r.classes[i].String())
+				}
+				b.WriteString(" |")
+			}
 		} else {
 			b.WriteString(" – |")
 		}
@@ -97,7 +113,7 @@ func report(family []scenario, results []scenarioResult, selected []string) {
 	}
 	fmt.Printf("(columns: "+strings.Repeat("%s, ", len(rows)-1)+"%s)\n\n", header...)
 	for _, s := range results {
-		fmt.Println(s.line())
+		fmt.Println(s.line(false))
 	}
 	fmt.Println("\nOver the family, per row (median / 10th percentile / worst over scenarios; cost: the worst is the highest):")
 	fmt.Println("\n| row | goodput − affinity's (pts) | goodput ÷ round-robin's | $ per 1M output ÷ affinity's | $ per 1M good output ÷ affinity's | wins on goodput and cost | decision p99 (median of runs) |")
@@ -163,4 +179,35 @@ func targets(results []scenarioResult, row string) {
 	med := spread(cheapSavings, true).median
 	loadgen.Check("$ per 1M good output tokens ≥ 20% below affinity's, median of the scenarios where a cheaper class can meet the SLO",
 		len(cheapSavings) > 0 && med >= 0.20, "%.0f%% lower in the median of %d scenarios", 100*med, len(cheapSavings))
+}
+
+// classFigures are one class's misses and prediction errors in a row (printed with -v -scenario).
+type classFigures struct {
+	served, ttftMiss, tpotMiss int
+	predictedLate, missedMeeting int // predicted past 0.8 × the TTFT target; of the others, those that missed
+	ratios                     []float64 // observed ÷ predicted TTFT
+}
+
+func (c *classFigures) add(o outcome, ttft, tpot time.Duration) {
+	c.served++
+	if o.ttft > ttft {
+		c.ttftMiss++
+	}
+	if o.tpot > tpot {
+		c.tpotMiss++
+	}
+	if o.predicted > 0 && float64(o.predicted) > 0.8*float64(ttft-o.sentAfter) {
+		c.predictedLate++
+	} else if o.predicted > 0 && o.ttft > ttft {
+		c.missedMeeting++
+	}
+	if o.predicted > 0 {
+		c.ratios = append(c.ratios, float64(o.ttft-o.sentAfter)/float64(o.predicted))
+	}
+}
+
+func (c *classFigures) String() string {
+	med := spread(c.ratios, true).median
+	return fmt.Sprintf("%d served, TTFT missed %.0f%%, TPOT missed %.0f%%, observed÷predicted TTFT %.2f, predicted late %d, missed though predicted in time %d",
+		c.served, 100*float64(c.ttftMiss)/float64(max(1, c.served)), 100*float64(c.tpotMiss)/float64(max(1, c.served)), med, c.predictedLate, c.missedMeeting)
 }
