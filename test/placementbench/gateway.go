@@ -36,7 +36,7 @@ type outcome struct {
 	completion   int
 	prompt       int
 	cached       int
-	class        int // the class that served it
+	class        int           // the class that served it
 	predicted    time.Duration // the picker's predicted TTFT (SLO placement), from the decision
 	sentAfter    time.Duration // how long after its arrival it was sent (the queue's wait)
 }

@@ -183,9 +183,9 @@ func targets(results []scenarioResult, row string) {
 
 // classFigures are one class's misses and prediction errors in a row (printed with -v -scenario).
 type classFigures struct {
-	served, ttftMiss, tpotMiss int
-	predictedLate, missedMeeting int // predicted past 0.8 × the TTFT target; of the others, those that missed
-	ratios                     []float64 // observed ÷ predicted TTFT
+	served, ttftMiss, tpotMiss   int
+	predictedLate, missedMeeting int       // predicted past 0.8 × the TTFT target; of the others, those that missed
+	ratios                       []float64 // observed ÷ predicted TTFT
 }
 
 func (c *classFigures) add(o outcome, ttft, tpot time.Duration) {
