@@ -384,6 +384,7 @@ func (g *Gateway) relayScrapes(ctx context.Context, c Config) {
 // SharePlacements is on and there is Redis.
 func (g *Gateway) picker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView) picker.Picker {
 	a := picker.ForStore(g.Policies, inflight, engines)
+	a.Metrics = picker.NewMetrics(g.Registry)
 	client := g.sharedRedis(c)
 	if !c.SharePlacements || client == nil {
 		return a

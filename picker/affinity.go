@@ -51,6 +51,9 @@ type Affinity struct {
 	// engine's cache that its placements did not carry (Placement.Churn): default DefaultChurnEvery; negative
 	// reports none.
 	ChurnEvery time.Duration
+	// Metrics, when set, records what SLO placement learns of its predictions (trust, calibrated margins) and
+	// the decisions it did not place by them.
+	Metrics *Metrics
 
 	live  liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
 	churn churn

@@ -58,7 +58,7 @@ func (p *predictor) factorLocked(key poolKey) float64 {
 
 // calibrate learns from one request placed because it was predicted in time: whether it met its target.
 // maxFactor bounds the factor so that the effective margin stays within 1.
-func (p *predictor) calibrate(key poolKey, missed bool, objective, maxFactor float64) {
+func (p *predictor) calibrate(key poolKey, missed bool, objective, maxFactor float64) (factor float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.calib == nil {
@@ -79,6 +79,7 @@ func (p *predictor) calibrate(key poolKey, missed bool, objective, maxFactor flo
 	}
 	c.factor = min(max(c.factor, minCalibration), maxFactor)
 	c.misses += (x - c.misses) / trustWindow
+	return c.factor
 }
 
 // noteRatio adds one request's observed ÷ predicted TTFT to its model's trust.
@@ -101,10 +102,20 @@ func (p *predictor) noteRatio(model string, observed, predicted time.Duration) {
 }
 
 // trusted says whether SLO placement may rely on a model's predictions for these candidates (see Trust),
-// objective being the tier's.
-func (p *predictor) trusted(model string, cands []scored, objective float64) bool {
+// objective being the tier's, and whether that changed since the model's last decision.
+func (p *predictor) trusted(model string, cands []scored, objective float64) (ok, changed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	ok = p.trustedLocked(model, cands, objective)
+	if p.distrusted == nil {
+		p.distrusted = map[string]bool{}
+	}
+	was, seen := p.distrusted[model]
+	p.distrusted[model] = !ok
+	return ok, !seen || was == ok
+}
+
+func (p *predictor) trustedLocked(model string, cands []scored, objective float64) bool {
 	if t := p.trust[model]; t != nil && t.n >= trustWindow/4 && math.Abs(t.logRatio) > math.Log(distrustRatio) {
 		return false
 	}

@@ -57,7 +57,9 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 	p.pred.noteRatio(model, ttft, d.Predicted.TTFT)
 	if pd := d.Predicted; pd.inTime && d.Pool != nil {
 		missed := ttft > pd.limit || (pd.tpotLimit > 0 && tpot > pd.tpotLimit)
-		p.pred.calibrate(poolKey{model, d.Pool.Name}, missed, pd.objective, pd.maxFactor)
+		key := poolKey{model, d.Pool.Name}
+		factor := p.pred.calibrate(key, missed, pd.objective, pd.maxFactor)
+		p.Metrics.margin(key, min(1, factor/pd.maxFactor))
 	}
 }
 

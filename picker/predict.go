@@ -70,6 +70,8 @@ type predictor struct {
 	pressure map[string]float64
 	calib    map[poolKey]*calibration // see Calibration
 	trust    map[string]*modelTrust   // by model: see Trust
+	// distrusted is each model's trust at its last decision, for the metric to change only when it does.
+	distrusted map[string]bool
 }
 
 // pressureWindow is how many decisions the pressure average spans; minPressure is the least pressure that

@@ -59,9 +59,14 @@ func (d *decision) worthWaiting(late []scored) bool {
 func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
 	p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out)
-	if !p.pred.trusted(in.Model.Name, eligible, d.targets.Objective) {
+	trusted, changed := p.pred.trusted(in.Model.Name, eligible, d.targets.Objective)
+	if changed {
+		p.Metrics.trusted(in.Model.Name, trusted)
+	}
+	if !trusted {
 		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
 		// carries its prediction, so that the models learn and trust can return.
+		p.Metrics.fellBack(in.Model.Name, "untrusted")
 		return d.decide(d.order(eligible, all, anyMatched(eligible))), nil
 	}
 	nGood := 0
@@ -98,6 +103,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
 		}
 		if d.overloaded(late) {
+			p.Metrics.fellBack(in.Model.Name, "overload")
 			if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
 				p.noteSharing(anyMatched(eligible))
 				return d.managed(dec), nil

@@ -1,0 +1,141 @@
+package picker
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/policies"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestCalibrationStepsAndBounds(t *testing.T) {
+	var p predictor
+	key := poolKey{"m", "cheap"}
+	for range 20 {
+		p.calibrate(key, true, 0.99, 1.25)
+	}
+	if got, want := p.calib[key].factor, math.Pow(1-calibrationStep, 20); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("after 20 misses: factor %v, want %v", got, want)
+	}
+	for range 200 {
+		p.calibrate(key, true, 0.99, 1.25)
+	}
+	if got := p.calib[key].factor; got != minCalibration {
+		t.Fatalf("after many misses: factor %v, want the floor %v", got, minCalibration)
+	}
+	for range 100_000 {
+		p.calibrate(key, false, 0.99, 1.25)
+	}
+	if got := p.calib[key].factor; got != 1.25 {
+		t.Fatalf("after many hits: factor %v, want the ceiling 1.25", got)
+	}
+}
+
+// The controller settles where the misses among requests placed as in time are calibrationBudget of the error
+// budget, whatever the spread of the predictions' errors: here a request's TTFT is its prediction times a
+// log-normal error, and it is placed as in time when its prediction is within the calibrated margin.
+func TestCalibrationSettlesOnTheErrorBudget(t *testing.T) {
+	for _, spread := range []float64{0.1, 0.3, 0.6} {
+		var p predictor
+		key := poolKey{"m", "cheap"}
+		rng := rand.New(rand.NewPCG(7, uint64(spread*10)))
+		const margin, objective = 0.8, 0.99
+		placed, missed := 0, 0
+		for i := range 400_000 {
+			predicted := 0.2 + 0.8*rng.Float64() // of the target
+			p.mu.Lock()
+			f := p.factorLocked(key)
+			p.mu.Unlock()
+			if predicted > min(1, margin*f) {
+				continue // not in time: placed elsewhere
+			}
+			miss := predicted*math.Exp(spread*rng.NormFloat64()) > 1
+			p.calibrate(key, miss, objective, 1/margin)
+			if i > 100_000 { // past the transient
+				placed++
+				if miss {
+					missed++
+				}
+			}
+		}
+		rate, want := float64(missed)/float64(placed), calibrationBudget*(1-objective)
+		if rate < want/2 || rate > want*1.5 {
+			t.Errorf("spread %.1f: misses %.4f of in-time placements, want about %.4f", spread, rate, want)
+		}
+	}
+}
+
+// A pool whose in-time requests keep missing loses the benefit of the doubt: the request the cheap pool met
+// before now goes to the fast one, and the pool's calibrated margin is published.
+func TestCalibrationMovesRequestsOffAPoolThatMisses(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	p.Metrics = NewMetrics(nil)
+	// A new prompt of about 1,200 tokens each time: ~200 ms on the cheap pool, ~75 ms on the fast one, against
+	// a 500 ms target.
+	prompts := 0
+	fresh := func() Input {
+		prompts++
+		return Input{Tenant: proTenant(snap), Model: m, Request: request(t, strings.Repeat(fmt.Sprintf("sys%d ", prompts), 1200), "q")}
+	}
+	d, err := p.Pick(snap, fresh())
+	if err != nil || d.Pool.Name != "cheap" || !d.Predicted.inTime {
+		t.Fatalf("got %v (%v), in time %v: want the cheap pool, predicted in time", d.Pool, err, d.Predicted.inTime)
+	}
+	// Its requests miss at a TTFT the timing model learns little from (1 % over the target): the margin, not
+	// the model, moves them.
+	for range 40 {
+		p.pred.calibrate(poolKey{"m", "cheap"}, true, 0.99, 1/snap.Routing().SLOMargin)
+	}
+	d, err = p.Pick(snap, fresh())
+	if err != nil || d.Pool.Name != "fast" {
+		t.Fatalf("after the cheap pool's misses: got %v (%v), want the fast pool; scores %+v", d.Pool, err, d.Scores)
+	}
+	// The metric follows what ObserveTiming learns.
+	d, _ = p.Pick(snap, fresh())
+	p.ObserveTiming("m", d, 600*time.Millisecond, 10*time.Millisecond)
+	want := snap.Routing().SLOMargin * math.Max(minCalibration, 1-calibrationStep)
+	if got := testutil.ToFloat64(p.Metrics.Margin.WithLabelValues("m", "fast")); math.Abs(got-want) > 1e-9 {
+		t.Errorf("fast pool's margin metric %v after one miss, want %v", got, want)
+	}
+}
+
+// Predictions far from what is observed are not repaired by a margin: SLO placement ranks by affinity (as
+// placement: affinity would), says so in a metric, keeps learning from the requests it places, and relies on
+// its predictions again once they agree with what it observes.
+func TestWrongPredictionsFallBackToAffinity(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	p.Metrics = NewMetrics(nil)
+	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, strings.Repeat("sys ", 200), "q")}
+	for range trustWindow {
+		p.pred.noteRatio("m", 5*time.Second, time.Second) // observed five times the prediction
+	}
+	d, err := p.Pick(snap, in)
+	if err != nil || d.Pool.Name != "fast" {
+		t.Fatalf("distrusted: got %v (%v), want the fast pool, as affinity ranks an idle fleet", d.Pool, err)
+	}
+	if !d.Predicted.set {
+		t.Fatal("an untrusted decision carries no prediction to learn from")
+	}
+	if got := testutil.ToFloat64(p.Metrics.Trusted.WithLabelValues("m")); got != 0 {
+		t.Errorf("trusted gauge %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(p.Metrics.Decisions.WithLabelValues("m", "untrusted")); got != 1 {
+		t.Errorf("untrusted decisions %v, want 1", got)
+	}
+	for range 2 * trustWindow {
+		p.pred.noteRatio("m", time.Second, time.Second)
+	}
+	d, err = p.Pick(snap, in)
+	if err != nil || d.Pool.Name != "cheap" {
+		t.Fatalf("trusted again: got %v (%v), want the cheap pool", d.Pool, err)
+	}
+	if got := testutil.ToFloat64(p.Metrics.Trusted.WithLabelValues("m")); got != 1 {
+		t.Errorf("trusted gauge %v, want 1", got)
+	}
+}
