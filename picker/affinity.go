@@ -62,6 +62,7 @@ type Affinity struct {
 	pred    predictor
 	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
+	shared  atomic.Uint64 // float64 bits: φ, share of a matching prompt's tokens that were held (noteShared); 0 until set
 	weights atomic.Pointer[resolvedWeights]
 }
 

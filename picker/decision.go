@@ -30,6 +30,8 @@ type decision struct {
 	tooLong                int // candidates whose KV cache cannot hold the request at all (bound)
 	prompt                 prompt
 	hashed                 bool
+	// sacrificed is the model's recent share of first requests placed late for their group (SLO placement).
+	sacrificed float64
 }
 
 // newDecision gathers what a decision needs before its first stage.

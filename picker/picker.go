@@ -55,6 +55,11 @@ type Score struct {
 	CostUSD    float64
 	// MeetsSLO says whether the prediction is within the request's targets (SLO placement only).
 	MeetsSLO bool
+	// FollowUpTTFT and GroupCostUSD, for a prompt that starts a group under SLO placement, are the predicted
+	// TTFT of a follow-up (its shared prefix cached) and the group's expected cost there: the first request
+	// and the expected follow-ups (see picker/group.go).
+	FollowUpTTFT time.Duration
+	GroupCostUSD float64
 }
 
 // ScorePart is one scorer's score of a candidate.

@@ -60,6 +60,7 @@ func (d *decision) decide(ordered []scored) Decision {
 		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), churn: basis}
 	if len(pr.hashes) > 0 {
 		dec.FirstBlock, dec.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
+		p.noteShared(float64(best.matched*pr.blockTokens), float64(pr.estimated))
 	}
 	if best.pred.set {
 		dec.Predicted = best.pred

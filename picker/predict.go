@@ -68,8 +68,11 @@ type predictor struct {
 	// request in time, though an idle one would have (an exponential average over about pressureWindow
 	// decisions).
 	pressure map[string]float64
-	calib    map[poolKey]*calibration // see Calibration
-	trust    map[string]*modelTrust   // by model: see Trust
+	// sacrificed is, per model, the share of recent SLO decisions that placed a new group's first request
+	// late (see Group placement), over about sacrificeWindow decisions.
+	sacrificed map[string]float64
+	calib      map[poolKey]*calibration // see Calibration
+	trust      map[string]*modelTrust   // by model: see Trust
 	// distrusted is each model's trust at its last decision, for the metric to change only when it does.
 	distrusted map[string]bool
 }
@@ -81,22 +84,26 @@ const (
 	minPressure    = 0.05
 )
 
-// notePressure adds one decision to a model's pressure (busy: every endpoint too busy for it) and returns the
-// new pressure.
-func (p *predictor) notePressure(model string, busy bool) float64 {
+// notePressure adds one decision to a model's pressure (busy: every endpoint too busy for it) and to its share
+// of sacrificed first requests (see Group placement), and returns the new pressure.
+func (p *predictor) notePressure(model string, busy, sacrificed bool) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.pressure == nil {
-		p.pressure = map[string]float64{}
-	}
-	x := 0.0
-	if busy {
-		x = 1
+		p.pressure, p.sacrificed = map[string]float64{}, map[string]float64{}
 	}
 	v := p.pressure[model]
-	v += (x - v) / pressureWindow
+	v += (indicator(busy) - v) / pressureWindow
 	p.pressure[model] = v
+	p.sacrificed[model] += (indicator(sacrificed) - p.sacrificed[model]) / sacrificeWindow
 	return v
+}
+
+func indicator(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // model returns ep's model, created with a service-time prior of service seconds.
@@ -137,10 +144,12 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 }
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
-// holds, and whose output is outTokens long. One lock for the whole decision.
-func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64) {
+// holds, and whose output is outTokens long, and, when the prompt starts a group, its follow-ups' TTFT; it
+// returns the model's share of sacrificed first requests. One lock for the whole decision.
+func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64, plan groupPlan) (sacrificed float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	sacrificed = p.sacrificed[model]
 	blockTokens := pr.engineBlockTokens()
 	for i := range cands {
 		c := &cands[i]
@@ -160,7 +169,12 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 		pd.factor = p.factorLocked(poolKey{model, c.pool.Name})
 		c.pred = pd
+		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
+			x := features(c, (max(0, float64(c.queue)+c.since)*mean+plan.followUncached)/speed)
+			c.grp = groupFigures{followTTFT: seconds(max(0, m.ttft.predict(x)))}
+		}
 	}
+	return sacrificed
 }
 
 // anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within

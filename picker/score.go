@@ -187,7 +187,8 @@ func (d *decision) score(eligible, all []scored) {
 // scoreOf is a candidate's Score as routing.debugScores shows it.
 func (d *decision) scoreOf(c *scored) Score {
 	s := Score{Endpoint: c.endpoint, Total: c.total, Parts: make([]ScorePart, len(d.table)),
-		TTFT: c.pred.TTFT, TPOT: c.pred.TPOT, CostUSD: c.pred.CostUSD, MeetsSLO: c.meets}
+		TTFT: c.pred.TTFT, TPOT: c.pred.TPOT, CostUSD: c.pred.CostUSD, MeetsSLO: c.meets,
+		FollowUpTTFT: c.grp.followTTFT, GroupCostUSD: c.grp.costUSD}
 	for j, sc := range d.table {
 		s.Parts[j] = ScorePart{Scorer: sc.Name, Value: c.parts[j]}
 	}

@@ -58,19 +58,78 @@ func (d *decision) worthWaiting(late []scored) bool {
 // counts differ, still agree on where a new group starts.
 func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
-	p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out)
-	trusted, changed := p.pred.trusted(in.Model.Name, eligible, d.targets.Objective)
-	if changed {
-		p.Metrics.trusted(in.Model.Name, trusted)
-	}
-	if !trusted {
+	plan := d.planGroup(all)
+	d.sacrificed = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan)
+	if !d.trustPredictions(eligible) {
 		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
 		// carries its prediction, so that the models learn and trust can return.
-		p.Metrics.fellBack(in.Model.Name, "untrusted")
 		return d.decide(d.order(eligible, all, anyMatched(eligible))), nil
 	}
-	nGood := 0
-	margin := d.routing.SLOMargin
+	nGood := d.judge(eligible)
+	group := plan.followUps > 0
+	if group {
+		d.groupCosts(eligible, plan)
+	}
+	// In place: the meeting candidates first, cheapest first (for a new group, by group cost); then the late
+	// ones, fastest first.
+	slices.SortStableFunc(eligible, func(a, b scored) int {
+		switch {
+		case a.meets != b.meets:
+			return trueFirst(a.meets)
+		case a.meets:
+			return cmpFloat(a.sloCost(group), b.sloCost(group))
+		}
+		return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT))
+	})
+	if nGood == 0 {
+		return d.noneInTime(eligible, all)
+	}
+	if i, ok := d.sacrifice(eligible, nGood, plan); ok {
+		p.pred.notePressure(in.Model.Name, false, true)
+		p.noteSharing(false)
+		eligible[0], eligible[i] = eligible[i], eligible[0]
+		return d.decide(eligible), nil
+	}
+	p.pred.notePressure(in.Model.Name, false, false)
+	good := eligible[:nGood]
+	nBand := 1
+	for nBand < len(good) && good[nBand].sloCost(group) <= good[0].sloCost(group)*(1+costTolerance) {
+		nBand++
+	}
+	band := good[:nBand]
+	ordered := d.order(band, peersOf(band, all), anyMatched(band))
+	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
+		return d.decide(eligible), nil // sorted in place: the dearer and the late follow as they are
+	}
+	return d.decide(append(ordered, eligible[nBand:]...)), nil
+}
+
+// sloCost is what SLO placement ranks meeting candidates by: the request's cost, or its group's.
+func (c *scored) sloCost(group bool) float64 {
+	if group {
+		return c.grp.costUSD
+	}
+	return c.pred.CostUSD
+}
+
+// trustPredictions says whether the model's predictions may be relied on for these candidates (see Trust),
+// keeping the metrics.
+func (d *decision) trustPredictions(eligible []scored) bool {
+	p, model := d.p, d.in.Model.Name
+	trusted, changed := p.pred.trusted(model, eligible, d.targets.Objective)
+	if changed {
+		p.Metrics.trusted(model, trusted)
+	}
+	if !trusted {
+		p.Metrics.fellBack(model, "untrusted")
+	}
+	return trusted
+}
+
+// judge marks the candidates predicted to meet the request's targets, each within its pool's calibrated
+// margin (the policy's margin as it is with the admission queue: see Calibration), and counts them.
+func (d *decision) judge(eligible []scored) (nGood int) {
+	in, margin := d.in, d.routing.SLOMargin
 	for i := range eligible {
 		c := &eligible[i]
 		if in.Queueing {
@@ -83,46 +142,30 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 			nGood++
 		}
 	}
-	// In place: the meeting candidates first, cheapest first; then the late ones, fastest first.
-	slices.SortStableFunc(eligible, func(a, b scored) int {
-		switch {
-		case a.meets != b.meets:
-			return trueFirst(a.meets)
-		case a.meets:
-			return cmpFloat(a.pred.CostUSD, b.pred.CostUSD)
-		}
-		return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT))
-	})
-	good, late := eligible[:nGood], eligible[nGood:]
-	if nGood == 0 {
-		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
-			p.noteSharing(anyMatched(eligible))
+	return nGood
+}
+
+// noneInTime decides a request no candidate is predicted to serve in time (late holds them, fastest first):
+// the fallback whose when lists slo; the admission queue when waiting can help; where saturated overflow goes
+// when the fleet is overloaded; otherwise the fastest.
+func (d *decision) noneInTime(late, all []scored) (Decision, error) {
+	p, in := d.p, d.in
+	if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
+		p.noteSharing(anyMatched(late))
+		return d.managed(dec), nil
+	}
+	if d.worthWaiting(late) {
+		return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
+	}
+	if d.overloaded(late) {
+		p.Metrics.fellBack(in.Model.Name, "overload")
+		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
+			p.noteSharing(anyMatched(late))
 			return d.managed(dec), nil
 		}
-		if d.worthWaiting(late) {
-			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
-		}
-		if d.overloaded(late) {
-			p.Metrics.fellBack(in.Model.Name, "overload")
-			if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
-				p.noteSharing(anyMatched(eligible))
-				return d.managed(dec), nil
-			}
-			return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
-		}
-		return d.decide(d.fastest(late, all)), nil
+		return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
 	}
-	p.pred.notePressure(in.Model.Name, false)
-	nBand := 1
-	for nBand < len(good) && good[nBand].pred.CostUSD <= good[0].pred.CostUSD*(1+costTolerance) {
-		nBand++
-	}
-	band := good[:nBand]
-	ordered := d.order(band, peersOf(band, all), anyMatched(band))
-	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
-		return d.decide(eligible), nil // sorted in place: the dearer and the late follow as they are
-	}
-	return d.decide(append(ordered, eligible[nBand:]...)), nil
+	return d.decide(d.fastest(late, all)), nil
 }
 
 // lateTolerance is how much slower than the fastest prediction a late candidate may be and still be placed by
@@ -157,7 +200,7 @@ func (d *decision) fastest(late, all []scored) []scored {
 func (d *decision) overloaded(late []scored) bool {
 	limit := d.targets.TTFT - d.in.Waited
 	busy := len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
-	pressure := d.p.pred.notePressure(d.in.Model.Name, busy)
+	pressure := d.p.pred.notePressure(d.in.Model.Name, busy, false)
 	return busy && (d.saturated > 0 || pressure > max(1-d.targets.Objective, minPressure))
 }
 
