@@ -101,12 +101,10 @@ func (p *predictor) noteRatio(model string, observed, predicted time.Duration) {
 	t.logRatio += (math.Log(float64(observed)/float64(predicted)) - t.logRatio) / float64(min(t.n, trustWindow))
 }
 
-// trusted says whether SLO placement may rely on a model's predictions for these candidates (see Trust),
-// objective being the tier's, and whether that changed since the model's last decision.
-func (p *predictor) trusted(model string, cands []scored, objective float64) (ok, changed bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ok = p.trustedLocked(model, cands, objective)
+// trustedLocked says whether SLO placement may rely on a model's predictions for these candidates (see
+// Trust), objective being the tier's, and whether that changed since the model's last decision; p.mu is held.
+func (p *predictor) trustedLocked(model string, cands []scored, objective float64) (ok, changed bool) {
+	ok = p.trustworthy(model, cands, objective)
 	if p.distrusted == nil {
 		p.distrusted = map[string]bool{}
 	}
@@ -115,7 +113,7 @@ func (p *predictor) trusted(model string, cands []scored, objective float64) (ok
 	return ok, !seen || was == ok
 }
 
-func (p *predictor) trustedLocked(model string, cands []scored, objective float64) bool {
+func (p *predictor) trustworthy(model string, cands []scored, objective float64) bool {
 	if t := p.trust[model]; t != nil && t.n >= trustWindow/4 && math.Abs(t.logRatio) > math.Log(distrustRatio) {
 		return false
 	}

@@ -30,8 +30,10 @@ type decision struct {
 	tooLong                int // candidates whose KV cache cannot hold the request at all (bound)
 	prompt                 prompt
 	hashed                 bool
-	// sacrificed is the model's recent share of first requests placed late for their group (SLO placement).
-	sacrificed float64
+	// model is what SLO placement read of its model's learning; busy says every endpoint was too busy to serve
+	// the request in time, sacrificing that its group's first request is placed late (both noted once decided).
+	model             modelState
+	busy, sacrificing bool
 }
 
 // newDecision gathers what a decision needs before its first stage.

@@ -104,7 +104,7 @@ func (d *decision) sacrifice(sorted []scored, nGood int, plan groupPlan) (int, b
 		return 0, false
 	}
 	budget := (1 - calibrationBudget) * (1 - d.targets.Objective)
-	if d.sacrificed >= budget {
+	if d.model.sacrificed >= budget {
 		return 0, false
 	}
 	limit := time.Duration(maxSacrificeLateness * float64(d.targets.TTFT-d.in.Waited))

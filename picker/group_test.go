@@ -21,7 +21,7 @@ func TestGroupPlacementWarmsACheapClassThatMeetsOnlyCached(t *testing.T) {
 		p.sharing.Store(math.Float64bits(sharing))
 		p.shared.Store(math.Float64bits(0.9))
 		if budgetSpent > 0 {
-			p.pred.notePressure("m", false, false) // makes the maps
+			p.pred.noteDecision("m", false, false) // makes the maps
 			p.pred.sacrificed["m"] = budgetSpent
 		}
 		return p

@@ -40,8 +40,9 @@ func (p *Affinity) Observe(d Decision, u openai.Usage) {
 }
 
 // ObserveTiming implements Picker: the chosen endpoint's model (or the fallback's) is fitted to the
-// measured time from routing to the first token and time per output token. A request Envoy retried elsewhere
-// teaches nothing: it was predicted for another endpoint.
+// measured time from routing to the first token and time per output token, and the pool's calibration and
+// the model's trust to whether it met its target. A request Envoy retried elsewhere teaches nothing: it was
+// predicted for another endpoint.
 func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Duration) {
 	if !d.Predicted.set {
 		return

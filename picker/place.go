@@ -64,7 +64,7 @@ func (d *decision) decide(ordered []scored) Decision {
 	}
 	if best.pred.set {
 		dec.Predicted = best.pred
-		p.pred.sent(best.endpoint, best.pred)
+		p.pred.sent(best.endpoint, best.pred, in.Model.Name, d.busy, d.sacrificing)
 	}
 	if d.routing.DebugScores {
 		dec.Scores = make([]Score, len(ordered))

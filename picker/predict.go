@@ -84,19 +84,26 @@ const (
 	minPressure    = 0.05
 )
 
-// notePressure adds one decision to a model's pressure (busy: every endpoint too busy for it) and to its share
-// of sacrificed first requests (see Group placement), and returns the new pressure.
-func (p *predictor) notePressure(model string, busy, sacrificed bool) float64 {
+// noteDecision adds one SLO decision to its model's pressure (busy: every endpoint too busy for it) and share
+// of sacrificed first requests (see Group placement).
+func (p *predictor) noteDecision(model string, busy, sacrificed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.noteDecisionLocked(model, busy, sacrificed)
+}
+
+func (p *predictor) noteDecisionLocked(model string, busy, sacrificed bool) {
 	if p.pressure == nil {
 		p.pressure, p.sacrificed = map[string]float64{}, map[string]float64{}
 	}
-	v := p.pressure[model]
-	v += (indicator(busy) - v) / pressureWindow
-	p.pressure[model] = v
+	p.pressure[model] += (indicator(busy) - p.pressure[model]) / pressureWindow
 	p.sacrificed[model] += (indicator(sacrificed) - p.sacrificed[model]) / sacrificeWindow
-	return v
+}
+
+// modelState is what one SLO decision reads of its model's learning, under the lock predictAll takes anyway.
+type modelState struct {
+	pressure, sacrificed    float64
+	trusted, trustedChanged bool
 }
 
 func indicator(b bool) float64 {
@@ -145,11 +152,13 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
 // holds, and whose output is outTokens long, and, when the prompt starts a group, its follow-ups' TTFT; it
-// returns the model's share of sacrificed first requests. One lock for the whole decision.
-func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64, plan groupPlan) (sacrificed float64) {
+// returns what the decision needs of the model's learning (trust, pressure, sacrifices). One lock for the
+// whole decision (and one more in sent, once it is decided).
+func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64, plan groupPlan, objective float64) (st modelState) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	sacrificed = p.sacrificed[model]
+	st.pressure, st.sacrificed = p.pressure[model], p.sacrificed[model]
+	st.trusted, st.trustedChanged = p.trustedLocked(model, cands, objective)
 	blockTokens := pr.engineBlockTokens()
 	for i := range cands {
 		c := &cands[i]
@@ -174,7 +183,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 			c.grp = groupFigures{followTTFT: seconds(max(0, m.ttft.predict(x)))}
 		}
 	}
-	return sacrificed
+	return st
 }
 
 // anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within
@@ -216,10 +225,12 @@ func decodeShare(c *scored) float64 {
 	return full * slots / batch
 }
 
-// sent records the uncached tokens of a request sent to ep, for ū.
-func (p *predictor) sent(ep string, pd Prediction) {
+// sent records the uncached tokens of a request sent to ep, for ū, and the decision in its model's pressure
+// and sacrifices (see noteDecision).
+func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrificed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.noteDecisionLocked(model, busy, sacrificed)
 	m := p.model(ep, 0)
 	if m.uncached == 0 {
 		m.uncached = max(pd.uncached, 1)

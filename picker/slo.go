@@ -59,13 +59,13 @@ func (d *decision) worthWaiting(late []scored) bool {
 func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
 	plan := d.planGroup(all)
-	d.sacrificed = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan)
-	if !d.trustPredictions(eligible) {
+	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective)
+	nGood := d.judge(eligible)
+	if !d.trustPredictions() {
 		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
 		// carries its prediction, so that the models learn and trust can return.
 		return d.decide(d.order(eligible, all, anyMatched(eligible))), nil
 	}
-	nGood := d.judge(eligible)
 	group := plan.followUps > 0
 	if group {
 		d.groupCosts(eligible, plan)
@@ -85,12 +85,11 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 		return d.noneInTime(eligible, all)
 	}
 	if i, ok := d.sacrifice(eligible, nGood, plan); ok {
-		p.pred.notePressure(in.Model.Name, false, true)
+		d.sacrificing = true
 		p.noteSharing(false)
 		eligible[0], eligible[i] = eligible[i], eligible[0]
 		return d.decide(eligible), nil
 	}
-	p.pred.notePressure(in.Model.Name, false, false)
 	good := eligible[:nGood]
 	nBand := 1
 	for nBand < len(good) && good[nBand].sloCost(group) <= good[0].sloCost(group)*(1+costTolerance) {
@@ -112,18 +111,17 @@ func (c *scored) sloCost(group bool) float64 {
 	return c.pred.CostUSD
 }
 
-// trustPredictions says whether the model's predictions may be relied on for these candidates (see Trust),
-// keeping the metrics.
-func (d *decision) trustPredictions(eligible []scored) bool {
+// trustPredictions says whether the model's predictions may be relied on for these candidates (see Trust, as
+// predictAll read it), keeping the metrics.
+func (d *decision) trustPredictions() bool {
 	p, model := d.p, d.in.Model.Name
-	trusted, changed := p.pred.trusted(model, eligible, d.targets.Objective)
-	if changed {
-		p.Metrics.trusted(model, trusted)
+	if d.model.trustedChanged {
+		p.Metrics.trusted(model, d.model.trusted)
 	}
-	if !trusted {
+	if !d.model.trusted {
 		p.Metrics.fellBack(model, "untrusted")
 	}
-	return trusted
+	return d.model.trusted
 }
 
 // judge marks the candidates predicted to meet the request's targets, each within its pool's calibrated
@@ -159,6 +157,7 @@ func (d *decision) noneInTime(late, all []scored) (Decision, error) {
 	}
 	if d.overloaded(late) {
 		p.Metrics.fellBack(in.Model.Name, "overload")
+		p.pred.noteDecision(in.Model.Name, true, false)
 		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
 			p.noteSharing(anyMatched(late))
 			return d.managed(dec), nil
@@ -199,9 +198,8 @@ func (d *decision) fastest(late, all []scored) []scored {
 // moderate load, within the error budget, is served by the fastest as before.
 func (d *decision) overloaded(late []scored) bool {
 	limit := d.targets.TTFT - d.in.Waited
-	busy := len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
-	pressure := d.p.pred.notePressure(d.in.Model.Name, busy, false)
-	return busy && (d.saturated > 0 || pressure > max(1-d.targets.Objective, minPressure))
+	d.busy = len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
+	return d.busy && (d.saturated > 0 || d.model.pressure > max(1-d.targets.Objective, minPressure))
 }
 
 // peersOf is every candidate of all in the pools of cands, for placeNew's group bound: all itself when they

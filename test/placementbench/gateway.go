@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,16 +60,22 @@ type gateway struct {
 	rr       atomic.Uint64
 	eps      []string
 
+	// lagMean is the mean of the starved gateway's own delays (-lag): each request reaches its engine that late
+	// after its decision, and the TTFT the gateway measures for it carries another such delay.
+	lagMean time.Duration
+	lagRNG  *rand.Rand
+
 	out      []outcome
 	decide   []time.Duration // the machine's time per picker decision
 	waiters  sync.WaitGroup
 	decideMu sync.Mutex
 }
 
-func newGateway(sc *scenario, row string) *gateway {
+func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gateway {
 	sm := &sim{}
 	fl, endpoints := newFleet(sc, sm)
-	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, inflight: &fleet.InFlight{}, classOf: map[string]int{}}
+	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, inflight: &fleet.InFlight{}, classOf: map[string]int{},
+		lagMean: lag, lagRNG: rand.New(rand.NewPCG(seed, uint64(sc.id)))}
 	placement := policies.PlacementSLO
 	if row == rowAffinity || row == rowLeast || row == rowRR {
 		placement = policies.PlacementAffinity
@@ -202,6 +209,24 @@ type parked struct {
 
 // send runs request i on an endpoint now; d is the picker's decision (nil for round-robin).
 func (g *gateway) send(i int, r *request, addr string, d *picker.Decision) {
+	if lag := g.lag(); lag > 0 {
+		g.sim.after(lag, func() { g.forward(i, r, addr, d) })
+		return
+	}
+	g.forward(i, r, addr, d)
+}
+
+// lag is one of the starved gateway's own delays (0 without -lag).
+func (g *gateway) lag() time.Duration {
+	if g.lagMean <= 0 {
+		return 0
+	}
+	return time.Duration(g.lagRNG.ExpFloat64() * float64(g.lagMean))
+}
+
+// forward runs request i on its endpoint now, and hands the picker what the engine reported and the gateway
+// measured when it ends.
+func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 	arrived := epoch.Add(r.at)
 	sent := g.sim.Now()
 	tokens := make([]string, 0, len(r.system)+len(r.user)+3)
@@ -227,7 +252,7 @@ func (g *gateway) send(i int, r *request, addr string, d *picker.Decision) {
 		g.out[i] = o
 		if d != nil {
 			g.picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
-			g.picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent), o.tpot)
+			g.picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent)+g.lag(), o.tpot)
 		}
 		if g.queue != nil {
 			g.queue.Kick(g.sc.model)

@@ -32,6 +32,7 @@ func main() {
 	verbose := flag.Bool("v", false, "print every scenario's rows")
 	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "scenarios run at once")
 	pick := flag.Int("scenario", -1, "run only this scenario of the family (with -v: its rows' class shares)")
+	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
 	flag.Parse()
 	if *quick {
 		*n, *seeds, *duration = 8, 1, 20*time.Second
@@ -40,11 +41,16 @@ func main() {
 	family := make([]scenario, *n)
 	for i := range family {
 		family[i] = generate(i, *familySeed)
+		family[i].lag = *lag
 	}
 	if *pick >= 0 && *pick < *n {
 		family = family[*pick : *pick+1]
 	}
-	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each.\n\n", *n, *familySeed, *seeds, *duration)
+	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each", *n, *familySeed, *seeds, *duration)
+	if *lag > 0 {
+		fmt.Printf("; a starved gateway, its own delays %s on average", *lag)
+	}
+	fmt.Print(".\n\n")
 	fmt.Println("| # | kind | model | classes (replicas, price, prefill, $ per 1M output at full batch, KV) | SLO | sharing | load | capacity |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for i := range family {
@@ -65,7 +71,7 @@ func main() {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results[i] = runScenario(&family[i], selected, *seeds, *duration)
+			results[i] = runScenario(&family[i], selected, *seeds, *duration, *lag)
 			if *verbose {
 				fmt.Fprintln(os.Stderr, results[i].line(true))
 			}
@@ -77,12 +83,12 @@ func main() {
 }
 
 // runScenario runs every row on every arrival seed of one scenario.
-func runScenario(sc *scenario, selected []string, seeds int, d time.Duration) scenarioResult {
+func runScenario(sc *scenario, selected []string, seeds int, d, lag time.Duration) scenarioResult {
 	res := scenarioResult{sc: sc, rows: map[string]*rowResult{}}
 	for k := range seeds {
 		work := sc.workload(d, uint64(k+1))
 		for _, row := range selected {
-			g := newGateway(sc, row)
+			g := newGateway(sc, row, lag, uint64(k+1))
 			out := g.run(work, d)
 			r := res.rows[row]
 			if r == nil {

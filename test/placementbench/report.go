@@ -146,6 +146,9 @@ func report(family []scenario, results []scenarioResult, selected []string) {
 			targets(results, row)
 		}
 	}
+	if slices.Contains(selected, rowSLO) {
+		decisionCost(results)
+	}
 }
 
 // targets checks the targets for one SLO row against its own figures.
@@ -179,6 +182,32 @@ func targets(results []scenarioResult, row string) {
 	med := spread(cheapSavings, true).median
 	loadgen.Check("$ per 1M good output tokens ≥ 20% below affinity's, median of the scenarios where a cheaper class can meet the SLO",
 		len(cheapSavings) > 0 && med >= 0.20, "%.0f%% lower in the median of %d scenarios", 100*med, len(cheapSavings))
+	if results[0].sc.lag > 0 {
+		within, worst := 0, math.Inf(1)
+		for _, s := range results {
+			d := 100 * (s.rows[row].goodput() - s.rows[rowAffinity].goodput())
+			worst = min(worst, d)
+			if d >= -2 {
+				within++
+			}
+		}
+		loadgen.Check("a starved gateway: goodput within 2 pts of affinity's under the same lag, every scenario", within == n,
+			"%d of %d; worst %+.1f pts", within, n, worst)
+	}
+}
+
+// decisionCost checks SLO placement's decision p99 against affinity's: each run's p99 of the machine's time per
+// Pick, the median over runs, both rows measured alike in the same process.
+func decisionCost(results []scenarioResult) {
+	var slo, aff []time.Duration
+	for _, s := range results {
+		slo = append(slo, s.rows[rowSLO].decisionP99...)
+		aff = append(aff, s.rows[rowAffinity].decisionP99...)
+	}
+	a, b := loadgen.Quantile(slo, 0.5), loadgen.Quantile(aff, 0.5)
+	fmt.Println("\nDecision cost:")
+	loadgen.Check("SLO placement's decision p99 ≤ 1.5× affinity's (median over runs)", float64(a) <= 1.5*float64(b),
+		"%.0f µs against %.0f µs (%.2f×)", float64(a)/1e3, float64(b)/1e3, float64(a)/float64(max(b, 1)))
 }
 
 // classFigures are one class's misses and prediction errors in a row (printed with -v -scenario).

@@ -59,6 +59,8 @@ type scenario struct {
 	// load is the arrival rate ÷ the fleet's capacity: constant at loadLo, or ramped loadLo → loadHi → loadLo.
 	loadLo, loadHi float64
 	ramped         bool
+	// lag is the starved gateway's mean own delay the family runs under (-lag), 0 for a gateway with CPU to spare.
+	lag time.Duration
 }
 
 // Prompts are 500-2,000 tokens, outputs 50-500, as the family asks.
