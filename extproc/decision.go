@@ -153,6 +153,9 @@ func formatScores(scores []picker.Score) string {
 		if s.TTFT > 0 || s.CostUSD > 0 {
 			fmt.Fprintf(&b, ";ttft_ms=%.1f;tpot_ms=%.1f;cost_usd=%.3g;meets_slo=%t", float64(s.TTFT)/1e6, float64(s.TPOT)/1e6, s.CostUSD, s.MeetsSLO)
 		}
+		if s.GroupCostUSD > 0 { // a prompt that starts a group: its follow-ups' TTFT and the group's cost
+			fmt.Fprintf(&b, ";follow_ttft_ms=%.1f;group_cost_usd=%.3g", float64(s.FollowUpTTFT)/1e6, s.GroupCostUSD)
+		}
 	}
 	return b.String()
 }
