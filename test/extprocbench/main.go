@@ -64,6 +64,7 @@ func main() {
 	telemetryRuns := flag.Bool("telemetry", true, "also measure the latency telemetry adds (traces, audit log, goodput series)")
 	telemetryOnly := flag.Bool("telemetry-only", false, "measure only the telemetry rows")
 	telemetryRunCount := flag.Int("telemetry-runs", 15, "runs per telemetry row: their ratios are medians over thirds of the runs, and a +5 % target needs many")
+	placementRuns := flag.Bool("placement", true, "also compare SLO placement's decision latency with placement: affinity on the same policy")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -131,6 +132,9 @@ func main() {
 		med, base := medianResult(rs), medianResult(bs)
 		fmt.Printf("| %s %s | %s | %.0f | %.0f | %s | %s | %.2f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq,
 			fmtDur(base.p50), fmtDur(base.p99), float64(med.p99)/float64(base.p99))
+	}
+	if *placementRuns {
+		benchPlacement(*policyPath, *runs, *scale, *chunk)
 	}
 	if *quotaRuns {
 		benchQuotas(*policyPath, *runs, *scale, *chunk)
