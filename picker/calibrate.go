@@ -20,14 +20,14 @@ import (
 const (
 	calibrationStep   = 0.05
 	calibrationBudget = 0.5
-	minCalibration    = 0.25
+	minCalibration    = 0.5
 )
 
 // Trust. When the predictions are wrong past what a margin repairs, SLO placement stops relying on them and
 // ranks by affinity and load, as placement: affinity does, until they recover: a model is distrusted while the
 // observed ÷ predicted TTFT of its requests, as a geometric mean over about trustWindow of them, is beyond
-// distrustRatio either way, or while every pool it has placed on is at minCalibration and still missing more
-// than twice the error budget.
+// distrustRatio either way, or while every pool it has placed on is at minCalibration (within a step) and
+// still missing more than twice the error budget.
 const (
 	trustWindow   = 64
 	distrustRatio = 2.0
@@ -119,7 +119,7 @@ func (p *predictor) trustworthy(model string, cands []scored, objective float64)
 	}
 	for i := range cands {
 		c := p.calib[poolKey{model, cands[i].pool.Name}]
-		if c == nil || c.factor > minCalibration || c.misses <= 2*(1-objective) {
+		if c == nil || c.factor > minCalibration/(1-calibrationStep) || c.misses <= 2*(1-objective) {
 			return true
 		}
 	}
