@@ -20,14 +20,15 @@ import (
 const (
 	calibrationStep   = 0.05
 	calibrationBudget = 0.5
-	minCalibration    = 0.5
+	minCalibration    = 0.25
 )
 
 // Trust. When the predictions are wrong past what a margin repairs, SLO placement stops relying on them and
 // ranks by affinity and load, as placement: affinity does, until they recover: a model is distrusted while the
 // observed ÷ predicted TTFT of its requests, as a geometric mean over about trustWindow of them, is beyond
 // distrustRatio either way, or while every pool it has placed on is at minCalibration (within a step) and
-// still missing more than twice the error budget.
+// still missing more than twice the error budget though the fleet is not overloaded (under overload, misses
+// are the load's, and the overload rule, which ranking by affinity would give up, is what protects goodput).
 const (
 	trustWindow   = 64
 	distrustRatio = 2.0
@@ -116,6 +117,9 @@ func (p *predictor) trustedLocked(model string, cands []scored, objective float6
 func (p *predictor) trustworthy(model string, cands []scored, objective float64) bool {
 	if t := p.trust[model]; t != nil && t.n >= trustWindow/4 && math.Abs(t.logRatio) > math.Log(distrustRatio) {
 		return false
+	}
+	if p.pressure[model] > minPressure {
+		return true // misses under overload are the load's, not the predictions'
 	}
 	for i := range cands {
 		c := p.calib[poolKey{model, cands[i].pool.Name}]
