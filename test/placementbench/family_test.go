@@ -1,0 +1,70 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// The family is what its seed says: the same scenarios every time, and each of the four kinds holds its
+// promise.
+func TestFamilyIsDrawnFromItsSeed(t *testing.T) {
+	for i := range 8 {
+		a, b := generate(i, 33), generate(i, 33)
+		if a.describe() != b.describe() {
+			t.Fatalf("scenario %d differs between two draws:\n%s\n%s", i, a.describe(), b.describe())
+		}
+		s := &a
+		if n := len(s.classes); n < 2 || n > 4 {
+			t.Errorf("scenario %d: %d classes, want 2-4", i, n)
+		}
+		cheapest := s.cheapest()
+		switch s.kind {
+		case fastCheap:
+			if s.classes[cheapest].speed.PrefillTokensPerSecond != s.maxPrefill() {
+				t.Errorf("scenario %d (%s): the cheapest class is not the fastest", i, kindNames[s.kind])
+			}
+		case slowCheap:
+			if s.classes[cheapest].speed.PrefillTokensPerSecond != s.minPrefill() {
+				t.Errorf("scenario %d (%s): the cheapest class is not the slowest", i, kindNames[s.kind])
+			}
+		case cachedOnly:
+			c := s.classes[cheapest]
+			uncached := c.speed.StepOverhead + time.Duration(meanPrompt/c.speed.PrefillTokensPerSecond*float64(time.Second))
+			if uncached <= s.ttft {
+				t.Errorf("scenario %d (%s): the cheapest class meets %v for an uncached mean prompt (%v)", i, kindNames[s.kind], s.ttft, uncached)
+			}
+		case smallKV:
+			if !slices.ContainsFunc(s.classes, func(c class) bool { return !c.holdsContext() }) {
+				t.Errorf("scenario %d (%s): every class holds the longest request", i, kindNames[s.kind])
+			}
+		}
+	}
+}
+
+// A run is reproducible — the discrete-event loop depends on nothing but its seeds — and accounts for every
+// request: round-robin serves them all (it refuses nothing, and no class here is too small), and no row
+// serves more than it was sent.
+func TestRunsAreReproducibleAndAccountForEveryRequest(t *testing.T) {
+	sc := generate(1, 33) // slow class cheaper, every class holds the longest request
+	work := sc.workload(10*time.Second, 1)
+	if len(work) == 0 {
+		t.Fatal("no arrivals")
+	}
+	for _, row := range rows {
+		first := newGateway(&sc, row, 0, 1).run(work, 10*time.Second)
+		again := newGateway(&sc, row, 0, 1).run(work, 10*time.Second)
+		if !slices.Equal(first, again) {
+			t.Errorf("%s: two runs of one scenario and seed differ", row)
+		}
+		var r rowResult
+		r.classShare = make([]float64, len(sc.classes))
+		r.add(first, 0, nil, sc.ttft, sc.tpot)
+		if r.requests != len(work) || r.served > r.requests || r.good > r.served {
+			t.Errorf("%s: %d requests, %d served, %d good, of %d sent", row, r.requests, r.served, r.good, len(work))
+		}
+		if row == rowRR && r.served != len(work) {
+			t.Errorf("round-robin served %d of %d", r.served, len(work))
+		}
+	}
+}
