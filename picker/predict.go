@@ -43,7 +43,9 @@ type Prediction struct {
 //	TTFT ≈ a + b × prefill seconds + c × turnovers
 //
 // per endpoint (see fit): a learns the engine's step time, b how much slower than the stated speed prefill
-// really runs, c the real service time. Without a batch size the last feature is running ÷ 32 with no prior
+// really runs, c the real service time. A prediction is never below the prefill time at the stated speed: a
+// fit to a run of observations alike can extrapolate below what the hardware can do, and promise a slow class
+// a TTFT it cannot give. Without a batch size the last feature is running ÷ 32 with no prior
 // (chunked prefill shares each step with the decoding sequences). TPOT is fitted on the running batch
 // (running ÷ 32) and predicted only after minTPOTObservations.
 const (
@@ -171,7 +173,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		speed := max(c.speed.PrefillTokensPerSecond, 1)
 		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
-		pd.TTFT = seconds(max(0, m.ttft.predict(pd.ttftX)))
+		pd.TTFT = seconds(max(x[1], m.ttft.predict(pd.ttftX))) // never a prefill faster than the pool's stated speed
 		if m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}

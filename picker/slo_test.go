@@ -2,6 +2,7 @@ package picker
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -329,5 +330,36 @@ func TestSLOPlacementWaitsForATimelyEndpoint(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Whatever the fit learns — here a run of impossibly fast observations — a prediction never promises a
+// prefill faster than the pool's stated speed: the uncached prompt at prefillTokensPerSecond is its floor.
+func TestSLOPredictionNeverBeatsThePrefillSpeed(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	in := func(i int) Input {
+		return Input{Tenant: proTenant(snap), Model: m, Request: request(t, strings.Repeat(fmt.Sprintf("doc%d ", i), 3000), "q")}
+	}
+	for i := range 300 {
+		d, err := p.Pick(snap, in(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.ObserveTiming("m", d, time.Millisecond, 0)
+	}
+	d, err := p.Pick(snap, in(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range d.Scores {
+		speed := 24000.0 // h200
+		if strings.HasPrefix(s.Endpoint, "10.0.1.") {
+			speed = 7000 // l40s
+		}
+		floor := time.Duration(float64(d.EstimatedPromptTokens) / speed * float64(time.Second) * 0.9)
+		if s.TTFT < floor {
+			t.Errorf("%s: predicted %v for an uncached prompt of ~%d tokens, below its prefill time %v", s.Endpoint, s.TTFT, d.EstimatedPromptTokens, floor)
+		}
 	}
 }
