@@ -110,8 +110,10 @@ func (p *predictor) trustedLocked(model string, cands []scored, objective float6
 		p.distrusted = map[string]bool{}
 	}
 	was, seen := p.distrusted[model]
-	p.distrusted[model] = !ok
-	return ok, !seen || was == ok
+	if changed = !seen || was == ok; changed {
+		p.distrusted[model] = !ok
+	}
+	return ok, changed
 }
 
 func (p *predictor) trustworthy(model string, cands []scored, objective float64) bool {

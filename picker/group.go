@@ -72,17 +72,12 @@ func (p *Affinity) noteShared(matchedTokens, promptTokens float64) {
 		return
 	}
 	sample := min(1, matchedTokens/promptTokens)
-	for {
-		old := p.shared.Load()
-		next := sample
-		if old != 0 {
-			prev := math.Float64frombits(old)
-			next = max(prev+(sample-prev)/sharedWindow, 1e-9)
+	updateFloat(&p.shared, func(prev float64, set bool) float64 {
+		if !set {
+			return sample
 		}
-		if p.shared.CompareAndSwap(old, math.Float64bits(next)) {
-			return
-		}
-	}
+		return max(prev+(sample-prev)/sharedWindow, 1e-9)
+	})
 }
 
 // groupCosts fills each candidate's group figures (predictAll has predicted the follow-ups' TTFT).

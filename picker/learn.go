@@ -2,6 +2,7 @@ package picker
 
 import (
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/infergate/infergate/contract"
@@ -27,14 +28,22 @@ func (p *Affinity) Observe(d Decision, u openai.Usage) {
 		return
 	}
 	sample := min(8, max(0.125, float64(estimated)/float64(real)))
-	for {
-		old := p.scale.Load()
-		next := sample
-		if old != 0 {
-			next = 0.95*math.Float64frombits(old) + 0.05*sample
+	updateFloat(&p.scale, func(prev float64, set bool) float64 {
+		if !set {
+			return sample
 		}
-		if p.scale.CompareAndSwap(old, math.Float64bits(next)) {
-			return
+		return 0.95*prev + 0.05*sample
+	})
+}
+
+// updateFloat replaces the float64 held in a's bits by next(the held value, whether one is held: 0 bits mean
+// unset), atomically, and returns what it replaced: the learnt averages shared by every decision are kept so.
+func updateFloat(a *atomic.Uint64, next func(prev float64, set bool) float64) (prev float64, set bool) {
+	for {
+		old := a.Load()
+		prev, set = math.Float64frombits(old), old != 0
+		if a.CompareAndSwap(old, math.Float64bits(next(prev, set))) {
+			return prev, set
 		}
 	}
 }
@@ -67,21 +76,17 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
 // prompts that did (before this one).
 func (p *Affinity) noteSharing(matched bool) float64 {
-	sample := 0.0
-	if matched {
-		sample = 1
-	}
-	for {
-		old := p.sharing.Load()
-		prev := initialSharing
-		if old != 0 {
-			prev = math.Float64frombits(old)
+	sample := indicator(matched)
+	prev, set := updateFloat(&p.sharing, func(prev float64, set bool) float64 {
+		if !set {
+			prev = initialSharing
 		}
-		next := max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
-		if p.sharing.CompareAndSwap(old, math.Float64bits(next)) {
-			return prev
-		}
+		return max(prev+(sample-prev)/sharingWindow, 1e-9) // never 0, which means unset
+	})
+	if !set {
+		return initialSharing
 	}
+	return prev
 }
 
 // tokenScale is estimated ÷ real tokens (1 until Observe has data).

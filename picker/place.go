@@ -60,9 +60,9 @@ func (d *decision) decide(ordered []scored) Decision {
 		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), churn: basis}
 	if len(pr.hashes) > 0 {
 		dec.FirstBlock, dec.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
-		p.noteShared(float64(best.matched*pr.blockTokens), float64(pr.estimated))
 	}
 	if best.pred.set {
+		p.noteShared(float64(best.matched*pr.blockTokens), float64(pr.estimated)) // φ, which only SLO placement reads
 		dec.Predicted = best.pred
 		p.pred.sent(best.endpoint, best.pred, in.Model.Name, d.busy, d.sacrificing)
 	}

@@ -48,10 +48,12 @@ func (d *decision) worthWaiting(late []scored) bool {
 // meeting ones follow by cost. When none meets them, the model's fallback takes the request if its when lists
 // slo; otherwise, when the gateway queues and an endpoint would serve the request in time once its queue
 // drained, the request is reported saturated and waits for one (a request started late misses its target and
-// delays those behind it, so the fleet serves fewer within their SLO); otherwise the fastest predicted go
-// first (see fastest). (Overflowing only once even the fastest was
-// predicted past the target itself, not the margin, cost bench-fleet 6 % of its goodput to save 2 % of its
-// managed traffic.)
+// delays those behind it, so the fleet serves fewer within their SLO); otherwise, when the fleet is overloaded,
+// it goes where saturated overflow goes (see overloaded); otherwise the fastest predicted go first (see
+// fastest). (Overflowing only once even the fastest was predicted past the target itself, not the margin, cost
+// bench-fleet 6 % of its goodput to save 2 % of its managed traffic.) Predictions the model does not trust
+// (see Trust) are ranked as placement: affinity ranks them; a prompt that starts a group is priced with its
+// follow-ups (see Group placement).
 //
 // all is every candidate of the model: the group bound of new prefixes counts the groups of every endpoint in
 // the band's pools, in or out of the load bound, as without an SLO, so that gateway replicas, whose in-flight
@@ -192,10 +194,11 @@ func (d *decision) fastest(late, all []scored) []scored {
 // only the margin) on every candidate, and not for its own prompt's sake (an idle endpoint would serve it in
 // time) but for their backlogs; and either some endpoints are saturated (their queues at routing.maxWaiting)
 // or the share of recent decisions that found every endpoint too busy is past the tier's error budget
-// (1 − objective) and past minPressure (one busy moment in pressureWindow decisions is not an overload). Serving the request anyway only deepens the backlogs every later request waits behind,
-// until the whole fleet serves late; it goes where saturated overflow goes instead — the fallback whose when
-// lists saturated, or a 429 with retry — as it would once every endpoint saturated. A lone busy moment at
-// moderate load, within the error budget, is served by the fastest as before.
+// (1 − objective) and past minPressure (one busy moment in pressureWindow decisions is not an overload).
+// Serving the request anyway only deepens the backlogs every later request waits behind, until the whole fleet
+// serves late; it goes where saturated overflow goes instead — the fallback whose when lists saturated, or a
+// 429 with retry — as it would once every endpoint saturated. A lone busy moment at moderate load, within the
+// error budget, is served by the fastest as before.
 func (d *decision) overloaded(late []scored) bool {
 	limit := d.targets.TTFT - d.in.Waited
 	d.busy = len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
