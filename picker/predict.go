@@ -62,6 +62,12 @@ type endpointModel struct {
 	uncached   float64 // ū, 0 until a request was sent
 }
 
+// predictTTFT is the endpoint's TTFT for features x (see features), never below the prefill time x[1] at the
+// pool's stated speed: a fit to a run of observations alike can extrapolate below what the hardware can do.
+func (m *endpointModel) predictTTFT(x [fitDims]float64) time.Duration {
+	return seconds(max(x[1], m.ttft.predict(x)))
+}
+
 // predictor holds every endpoint's model (and each managed fallback's, keyed by its cluster name).
 type predictor struct {
 	mu  sync.Mutex
@@ -173,7 +179,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		speed := max(c.speed.PrefillTokensPerSecond, 1)
 		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
-		pd.TTFT = seconds(max(x[1], m.ttft.predict(pd.ttftX))) // never a prefill faster than the pool's stated speed
+		pd.TTFT = m.predictTTFT(pd.ttftX)
 		if m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}
@@ -182,7 +188,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		c.pred = pd
 		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
 			x := features(c, (max(0, float64(c.queue)+c.since)*mean+plan.followUncached)/speed)
-			c.grp = groupFigures{followTTFT: seconds(max(0, m.ttft.predict(x)))}
+			c.grp = groupFigures{followTTFT: m.predictTTFT(x)}
 		}
 	}
 	return st
@@ -201,7 +207,7 @@ func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration, margin fl
 			m = min(1, margin*c.pred.factor)
 		}
 		idle := [fitDims]float64{1, c.pred.uncached / max(c.speed.PrefillTokensPerSecond, 1), 0}
-		if seconds(max(0, p.model(c.endpoint, serviceTime(c)).ttft.predict(idle))) <= time.Duration(float64(limit)*m) {
+		if p.model(c.endpoint, serviceTime(c)).predictTTFT(idle) <= time.Duration(float64(limit)*m) {
 			return true
 		}
 	}
