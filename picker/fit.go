@@ -2,8 +2,8 @@ package picker
 
 import "math"
 
-// fitDims is how many coefficients a fit has at most: an intercept and two features.
-const fitDims = 3
+// fitDims is how many coefficients a fit has at most: an intercept and three features.
+const fitDims = 4
 
 // fit is a least-squares fit y ≈ θ·x over exponentially weighted observations, pulled toward a prior θ₀ by a
 // ridge term worth ridgeWeight observations: with no data it predicts the prior, and it moves to what the
@@ -57,6 +57,14 @@ func (f *fit) predict(x [fitDims]float64) float64 {
 		y += f.theta[i] * x[i]
 	}
 	return y
+}
+
+// coef is the fit's i-th coefficient, solved from the observations so far.
+func (f *fit) coef(i int) float64 {
+	if f.stale {
+		f.solve()
+	}
+	return f.theta[i]
 }
 
 // solve runs Gaussian elimination with partial pivoting on the regularised normal equations; a singular

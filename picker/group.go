@@ -16,7 +16,8 @@ import (
 // workload whose groups have G requests has s = (G − 1) ÷ G), and a follow-up is the prompt with its shared
 // part — φ, the learnt share of a matching prompt's tokens that were held — cached: its TTFT and cost are
 // predicted with (1 − φ) of the prompt uncached. The meeting candidates are ranked by group cost instead of the
-// first request's; and a candidate where the first request is late but its follow-ups would meet their
+// first request's; and a candidate where the first request is late for the class's speed (late even were the
+// endpoint idle, not for a queue its follow-ups would wait in too) but its follow-ups would meet their
 // target may take the group when its group cost is below the best meeting candidate's by more than
 // costTolerance — a first request served late to buy the group's later requests meeting theirs more cheaply —
 // while such sacrificed first requests stay within the error budget that calibration leaves (1 −
@@ -32,6 +33,7 @@ const (
 // groupFigures are a candidate's figures for a new group (debugScores shows them).
 type groupFigures struct {
 	followTTFT  time.Duration
+	idleTTFT    time.Duration // the first request's, with nothing queued or running
 	followMeets bool
 	costUSD     float64
 }
@@ -85,7 +87,7 @@ func (d *decision) groupCosts(cands []scored, plan groupPlan) {
 	margin := d.routing.SLOMargin
 	for i := range cands {
 		c := &cands[i]
-		follow := Prediction{TTFT: c.grp.followTTFT, TPOT: c.pred.TPOT}
+		follow := Prediction{TTFT: c.grp.followTTFT, TPOT: c.pred.TPOT, tail: c.pred.tail}
 		c.grp.followMeets = meets(follow, d.targets, min(1, margin*c.pred.factor), 0)
 		c.grp.costUSD = c.pred.CostUSD + plan.followUps*c.speed.CostPerHour/3600*
 			(plan.followUncached/max(c.speed.PrefillTokensPerSecond, 1)+d.out*decodeShare(c))
@@ -103,10 +105,11 @@ func (d *decision) sacrifice(sorted []scored, nGood int, plan groupPlan) (int, b
 		return 0, false
 	}
 	limit := time.Duration(maxSacrificeLateness * float64(d.targets.TTFT-d.in.Waited))
+	idleLimit := time.Duration(d.routing.SLOMargin * float64(d.targets.TTFT-d.in.Waited))
 	best := -1
 	for i := nGood; i < len(sorted); i++ {
 		c := &sorted[i]
-		if !c.grp.followMeets || c.pred.TTFT > limit || c.grp.costUSD >= sorted[0].grp.costUSD*(1-costTolerance) {
+		if !c.grp.followMeets || c.pred.TTFT > limit || c.grp.idleTTFT <= idleLimit || c.grp.costUSD >= sorted[0].grp.costUSD*(1-costTolerance) {
 			continue
 		}
 		if best < 0 || c.grp.costUSD < sorted[best].grp.costUSD {

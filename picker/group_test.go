@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
 )
 
@@ -61,5 +62,29 @@ func TestGroupPlacementWarmsACheapClassThatMeetsOnlyCached(t *testing.T) {
 				t.Fatalf("got %v (%v), in time %v; want the fast pool, in time", d.Pool, err, d.Predicted.inTime)
 			}
 		})
+	}
+}
+
+// A first request is sacrificed only where it is late for the class's speed, not for its queue: a cheap class
+// that would serve an uncached prompt in time when idle, and is late only for the requests waiting ahead of it,
+// does not take the new group late — its lateness is load that the next requests meet too.
+func TestGroupPlacementSacrificesOnlyForTheClassesSpeed(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(func(ep string, em *fleet.EngineMetrics) {
+		if strings.HasPrefix(ep, "10.0.1.") {
+			em.Waiting = 2
+		}
+	}))
+	p.sharing.Store(math.Float64bits(0.9))
+	p.shared.Store(math.Float64bits(0.9))
+	system := strings.Repeat("group 3 shared context ", 200) // ≈ 1,150 tokens: ≈ 190 ms on an idle L40S, in time
+	d, err := p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, system, "q")})
+	if err != nil || d.Pool.Name != "fast" || !d.Predicted.inTime {
+		t.Fatalf("got %v (%v), in time %v; want the fast pool, in time; scores %+v", d.Pool, err, d.Predicted.inTime, d.Scores)
+	}
+	for _, s := range d.Scores {
+		if strings.HasPrefix(s.Endpoint, "10.0.1.") && (s.MeetsSLO || s.FollowUpTTFT > 400e6) {
+			t.Errorf("%s: meets %v, follow-up %v: want the first late for its queue, the follow-ups in time", s.Endpoint, s.MeetsSLO, s.FollowUpTTFT)
+		}
 	}
 }

@@ -68,8 +68,8 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 	if pd := d.Predicted; pd.inTime && d.Pool != nil {
 		missed := ttft > pd.limit || (pd.tpotLimit > 0 && tpot > pd.tpotLimit)
 		key := poolKey{model, d.Pool.Name}
-		factor := p.pred.calibrate(key, missed, pd.objective, pd.maxFactor)
-		p.Metrics.margin(key, min(1, factor/pd.maxFactor))
+		factor := p.pred.calibrate(key, missed, pd.objective)
+		p.Metrics.margin(key, pd.margin*factor)
 	}
 }
 

@@ -19,14 +19,17 @@ type Prediction struct {
 	CostUSD float64
 
 	ttftX, tpotX [fitDims]float64
-	uncached     float64
+	// tail is how much later than TTFT the first token may come at the tail of its spread (see Judging at the
+	// tail); meets judges TTFT + tail.
+	tail     time.Duration
+	uncached float64
 	// factor is the pool's calibration factor at the decision; inTime says the prediction was judged to meet
 	// the targets, limit and tpotLimit are those targets less what the request had waited, objective the tier's
-	// and maxFactor the most the factor may grow (see Calibration).
-	factor, objective, maxFactor float64
-	limit, tpotLimit             time.Duration
-	inTime                       bool
-	set                          bool
+	// and margin the policy's routing.sloMargin (see Calibration).
+	factor, objective, margin float64
+	limit, tpotLimit          time.Duration
+	inTime                    bool
+	set                       bool
 }
 
 // The TTFT model of one endpoint. Before it has observations, the prediction is
@@ -43,11 +46,17 @@ type Prediction struct {
 //	TTFT ≈ a + b × prefill seconds + c × turnovers
 //
 // per endpoint (see fit): a learns the engine's step time, b how much slower than the stated speed prefill
-// really runs, c the real service time. A prediction is never below the prefill time at the stated speed: a
-// fit to a run of observations alike can extrapolate below what the hardware can do, and promise a slow class
-// a TTFT it cannot give. Without a batch size the last feature is running ÷ 32 with no prior
-// (chunked prefill shares each step with the decoding sequences). TPOT is fitted on the running batch
-// (running ÷ 32) and predicted only after minTPOTObservations.
+// really runs, c the real service time. When the pool states its batch size a fourth feature, running ÷ S,
+// learns how much the decoding batch slows the steps a prefill shares with it (chunked prefill: every step
+// carries the batch's decode). A prediction is never below the prefill time at the stated speed: a fit to a
+// run of observations alike can extrapolate below what the hardware can do, and promise a slow class a TTFT
+// it cannot give. Without a batch size the third feature is running ÷ 32 with no prior.
+//
+// TPOT is fitted on the running batch (running ÷ 32). When the pool states its batch size, its prior is the
+// hardware's step at a full batch, S ÷ decodeTokensPerSecond, half of it fixed (reading the weights) and half
+// growing with the batch (reading each sequence's KV cache): so a replica is not packed past the TPOT target
+// before it has reported its first TPOTs. Without a batch size TPOT is predicted only after
+// minTPOTObservations.
 const (
 	stepPrior           = 0.025 // seconds: one engine step on the GPUs of the hardware table
 	runningScale        = 32.0
@@ -59,7 +68,29 @@ const (
 type endpointModel struct {
 	ttft, tpot fit
 	tpotSeen   int
+	tpotPrior  bool    // the TPOT fit has a prior from the pool's batch size and decode speed
 	uncached   float64 // ū, 0 until a request was sent
+	spread     float64 // mean squared TTFT residual (seconds²), over about trustWindow observations
+	// recent are the uncached tokens of the last sends there, newest at recent[next−1], for the prompts sent
+	// since the engine's last reading (see aheadTokens).
+	recent [recentSends]float64
+	next   int
+}
+
+// recentSends is how many of an endpoint's last sends the picker remembers the uncached tokens of.
+const recentSends = 16
+
+// aheadTokens are the prompt tokens the engine has to prefill before a new request's: its waiting requests at
+// ū each, and what this gateway sent it since the reading at what each of them left uncached. A burst of new
+// groups' first prompts, each uncached, lands on one replica before its next reading; counting them at ū —
+// mostly cached follow-ups — predicts a prefill queue a fraction of what it is.
+func (m *endpointModel) aheadTokens(c *scored, mean float64) float64 {
+	n := int(max(0, c.since))
+	tokens := max(0, float64(c.queue)+c.since-float64(min(n, recentSends))) * mean
+	for i := range min(n, recentSends) {
+		tokens += m.recent[(m.next-1-i+2*recentSends)%recentSends]
+	}
+	return tokens
 }
 
 // predictTTFT is the endpoint's TTFT for features x (see features), never below the prefill time x[1] at the
@@ -121,14 +152,18 @@ func indicator(b bool) float64 {
 	return 0
 }
 
-// model returns ep's model, created with a service-time prior of service seconds.
-func (p *predictor) model(ep string, service float64) *endpointModel {
+// model returns ep's model, created with a service-time prior of service seconds and a full-batch TPOT prior
+// of fullStep seconds at slots sequences (0: none; see the TTFT model).
+func (p *predictor) model(ep string, service, fullStep, slots float64) *endpointModel {
 	if p.eps == nil {
 		p.eps = map[string]*endpointModel{}
 	}
 	m := p.eps[ep]
 	if m == nil {
-		m = &endpointModel{ttft: newFit(stepPrior, 1, service), tpot: newFit(0, 0)}
+		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0), tpot: newFit(0, 0)}
+		if fullStep > 0 && slots > 0 {
+			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots), true
+		}
 		p.eps[ep] = m
 	}
 	return m
@@ -148,6 +183,16 @@ func serviceTime(c *scored) float64 {
 	return priorServiceTokens * slots / max(c.speed.DecodeTokensPerSecond, 1)
 }
 
+// fullStepTime is a candidate's decode step at a full batch, S ÷ decodeTokensPerSecond (0 when the pool
+// states no batch size).
+func fullStepTime(c *scored) float64 {
+	slots := float64(c.pool.MaxConcurrency)
+	if slots <= 0 || c.speed.DecodeTokensPerSecond <= 0 {
+		return 0
+	}
+	return slots / c.speed.DecodeTokensPerSecond
+}
+
 // features are a candidate's TTFT features (see the model above).
 func features(c *scored, prefill float64) [fitDims]float64 {
 	slots := float64(c.pool.MaxConcurrency)
@@ -155,7 +200,7 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 		return [fitDims]float64{1, prefill, max(0, c.running) / runningScale}
 	}
 	queued := max(0, float64(c.queue)+c.since)
-	return [fitDims]float64{1, prefill, max(0, c.running+queued+1-slots) / slots}
+	return [fitDims]float64{1, prefill, max(0, c.running+queued+1-slots) / slots, min(max(0, c.running), slots) / slots}
 }
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
@@ -167,28 +212,32 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 	defer p.mu.Unlock()
 	st.pressure, st.sacrificed = p.pressure[model], p.sacrificed[model]
 	st.trusted, st.trustedChanged = p.trustedLocked(model, cands, objective)
+	z := tailZ(objective)
 	blockTokens := pr.engineBlockTokens()
 	for i := range cands {
 		c := &cands[i]
 		uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
-		m := p.model(c.endpoint, serviceTime(c))
+		m := p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency))
 		mean := m.uncached
 		if mean == 0 {
 			mean = uncached
 		}
 		speed := max(c.speed.PrefillTokensPerSecond, 1)
-		x := features(c, (max(0, float64(c.queue)+c.since)*mean+uncached)/speed)
+		ahead := m.aheadTokens(c, mean)
+		x := features(c, (ahead+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 		pd.TTFT = m.predictTTFT(pd.ttftX)
-		if m.tpotSeen >= minTPOTObservations {
+		pd.tail = m.tail(c, z)
+		if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
 		}
 		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 		pd.factor = p.factorLocked(poolKey{model, c.pool.Name})
 		c.pred = pd
 		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
-			x := features(c, (max(0, float64(c.queue)+c.since)*mean+plan.followUncached)/speed)
-			c.grp = groupFigures{followTTFT: m.predictTTFT(x)}
+			x := features(c, (ahead+plan.followUncached)/speed)
+			idle := [fitDims]float64{1, uncached / speed, 0}
+			c.grp = groupFigures{followTTFT: m.predictTTFT(x), idleTTFT: m.predictTTFT(idle)}
 		}
 	}
 	return st
@@ -207,7 +256,7 @@ func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration, margin fl
 			m = min(1, margin*c.pred.factor)
 		}
 		idle := [fitDims]float64{1, c.pred.uncached / max(c.speed.PrefillTokensPerSecond, 1), 0}
-		if p.model(c.endpoint, serviceTime(c)).predictTTFT(idle) <= time.Duration(float64(limit)*m) {
+		if p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency)).predictTTFT(idle) <= time.Duration(float64(limit)*m) {
 			return true
 		}
 	}
@@ -239,7 +288,9 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.noteDecisionLocked(model, busy, sacrificed)
-	m := p.model(ep, 0)
+	m := p.model(ep, 0, 0, 0)
+	m.recent[m.next] = pd.uncached
+	m.next = (m.next + 1) % recentSends
 	if m.uncached == 0 {
 		m.uncached = max(pd.uncached, 1)
 	} else {
@@ -251,8 +302,9 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m := p.model(ep, 0)
+	m := p.model(ep, 0, 0, 0)
 	if ttft > 0 {
+		m.noteResidual(ttft.Seconds() - m.ttft.predict(pd.ttftX))
 		m.ttft.observe(pd.ttftX, ttft.Seconds())
 	}
 	if tpot > 0 {

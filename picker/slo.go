@@ -27,7 +27,7 @@ func sloTargets(snap *policies.Snapshot, in Input) (policies.Targets, bool) {
 // waited (what it waited is taken from the TTFT target); an unpredicted TPOT passes.
 func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Duration) bool {
 	limit := func(d time.Duration) time.Duration { return time.Duration(float64(d) * margin) }
-	if pd.TTFT > limit(tg.TTFT-waited) {
+	if pd.TTFT+pd.tail > limit(tg.TTFT-waited) {
 		return false
 	}
 	return tg.TPOT == 0 || pd.TPOT == 0 || pd.TPOT <= limit(tg.TPOT)
@@ -133,10 +133,10 @@ func (d *decision) judge(eligible []scored) (nGood int) {
 	for i := range eligible {
 		c := &eligible[i]
 		if in.Queueing {
-			c.pred.factor = 1
+			c.pred.factor, c.pred.tail = 1, 0
 		}
 		c.meets = meets(c.pred, d.targets, min(1, margin*c.pred.factor), in.Waited)
-		c.pred.inTime, c.pred.objective, c.pred.maxFactor = c.meets, d.targets.Objective, 1/margin
+		c.pred.inTime, c.pred.objective, c.pred.margin = c.meets, d.targets.Objective, margin
 		c.pred.limit, c.pred.tpotLimit = d.targets.TTFT-in.Waited, d.targets.TPOT
 		if c.meets {
 			nGood++

@@ -27,23 +27,23 @@ func sloPolicy(placement, when string) string {
 func proTenant(snap *policies.Snapshot) *policies.Tenant { t, _ := snap.Tenant("pro"); return t }
 
 func TestFitLearnsAnAffineModel(t *testing.T) {
-	f := newFit(0.025, 1, 0)
-	if got := f.predict([fitDims]float64{1, 0.1, 0}); math.Abs(got-0.125) > 1e-9 {
+	f := newFit(0.025, 1, 0, 0)
+	if got := f.predict([fitDims]float64{1, 0.1, 0, 0.5}); math.Abs(got-0.125) > 1e-9 {
 		t.Fatalf("no data: predicted %v, want the prior 0.125", got)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 500 {
-		x := [fitDims]float64{1, rng.Float64(), rng.Float64() * 2}
-		f.observe(x, 0.05+3*x[1]+0.4*x[2]+rng.NormFloat64()*0.001)
+		x := [fitDims]float64{1, rng.Float64(), rng.Float64() * 2, rng.Float64()}
+		f.observe(x, 0.05+3*x[1]+0.4*x[2]+0.02*x[3]+rng.NormFloat64()*0.001)
 	}
-	for _, x := range [][fitDims]float64{{1, 0, 0}, {1, 0.5, 1}, {1, 1, 2}} {
-		want := 0.05 + 3*x[1] + 0.4*x[2]
+	for _, x := range [][fitDims]float64{{1, 0, 0, 0}, {1, 0.5, 1, 0.5}, {1, 1, 2, 1}} {
+		want := 0.05 + 3*x[1] + 0.4*x[2] + 0.02*x[3]
 		if got := f.predict(x); math.Abs(got-want) > 0.03 {
 			t.Errorf("predict(%v) = %.4f, want %.4f", x, got, want)
 		}
 	}
-	f.observe([fitDims]float64{1, 0, 0}, math.Inf(1)) // ignored
-	if got := f.predict([fitDims]float64{1, 0, 0}); math.IsInf(got, 0) || math.IsNaN(got) {
+	f.observe([fitDims]float64{1, 0, 0, 0}, math.Inf(1)) // ignored
+	if got := f.predict([fitDims]float64{1, 0, 0, 0}); math.IsInf(got, 0) || math.IsNaN(got) {
 		t.Fatalf("an infinite observation broke the fit: %v", got)
 	}
 }
@@ -167,7 +167,7 @@ func TestTTFTPredictionLearnsFromObservations(t *testing.T) {
 	learnt := func() time.Duration { // the endpoint's prediction for the first request's features
 		p.pred.mu.Lock()
 		defer p.pred.mu.Unlock()
-		return seconds(p.pred.model(d.Endpoints[0], 0).ttft.predict(d.Predicted.ttftX))
+		return seconds(p.pred.model(d.Endpoints[0], 0, 0, 0).ttft.predict(d.Predicted.ttftX))
 	}
 	if ratio := float64(learnt()) / float64(3*prior); ratio < 0.95 || ratio > 1.05 {
 		t.Fatalf("after 200 observations predicted %v for an observed %v (ratio %.2f)", learnt(), 3*prior, ratio)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -65,6 +66,27 @@ func TestRunsAreReproducibleAndAccountForEveryRequest(t *testing.T) {
 		}
 		if row == rowRR && r.served != len(work) {
 			t.Errorf("round-robin served %d of %d", r.served, len(work))
+		}
+	}
+}
+
+// Fisher's exact test against hand-computed hypergeometric tails.
+func TestFisherBelow(t *testing.T) {
+	tests := []struct {
+		name               string
+		good, n, oGood, oN int
+		want               float64
+	}{
+		{"one miss against none, equal sizes", 3959, 3960, 3960, 3960, 0.5},
+		{"alike", 90, 100, 90, 100, 0.5929}, // P(X ≥ 10), X ~ Hypergeom(200, 20, 100)
+		{"better than the other", 100, 100, 90, 100, 1},
+		{"far below", 50, 100, 100, 100, 0},
+		{"two misses against none", 8, 10, 10, 10, 0.2368}, // C(18,8)/C(20,10) = 43758/184756
+	}
+	for _, tc := range tests {
+		r, o := &rowResult{good: tc.good, requests: tc.n}, &rowResult{good: tc.oGood, requests: tc.oN}
+		if got := fisherBelow(r, o); math.Abs(got-tc.want) > 1e-3 {
+			t.Errorf("%s: p %.4f, want %.4f", tc.name, got, tc.want)
 		}
 	}
 }

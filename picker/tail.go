@@ -1,0 +1,49 @@
+package picker
+
+import (
+	"math"
+	"time"
+)
+
+// Judging at the tail. A prediction is the mean of what the endpoint will do, and the picker ranks by cost:
+// among the candidates whose mean is within the target, the cheapest is the one packed fullest, where the
+// spread around the mean is widest — a new prompt that lands while a long prefill chunk runs waits for the
+// whole step, one that finds the batch full waits for a sequence to finish. Judged by its mean, such a
+// placement misses far more often than the error budget allows (a bench-placement scenario where every
+// policy but SLO placement served 100 % within the SLO at a third of capacity). So meets judges TTFT + tail,
+// the tail being z standard deviations of the endpoint's spread, z the normal quantile of calibrationBudget
+// of the tier's error budget (z ≈ 2.6 for an objective of 0.99): the larger of
+//   - the residuals of the endpoint's fit (observed − predicted TTFT), as a root mean square over about
+//     trustWindow observations: the spread the model does not explain; and
+//   - the wait for batch slots, when the request would find the batch full: it waits for k = running +
+//     queued + 1 − S sequences to finish, each freed after about the service time ÷ S, a near-exponential wait
+//     whose sum has a standard deviation of about √k × service ÷ S (the service time as the fit has learnt it).
+// The margin and its calibration apply on top, for what the spread does not show (bursts after the decision).
+// With the admission queue, a request judged late waits for room, so the tail, like calibration, is left out
+// there.
+
+// tailZ is the standard normal quantile the tail is judged at for a tier's objective.
+func tailZ(objective float64) float64 {
+	p := calibrationBudget * (1 - min(max(objective, 0.5), 0.9999))
+	return math.Sqrt2 * math.Erfinv(1-2*p)
+}
+
+// tail is how much later than its predicted TTFT a request's first token may come on c, at z standard
+// deviations (see Judging at the tail).
+func (m *endpointModel) tail(c *scored, z float64) time.Duration {
+	spread := math.Sqrt(max(0, m.spread))
+	if slots := float64(c.pool.MaxConcurrency); slots > 0 {
+		if k := c.running + max(0, float64(c.queue)+c.since) + 1 - slots; k > 0 {
+			spread = max(spread, max(0, m.ttft.coef(2))*math.Sqrt(k)/slots)
+		}
+	}
+	return seconds(z * spread)
+}
+
+// noteResidual adds one observed − predicted TTFT (seconds) to the endpoint's spread.
+func (m *endpointModel) noteResidual(r float64) {
+	if math.IsNaN(r) || math.IsInf(r, 0) {
+		return
+	}
+	m.spread += (r*r - m.spread) / trustWindow
+}
