@@ -29,8 +29,10 @@ const (
 
 // Trust. When the predictions are wrong past what a margin repairs, SLO placement stops relying on them and
 // ranks by affinity and load, as placement: affinity does, until they recover: a model is distrusted while the
-// observed ÷ predicted TTFT of its requests, as a geometric mean over about trustWindow of them, is beyond
-// distrustRatio either way, or while every pool it has placed on is at minCalibration (within a step) and
+// observed ÷ predicted TTFT of its requests, as a geometric mean over about trustWindow of them (once it has
+// had trustWindow: the first predictions are the priors', which the fit corrects within a few dozen
+// observations, and judging the model on them sent a cold fleet's requests by affinity onto an endpoint
+// predicted late), is beyond distrustRatio either way, or while every pool it has placed on is at minCalibration (within a step) and
 // still missing more than twice the error budget though the fleet is not overloaded (under overload, misses
 // are the load's, and the overload rule, which ranking by affinity would give up, is what protects goodput).
 const (
@@ -120,7 +122,7 @@ func (p *predictor) trustedLocked(model string, cands []scored, objective float6
 }
 
 func (p *predictor) trustworthy(model string, cands []scored, objective float64) bool {
-	if t := p.trust[model]; t != nil && t.n >= trustWindow/4 && math.Abs(t.logRatio) > math.Log(distrustRatio) {
+	if t := p.trust[model]; t != nil && t.n >= trustWindow && math.Abs(t.logRatio) > math.Log(distrustRatio) {
 		return false
 	}
 	if p.pressure[model] > minPressure {

@@ -106,12 +106,7 @@ func spread(vs []float64, lowWorst bool) dist {
 
 func report(family []scenario, results []scenarioResult, selected []string) {
 	fmt.Println("\nPer scenario, pooled over its arrival seeds: goodput (share of requests within the SLO), $ per 1M good output tokens, cache-hit rate.")
-	fmt.Printf("\n| # | kind |%s\n|---|---|%s\n", strings.Repeat(" %s |", len(rows)), strings.Repeat("---|", len(rows)))
-	header := make([]any, len(rows))
-	for i, r := range rows {
-		header[i] = r
-	}
-	fmt.Printf("(columns: "+strings.Repeat("%s, ", len(rows)-1)+"%s)\n\n", header...)
+	fmt.Printf("\n| # | kind | %s |\n|---|---|%s\n", strings.Join(rows, " | "), strings.Repeat("---|", len(rows)))
 	for _, s := range results {
 		fmt.Println(s.line(false))
 	}
