@@ -32,9 +32,10 @@ const (
 // observed ÷ predicted TTFT of its requests, as a geometric mean over about trustWindow of them (once it has
 // had trustWindow: the first predictions are the priors', which the fit corrects within a few dozen
 // observations, and judging the model on them sent a cold fleet's requests by affinity onto an endpoint
-// predicted late), is beyond distrustRatio either way, or while every pool it has placed on is at minCalibration (within a step) and
-// still missing more than twice the error budget though the fleet is not overloaded (under overload, misses
-// are the load's, and the overload rule, which ranking by affinity would give up, is what protects goodput).
+// predicted late), is beyond distrustRatio either way, or while every pool it has placed on is at
+// minCalibration (within a step) and still missing more than twice the error budget though the fleet is not
+// overloaded (under overload, misses are the load's, and the overload rule, which ranking by affinity would
+// give up, is what protects goodput).
 const (
 	trustWindow   = 64
 	distrustRatio = 2.0

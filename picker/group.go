@@ -33,7 +33,6 @@ const (
 // groupFigures are a candidate's figures for a new group (debugScores shows them).
 type groupFigures struct {
 	followTTFT  time.Duration
-	idleTTFT    time.Duration // the first request's, with nothing queued or running
 	followMeets bool
 	costUSD     float64
 }
@@ -109,7 +108,7 @@ func (d *decision) sacrifice(sorted []scored, nGood int, plan groupPlan) (int, b
 	best := -1
 	for i := nGood; i < len(sorted); i++ {
 		c := &sorted[i]
-		if !c.grp.followMeets || c.pred.TTFT > limit || c.grp.idleTTFT <= idleLimit || c.grp.costUSD >= sorted[0].grp.costUSD*(1-costTolerance) {
+		if !c.grp.followMeets || c.pred.TTFT > limit || c.pred.idle <= idleLimit || c.grp.costUSD >= sorted[0].grp.costUSD*(1-costTolerance) {
 			continue
 		}
 		if best < 0 || c.grp.costUSD < sorted[best].grp.costUSD {

@@ -19,6 +19,8 @@ type Prediction struct {
 	CostUSD float64
 
 	ttftX, tpotX [fitDims]float64
+	// idle is the TTFT the endpoint would give the request with nothing queued or running.
+	idle time.Duration
 	// tail is how much later than TTFT the first token may come at the tail of its spread (see Judging at the
 	// tail); meets judges TTFT + tail.
 	tail     time.Duration
@@ -199,8 +201,13 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 	if slots <= 0 {
 		return [fitDims]float64{1, prefill, max(0, c.running) / runningScale}
 	}
-	queued := max(0, float64(c.queue)+c.since)
-	return [fitDims]float64{1, prefill, max(0, c.running+queued+1-slots) / slots, min(max(0, c.running), slots) / slots}
+	return [fitDims]float64{1, prefill, slotsAwaited(c, slots) / slots, min(max(0, c.running), slots) / slots}
+}
+
+// slotsAwaited is how many of a full batch's sequences must finish before a request sent to c now is admitted:
+// running + queued (the engine's waiting and this gateway's sends since) + 1 − S, at least 0.
+func slotsAwaited(c *scored, slots float64) float64 {
+	return max(0, c.running+max(0, float64(c.queue)+c.since)+1-slots)
 }
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
@@ -226,7 +233,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		ahead := m.aheadTokens(c, mean)
 		x := features(c, (ahead+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
-		pd.TTFT = m.predictTTFT(pd.ttftX)
+		pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 		pd.tail = m.tail(c, z)
 		if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
 			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
@@ -236,8 +243,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 		c.pred = pd
 		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
 			x := features(c, (ahead+plan.followUncached)/speed)
-			idle := [fitDims]float64{1, uncached / speed, 0}
-			c.grp = groupFigures{followTTFT: m.predictTTFT(x), idleTTFT: m.predictTTFT(idle)}
+			c.grp = groupFigures{followTTFT: m.predictTTFT(x)}
 		}
 	}
 	return st
@@ -246,17 +252,14 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 // anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within
 // limit × margin with nothing queued or running — the margin scaled by the candidate's calibration factor when
 // calibrated, as meets judges it: whether waiting for room can ever bring the request within its target.
-func (p *predictor) anyIdleWithin(cands []scored, limit time.Duration, margin float64, calibrated bool) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func anyIdleWithin(cands []scored, limit time.Duration, margin float64, calibrated bool) bool {
 	for i := range cands {
 		c := &cands[i]
 		m := margin
 		if calibrated {
 			m = min(1, margin*c.pred.factor)
 		}
-		idle := [fitDims]float64{1, c.pred.uncached / max(c.speed.PrefillTokensPerSecond, 1), 0}
-		if p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency)).predictTTFT(idle) <= time.Duration(float64(limit)*m) {
+		if c.pred.idle <= time.Duration(float64(limit)*m) {
 			return true
 		}
 	}

@@ -39,7 +39,7 @@ func meets(pd Prediction, tg policies.Targets, margin float64, waited time.Durat
 // once: waiting would only make it later.
 func (d *decision) worthWaiting(late []scored) bool {
 	in, tg, margin := d.in, d.targets, d.routing.SLOMargin
-	return in.Queueing && d.p.pred.anyIdleWithin(late, tg.TTFT-in.Waited, margin, true)
+	return in.Queueing && anyIdleWithin(late, tg.TTFT-in.Waited, margin, true)
 }
 
 // placeBySLO places a request by goodput, then cost. Every eligible candidate's TTFT, TPOT and cost are
@@ -201,7 +201,7 @@ func (d *decision) fastest(late, all []scored) []scored {
 // error budget, is served by the fastest as before.
 func (d *decision) overloaded(late []scored) bool {
 	limit := d.targets.TTFT - d.in.Waited
-	d.busy = len(late) > 0 && late[0].pred.TTFT > limit && d.p.pred.anyIdleWithin(late, limit, 1, false)
+	d.busy = len(late) > 0 && late[0].pred.TTFT > limit && anyIdleWithin(late, limit, 1, false)
 	return d.busy && (d.saturated > 0 || d.model.pressure > max(1-d.targets.Objective, minPressure))
 }
 

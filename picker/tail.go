@@ -33,7 +33,7 @@ func tailZ(objective float64) float64 {
 func (m *endpointModel) tail(c *scored, z float64) time.Duration {
 	spread := math.Sqrt(max(0, m.spread))
 	if slots := float64(c.pool.MaxConcurrency); slots > 0 {
-		if k := c.running + max(0, float64(c.queue)+c.since) + 1 - slots; k > 0 {
+		if k := slotsAwaited(c, slots); k > 0 {
 			spread = max(spread, max(0, m.ttft.coef(2))*math.Sqrt(k)/slots)
 		}
 	}
