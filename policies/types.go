@@ -108,8 +108,9 @@ type Routing struct {
 	// predicted to meet the target and takes the cheapest of them, prefix affinity counted in the cost; "affinity"
 	// ranks by the scores alone, cost only breaking ties (what infergate did before SLO placement).
 	Placement string `yaml:"placement,omitempty" json:"placement,omitempty" jsonschema:"enum=slo,enum=affinity"`
-	// SLOMargin is the share of the TTFT target a prediction may use and still count as meeting it (default
-	// 0.8): predictions are means, and the target bounds a high percentile.
+	// SLOMargin is the most of the TTFT target a prediction, taken at the tail of the endpoint's spread, may use
+	// and still count as meeting it (default 0.8): what the spread does not show (bursts after the decision)
+	// needs room too. Each pool's calibration only tightens it.
 	SLOMargin float64 `yaml:"sloMargin,omitempty" json:"sloMargin,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
 }
 
