@@ -155,11 +155,17 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	return st
 }
 
-// learn tells the picker what the request showed: its timing when it succeeded and was seen chunk by chunk,
-// the engine's usage when the engine reported it.
+// FirstToken tells the picker that a routed request's first token passed the gateway: its prompt has left the
+// engine's prefill queue, which the next request there no longer waits behind. The data plane calls it when
+// the first chunk with generated content passes, before the client has it.
+func (d *Director) FirstToken(rt *Route) { d.opts.Picker.Prefilled(rt.Decision) }
+
+// learn tells the picker what the request showed: that its prefill is over, however it ended; its timing when
+// it succeeded and was seen chunk by chunk; the engine's usage when the engine reported it.
 func (d *Director) learn(rt *Route, o Outcome, st Settlement, usage openai.Usage) {
 	dec := rt.Decision
 	dec.ServedBy = o.Served
+	d.opts.Picker.Prefilled(dec)
 	if st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 {
 		d.opts.Picker.ObserveTiming(rt.Model.Name, dec, st.Timing.TTFT-st.Timing.Queued, st.Timing.TPOT)
 	}

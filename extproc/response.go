@@ -76,7 +76,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 	resp := responseHeadersResponse(hm)
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
 		if !h.GetEndOfStream() && rs.decided {
-			rs.timing.content(rs.now()) // the body is not seen: its headers are the nearest thing to a first token
+			rs.noteContent() // the body is not seen: its headers are the nearest thing to a first token
 		}
 		rs.settle(false)
 	}
@@ -90,10 +90,10 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 		before := rs.sse.ContentEvents()
 		out = rs.sse.Process(chunk, end)
 		if rs.sse.ContentEvents() > before {
-			rs.timing.content(rs.now())
+			rs.noteContent()
 		}
 	} else if rs.decided && len(chunk) > 0 {
-		rs.timing.content(rs.now())
+		rs.noteContent()
 	}
 	if rs.sse == nil && rs.decided && !rs.respTooBig {
 		if len(rs.respBody)+len(chunk) > maxResponseBodyBytes {

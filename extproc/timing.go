@@ -28,6 +28,16 @@ func (t *responseTiming) content(now time.Time) {
 	t.last = now
 }
 
+// noteContent notes a response chunk that carried generated content, passing now; the first tells the
+// director the request's prompt is prefilled (Director.FirstToken).
+func (rs *requestState) noteContent() {
+	first := rs.timing.first.IsZero()
+	rs.timing.content(rs.now())
+	if first && rs.route != nil {
+		rs.srv.director.FirstToken(rs.route)
+	}
+}
+
 // chunked reports whether the response body mode lets the gateway see chunks as they arrive. In BUFFERED
 // modes Envoy sends the whole body at once, so the first content is the end of the response; with NONE only
 // the headers are seen.

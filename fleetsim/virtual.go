@@ -48,17 +48,23 @@ func (v *VirtualEngine) Step(at time.Time) (time.Duration, bool) {
 	return v.e.step()
 }
 
-// Finish applies the planned step at at, its end, and returns the sequences that finished in it (the handles
-// Submit returned).
-func (v *VirtualEngine) Finish(at time.Time) []*Sequence {
+// Finish applies the planned step at at, its end, and returns the sequences whose first token came in it
+// (their prefill ended: what a gateway sees as the first chunk with content) and those that finished in it,
+// each in the engine's order (the handles Submit returned). A sequence may be in both.
+func (v *VirtualEngine) Finish(at time.Time) (firstTokens, finished []*Sequence) {
 	v.now = at
+	for _, s := range v.e.running {
+		if n, ok := v.e.current.prefill[s]; ok && n == s.prefillLeft {
+			firstTokens = append(firstTokens, s.handle)
+		}
+	}
 	var retired []*seq
 	v.e.finishStep(&retired)
-	out := make([]*Sequence, len(retired))
+	finished = make([]*Sequence, len(retired))
 	for i, s := range retired {
-		out[i] = s.handle
+		finished[i] = s.handle
 	}
-	return out
+	return firstTokens, finished
 }
 
 // Load is what the engine's /metrics would report now: running and waiting requests and the KV cache's

@@ -6,16 +6,21 @@ import (
 )
 
 // drive runs a VirtualEngine's steps from at until it idles, as a discrete-event loop does, and returns when it
-// idled and what retired, in order.
-func drive(v *VirtualEngine, at time.Time) (time.Time, []*Sequence) {
-	var retired []*Sequence
+// idled, what had its first token and what retired, in order.
+func drive(t *testing.T, v *VirtualEngine, at time.Time) (idle time.Time, firstTokens, retired []*Sequence) {
 	for {
 		d, busy := v.Step(at)
 		if !busy {
-			return at, retired
+			return at, firstTokens, retired
 		}
 		at = at.Add(d)
-		retired = append(retired, v.Finish(at)...)
+		first, done := v.Finish(at)
+		for _, q := range first {
+			if !q.FirstToken().Equal(at) {
+				t.Errorf("first token at %v reported at the end of the step at %v", q.FirstToken(), at)
+			}
+		}
+		firstTokens, retired = append(firstTokens, first...), append(retired, done...)
 	}
 }
 
@@ -28,7 +33,10 @@ func TestVirtualEngineRunsOnTheCallersClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idle, retired := drive(v, t0)
+	idle, firstTokens, retired := drive(t, v, t0)
+	if len(firstTokens) != 1 || firstTokens[0] != first {
+		t.Errorf("first tokens reported for %v, want the submitted handle once", firstTokens)
+	}
 	// Prefill 2 + 100 ms (first token), then two decode steps of 2 + 20 + 1 ms each.
 	if got, want := first.FirstToken().Sub(t0), ms(102); (got - want).Abs() > time.Microsecond {
 		t.Errorf("first token after %v, want %v", got, want)
@@ -45,7 +53,7 @@ func TestVirtualEngineRunsOnTheCallersClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drive(v, t1)
+	drive(t, v, t1)
 	if again.Cached() != 992 || (again.FirstToken().Sub(t1)-ms(2+0.8)).Abs() > time.Microsecond {
 		t.Errorf("cached %d, first token after %v: want 992 cached and 2.8 ms", again.Cached(), again.FirstToken().Sub(t1))
 	}

@@ -54,6 +54,9 @@ type Affinity struct {
 	// Metrics, when set, records what SLO placement learns of its predictions (trust, calibrated margins) and
 	// the decisions it did not place by them.
 	Metrics *Metrics
+	// Now is the picker's clock (nil: time.Now): SLO placement times its own sends' prefills by it against the
+	// engines' readings, which a simulated fleet stamps in its own time.
+	Now func() time.Time
 
 	live  liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
 	churn churn
@@ -82,6 +85,14 @@ const DefaultMaxBlocks = 512
 func NewAffinity(inflight *fleet.InFlight, engines EngineView) *Affinity {
 	return &Affinity{InFlight: inflight, Engines: engines, Index: NewIndex(),
 		Hasher: Hasher{BlockBytes: DefaultBlockTokens * CharsPerToken, MaxBlocks: DefaultMaxBlocks}}
+}
+
+// now is the time on the picker's clock.
+func (p *Affinity) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
 }
 
 // EngineView is the fleet's engine metrics, as the scraper keeps them.

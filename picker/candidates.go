@@ -2,6 +2,7 @@ package picker
 
 import (
 	"slices"
+	"time"
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/picker/scorers"
@@ -20,8 +21,13 @@ type scored struct {
 	prefillTPS float64
 	cost       float64 // USD per token of the hardware class
 	speed      policies.PoolSpeed
-	running    float64 // the engine's running sequences, from its metrics (SLO placement)
-	since      float64 // what this gateway sent it since that reading, less what finished (SLO placement)
+	running    float64   // the engine's running sequences, from its metrics (SLO placement)
+	since      float64   // what this gateway sent it since that reading, less what finished (SLO placement)
+	readAt     time.Time // when the engine's reading was taken (SLO placement)
+	kvUtil     float64   // the engine's KV cache usage, 0..1 (SLO placement)
+	// kvAwaited is how many running sequences must finish before the engine's KV cache holds the request
+	// (SLO placement; see kvAwaited).
+	kvAwaited float64
 	// adapterLoaded: the engine reports the requested LoRA adapter loaded.
 	adapterLoaded bool
 	kvFull        bool // the engine's KV cache is over the policy's threshold while requests wait
@@ -83,7 +89,7 @@ func (d *decision) candidates() (blockTokens int) {
 				// count is a share of it.
 				c.load = max(c.load, int64(m.Running)+since)
 				if slo {
-					c.running, c.since = m.Running, float64(since)
+					c.running, c.since, c.readAt, c.kvUtil = m.Running, float64(since), m.At, m.KVUtil
 				}
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize

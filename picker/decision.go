@@ -1,6 +1,8 @@
 package picker
 
 import (
+	"time"
+
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker/scorers"
 	"github.com/infergate/infergate/policies"
@@ -20,8 +22,10 @@ type decision struct {
 	// targets are the request's SLO; slo says SLO placement applies (routing.placement slo and a TTFT target).
 	targets policies.Targets
 	slo     bool
-	// out is the output SLO placement prices: the director's bound, as admission reserves it.
+	// out is the output SLO placement prices: the director's bound, as admission reserves it; now is when
+	// it decides, on the picker's clock.
 	out float64
+	now time.Time
 
 	// Left by the stages: every candidate and what the candidates stage left out (candidates), the hashed
 	// prompt.
@@ -45,7 +49,7 @@ func (p *Affinity) newDecision(snap *policies.Snapshot, in Input) decision {
 	d.weights = p.weightsFor(snap, d.table)
 	d.targets, d.slo = sloTargets(snap, in)
 	if d.slo {
-		d.out = float64(outputTokens(snap, in))
+		d.out, d.now = float64(outputTokens(snap, in)), p.now()
 	}
 	return d
 }

@@ -5,9 +5,11 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/fakeclock"
 )
 
 // A cheap class that meets the TTFT target only for cached prompts gets warm groups: with prompts seen to
@@ -29,6 +31,8 @@ func TestGroupPlacementWarmsACheapClassThatMeetsOnlyCached(t *testing.T) {
 	}
 	t.Run("sharing workload: the group goes to the cheap class", func(t *testing.T) {
 		p := picker(0.9, 0)
+		clock := fakeclock.New()
+		p.Now = clock.Now
 		d, err := p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, system(1), "first question")})
 		if err != nil {
 			t.Fatal(err)
@@ -44,6 +48,7 @@ func TestGroupPlacementWarmsACheapClassThatMeetsOnlyCached(t *testing.T) {
 				t.Errorf("%s: meets %v, follow-up %v: want the first late and the follow-ups in time", s.Endpoint, s.MeetsSLO, s.FollowUpTTFT)
 			}
 		}
+		clock.Advance(time.Minute) // the follow-up comes once the first request is answered
 		follow, err := p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, system(1), "a follow-up")})
 		if err != nil || follow.Endpoints[0] != d.Endpoints[0] || !follow.Predicted.inTime {
 			t.Fatalf("follow-up: %v (%v), in time %v; want %s, in time", follow.Endpoints, err, follow.Predicted.inTime, d.Endpoints[0])

@@ -73,6 +73,13 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 	}
 }
 
+// Prefilled implements Picker: the request is forgotten among its endpoint's sends still in prefill.
+func (p *Affinity) Prefilled(d Decision) {
+	if d.Predicted.set && d.Fallback == nil && len(d.Endpoints) > 0 {
+		p.pred.prefilled(d.Endpoints[0], d.Predicted)
+	}
+}
+
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent
 // prompts that did (before this one).
 func (p *Affinity) noteSharing(matched bool) float64 {

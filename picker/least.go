@@ -72,5 +72,8 @@ func (p *LeastInFlight) Pick(snap *policies.Snapshot, in Input) (Decision, error
 // Observe implements Picker: the baseline learns nothing.
 func (p *LeastInFlight) Observe(Decision, openai.Usage) {}
 
+// Prefilled implements Picker: least-in-flight counts requests, not their prefill.
+func (p *LeastInFlight) Prefilled(Decision) {}
+
 // ObserveTiming implements Picker: the baseline learns nothing.
 func (p *LeastInFlight) ObserveTiming(string, Decision, time.Duration, time.Duration) {}

@@ -125,6 +125,11 @@ type Picker interface {
 	// ObserveTiming hears what the gateway measured of a finished request: the time from routing to its first
 	// token and its time per output token, against what was predicted. Only for requests that succeeded.
 	ObserveTiming(model string, d Decision, ttft, tpot time.Duration)
+	// Prefilled hears that a request's prompt is no longer in its engine's prefill queue: its first token
+	// passed the gateway, or it ended without one. SLO placement counts the prompts this gateway sent that are
+	// still in prefill as work ahead of the next request there (see aheadTokens), and the engine's metrics do
+	// not show them apart from its running batch.
+	Prefilled(d Decision)
 }
 
 // Served is the model name the destination serves (the body's model is rewritten to it).

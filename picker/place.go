@@ -63,6 +63,7 @@ func (d *decision) decide(ordered []scored) Decision {
 	}
 	if best.pred.set {
 		p.noteShared(float64(best.matched*pr.blockTokens), float64(pr.estimated)) // φ, which only SLO placement reads
+		best.pred.sentAt = d.now
 		dec.Predicted = best.pred
 		p.pred.sent(best.endpoint, best.pred, in.Model.Name, d.busy, d.sacrificing)
 	}

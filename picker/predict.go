@@ -25,6 +25,9 @@ type Prediction struct {
 	// tail); meets judges TTFT + tail.
 	tail     time.Duration
 	uncached float64
+	// sentAt is when the request was sent (SLO placement's clock), which finds it among its endpoint's recent
+	// sends once it finishes.
+	sentAt time.Time
 	// factor is the pool's calibration factor at the decision; inTime says the prediction was judged to meet
 	// the targets, limit and tpotLimit are those targets less what the request had waited, objective the tier's
 	// and margin the policy's routing.sloMargin (see Calibration).
@@ -38,12 +41,13 @@ type Prediction struct {
 //
 //	TTFT ≈ step + (queued × ū + uncached) ÷ prefill speed + turnovers × service time
 //
-// where queued is the engine's waiting requests plus what this gateway sent it since that reading, ū the
-// mean uncached prompt tokens of requests this gateway sent there, uncached this prompt's tokens the endpoint
-// does not hold, and the prefill speed the pool's (or its hardware class's). When the pool states its batch
+// where queued × ū is the prefill ahead of the request (see aheadTokens), ū the mean uncached prompt tokens of
+// requests this gateway sent there, uncached this prompt's tokens the endpoint does not hold, and the prefill
+// speed the pool's (or its hardware class's). When the pool states its batch
 // size (maxConcurrency, S), a request that finds the batch full waits for sequences to finish: turnovers =
-// max(0, running + queued + 1 − S) ÷ S batches, each lasting about a request's service time, 256 output tokens
-// at the per-sequence decode speed (decodeTokensPerSecond ÷ S). Observed TTFTs then fit
+// max(0, running + queued + 1 − S) ÷ S batches (or, when the KV cache is the tighter bound, kvAwaited ÷ S),
+// each lasting about a request's service time, 256 output tokens at the per-sequence decode speed
+// (decodeTokensPerSecond ÷ S). Observed TTFTs then fit
 //
 //	TTFT ≈ a + b × prefill seconds + c × turnovers
 //
@@ -73,26 +77,64 @@ type endpointModel struct {
 	tpotPrior  bool    // the TPOT fit has a prior from the pool's batch size and decode speed
 	uncached   float64 // ū, 0 until a request was sent
 	spread     float64 // mean squared TTFT residual (seconds²), over about trustWindow observations
-	// recent are the uncached tokens of the last sends there, newest at recent[next−1], for the prompts sent
-	// since the engine's last reading (see aheadTokens).
-	recent [recentSends]float64
+	// recent are the last sends there, newest at recent[next−1] (see aheadTokens).
+	recent [recentSends]sentPrompt
 	next   int
 }
 
-// recentSends is how many of an endpoint's last sends the picker remembers the uncached tokens of.
-const recentSends = 16
+// sentPrompt is one request this gateway sent an endpoint: when, its uncached tokens, and when its first
+// token was due at the tail of its prediction.
+type sentPrompt struct {
+	at, firstBy time.Time
+	uncached    float64
+}
 
-// aheadTokens are the prompt tokens the engine has to prefill before a new request's: its waiting requests at
-// ū each, and what this gateway sent it since the reading at what each of them left uncached. A burst of new
-// groups' first prompts, each uncached, lands on one replica before its next reading; counting them at ū —
-// mostly cached follow-ups — predicts a prefill queue a fraction of what it is.
-func (m *endpointModel) aheadTokens(c *scored, mean float64) float64 {
-	n := int(max(0, c.since))
-	tokens := max(0, float64(c.queue)+c.since-float64(min(n, recentSends))) * mean
-	for i := range min(n, recentSends) {
-		tokens += m.recent[(m.next-1-i+2*recentSends)%recentSends]
+// prefilled forgets the send to ep that pd predicted among those still in prefill.
+func (p *predictor) prefilled(ep string, pd Prediction) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m := p.eps[ep]; m != nil {
+		m.forgetSend(pd)
 	}
-	return tokens
+}
+
+// forgetSend forgets the send pd predicted among those still in prefill.
+func (m *endpointModel) forgetSend(pd Prediction) {
+	for i := range m.recent {
+		if s := &m.recent[i]; s.at.Equal(pd.sentAt) && s.uncached == pd.uncached && !s.at.IsZero() {
+			*s = sentPrompt{}
+			return
+		}
+	}
+}
+
+// recentSends is how many of an endpoint's last sends the picker remembers: more than one replica prefills
+// within a TTFT target at any request rate a replica sustains.
+const recentSends = 32
+
+// aheadTokens are the prompt tokens the engine has to prefill before a new request's. The engine's reading
+// says how many wait (counted at ū each), but not how much of its running batch is still in prefill, and a
+// request sent since the reading is in neither; this gateway knows its own: every send whose first token is
+// not yet due (at the tail of its prediction), at what it left uncached. The prefill ahead is the larger of the
+// reading's waiting plus the sends since it, and this gateway's sends still in prefill: the first holds other
+// gateways' requests, the second the prefills the reading hid. Sends since the reading count whether or not
+// others finished since: a finished request leaves the running batch, not the prefill queue. A burst of new
+// groups' first prompts, each uncached, lands on one replica between two readings; counting them at ū —
+// mostly cached follow-ups — or netting them against finished requests predicts a prefill queue a fraction of
+// what it is.
+func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) float64 {
+	var sinceReading, pending float64
+	for i := range m.recent {
+		s := &m.recent[i]
+		if s.at.IsZero() || !now.Before(s.firstBy) {
+			continue
+		}
+		pending += s.uncached
+		if s.at.After(c.readAt) {
+			sinceReading += s.uncached
+		}
+	}
+	return max(float64(c.queue)*mean+sinceReading, pending)
 }
 
 // predictTTFT is the endpoint's TTFT for features x (see features), never below the prefill time x[1] at the
@@ -205,16 +247,37 @@ func features(c *scored, prefill float64) [fitDims]float64 {
 }
 
 // slotsAwaited is how many of a full batch's sequences must finish before a request sent to c now is admitted:
-// running + queued (the engine's waiting and this gateway's sends since) + 1 − S, at least 0.
+// running + queued (the engine's waiting and this gateway's sends since) + 1 − S, at least 0; or, when more,
+// those that must finish before the engine's KV cache holds it (kvAwaited).
 func slotsAwaited(c *scored, slots float64) float64 {
-	return max(0, c.running+max(0, float64(c.queue)+c.since)+1-slots)
+	return max(c.kvAwaited, c.running+max(0, float64(c.queue)+c.since)+1-slots)
+}
+
+// kvAwaited is how many running sequences must finish before the engine's KV cache has room for a request
+// that needs blocks of it (its uncached prompt and its output bound: an engine that reserves a request's
+// blocks when it admits it, as fleetsim does and TensorRT-LLM's guaranteed-no-evict scheduler, or whose
+// running batch grows into them, as vLLM's does), after the requests queued before it, each taking a running
+// sequence's mean share: the cache's usage u over its running sequences r. A batch below its stated size can
+// be full all the same — a 70B model's KV cache on a 48 GB card holds fewer long sequences than the engine's
+// max_num_seqs — and a request that finds it so waits for sequences to finish as at a full batch. 0 when the
+// engine reports no usage or capacity.
+func kvAwaited(c *scored, blocks float64) float64 {
+	if c.capacity <= 0 || c.kvUtil <= 0 || c.running < 1 {
+		return 0
+	}
+	perSeq := min(1, c.kvUtil) / c.running
+	short := max(0, float64(c.queue)+c.since)*perSeq + blocks/float64(c.capacity) - (1 - min(1, c.kvUtil))
+	if short <= 0 {
+		return 0
+	}
+	return math.Ceil(short/perSeq - 1e-9) // whole sequences, not one more for a rounding error
 }
 
 // predictAll fills each candidate's prediction for a prompt whose uncached tokens depend on what the endpoint
 // holds, and whose output is outTokens long, and, when the prompt starts a group, its follow-ups' TTFT; it
 // returns what the decision needs of the model's learning (trust, pressure, sacrifices). One lock for the
 // whole decision (and one more in sent, once it is decided).
-func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64, plan groupPlan, objective float64) (st modelState) {
+func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outTokens float64, plan groupPlan, objective float64, now time.Time) (st modelState) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st.pressure, st.sacrificed = p.pressure[model], p.sacrificed[model]
@@ -230,7 +293,8 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 			mean = uncached
 		}
 		speed := max(c.speed.PrefillTokensPerSecond, 1)
-		ahead := m.aheadTokens(c, mean)
+		c.kvAwaited = kvAwaited(c, (uncached+outTokens)/blockTokens)
+		ahead := m.aheadTokens(c, mean, now)
 		x := features(c, (ahead+uncached)/speed)
 		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 		pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
@@ -285,14 +349,14 @@ func decodeShare(c *scored) float64 {
 	return full * slots / batch
 }
 
-// sent records the uncached tokens of a request sent to ep, for ū, and the decision in its model's pressure
-// and sacrifices (see noteDecision).
+// sent records a request sent to ep (at pd.sentAt), for ū and the prefill ahead of the next ones (aheadTokens), and
+// the decision in its model's pressure and sacrifices (see noteDecision).
 func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrificed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.noteDecisionLocked(model, busy, sacrificed)
 	m := p.model(ep, 0, 0, 0)
-	m.recent[m.next] = pd.uncached
+	m.recent[m.next] = sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached}
 	m.next = (m.next + 1) % recentSends
 	if m.uncached == 0 {
 		m.uncached = max(pd.uncached, 1)
@@ -301,11 +365,13 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 	}
 }
 
-// observe fits an endpoint's model to one request's measured timing (tpot 0: not measured).
+// observe fits an endpoint's model to one request's measured timing (tpot 0: not measured), and forgets it
+// among the sends still in prefill: it has its first token, whenever that was due.
 func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.model(ep, 0, 0, 0)
+	m.forgetSend(pd)
 	if ttft > 0 {
 		m.noteResidual(ttft.Seconds() - m.ttft.predict(pd.ttftX))
 		m.ttft.observe(pd.ttftX, ttft.Seconds())

@@ -61,7 +61,7 @@ func (d *decision) worthWaiting(late []scored) bool {
 func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
 	plan := d.planGroup(all)
-	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective)
+	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective, d.now)
 	nGood := d.judge(eligible)
 	if !d.trustPredictions() {
 		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
@@ -72,17 +72,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	if group {
 		d.groupCosts(eligible, plan)
 	}
-	// In place: the meeting candidates first, cheapest first (for a new group, by group cost); then the late
-	// ones, fastest first.
-	slices.SortStableFunc(eligible, func(a, b scored) int {
-		switch {
-		case a.meets != b.meets:
-			return trueFirst(a.meets)
-		case a.meets:
-			return cmpFloat(a.sloCost(group), b.sloCost(group))
-		}
-		return cmpFloat(float64(a.pred.TTFT), float64(b.pred.TTFT))
-	})
+	rankBySLO(eligible, group)
 	if nGood == 0 {
 		return d.noneInTime(eligible, all)
 	}
@@ -103,6 +93,20 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 		return d.decide(eligible), nil // sorted in place: the dearer and the late follow as they are
 	}
 	return d.decide(append(ordered, eligible[nBand:]...)), nil
+}
+
+// rankBySLO sorts judged candidates in place: the meeting ones first, cheapest first (for a new group, by
+// group cost); then the late ones, fastest at the tail of their spread first (see atTail).
+func rankBySLO(cands []scored, group bool) {
+	slices.SortStableFunc(cands, func(a, b scored) int {
+		switch {
+		case a.meets != b.meets:
+			return trueFirst(a.meets)
+		case a.meets:
+			return cmpFloat(a.sloCost(group), b.sloCost(group))
+		}
+		return cmpFloat(float64(a.pred.atTail()), float64(b.pred.atTail()))
+	})
 }
 
 // sloCost is what SLO placement ranks meeting candidates by: the request's cost, or its group's.
@@ -175,11 +179,11 @@ func (d *decision) noneInTime(late, all []scored) (Decision, error) {
 // prefix costs a full prefill that makes everyone later still.
 const lateTolerance = 0.25
 
-// fastest orders late candidates (sorted by predicted TTFT) when none meets the targets: those within
-// lateTolerance of the fastest by affinity and load, then the others by predicted TTFT.
+// fastest orders late candidates (sorted by atTail) when none meets the targets: those within lateTolerance
+// of the fastest by affinity and load, then the others by their TTFT at the tail.
 func (d *decision) fastest(late, all []scored) []scored {
 	n := 1
-	for n < len(late) && float64(late[n].pred.TTFT) <= float64(late[0].pred.TTFT)*(1+lateTolerance) {
+	for n < len(late) && float64(late[n].pred.atTail()) <= float64(late[0].pred.atTail())*(1+lateTolerance) {
 		n++
 	}
 	head := late[:n]

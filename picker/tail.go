@@ -47,3 +47,9 @@ func (m *endpointModel) noteResidual(r float64) {
 	}
 	m.spread += (r*r - m.spread) / trustWindow
 }
+
+// atTail is the TTFT at the tail of the prediction's spread, which meets judges, and by which late candidates
+// are ranked: when none is predicted in time, the one whose first token comes soonest at the tail is the most
+// likely to be in time after all. A full batch packed by cost has the lowest mean and the widest spread (the
+// wait for a slot), and ranked by the mean it takes the overflow a replica with room would have served sooner.
+func (pd Prediction) atTail() time.Duration { return pd.TTFT + pd.tail }

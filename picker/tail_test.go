@@ -3,11 +3,13 @@ package picker
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/fakeclock"
 )
 
 func TestTailZFollowsTheObjective(t *testing.T) {
@@ -31,9 +33,12 @@ func TestTailZFollowsTheObjective(t *testing.T) {
 func TestNoisyPoolIsJudgedAtItsTail(t *testing.T) {
 	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
 	p := newMixedPicker(idleEngines(nil))
+	clock := fakeclock.New()
+	p.Now = clock.Now
 	prompts := 0
 	fresh := func(queueing bool) Input {
 		prompts++
+		clock.Advance(time.Minute) // each request alone on the fleet: the last one's prefill is long over
 		return Input{Tenant: proTenant(snap), Model: m, Queueing: queueing,
 			Request: request(t, strings.Repeat(fmt.Sprintf("sys%d ", prompts), 1200), "q")}
 	}
@@ -92,32 +97,42 @@ func TestFullBatchWaitIsJudgedAtItsTail(t *testing.T) {
 
 func absDuration(d time.Duration) time.Duration { return max(d, -d) }
 
-// The prompts sent since the engine's last reading are counted at what each left uncached, not at ū: a burst
-// of new groups' uncached first prompts is a prefill queue the waiting count does not show yet.
-func TestAheadTokensCountTheRecentSends(t *testing.T) {
+// The prefill ahead of a request counts this gateway's sends at what each left uncached, until the tail of
+// its predicted first token: those since the engine's reading on top of the queue it reports (whatever
+// finished since, which left the running batch, not the prefill queue), and those the reading shows running
+// though still in prefill. A burst of new groups' uncached first prompts is a prefill queue the waiting count
+// does not show.
+func TestAheadTokensCountTheSendsStillInPrefill(t *testing.T) {
 	var p predictor
 	const ep = "10.0.0.1:1"
-	for _, uncached := range []float64{100, 100, 100, 1000, 2000} {
-		p.sent(ep, Prediction{uncached: uncached}, "m", false, false)
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for i, uncached := range []float64{100, 100, 100, 1000, 2000} {
+		// each sent 10 ms after the last, its first token due 100 ms after it was sent
+		p.sent(ep, Prediction{uncached: uncached, TTFT: 80 * time.Millisecond, tail: 20 * time.Millisecond, sentAt: at(10 * i)}, "m", false, false)
 	}
 	m := p.eps[ep]
 	mean := m.uncached
 	tests := []struct {
-		queue int
-		since float64
-		want  float64
+		name            string
+		queue, readAtMs int
+		nowMs           int
+		want            float64
 	}{
-		{0, 0, 0},
-		{1, 0, mean},
-		{0, 2, 2000 + 1000},
-		{2, 3, 2*mean + 2000 + 1000 + 100},
-		{0, recentSends + 4, 4*mean + 2000 + 1000 + 3*100}, // beyond what is remembered: ū each
+		{"every send in prefill, the last two since the reading", 1, 25, 45, max(mean+3000, 3300)},
+		{"the first three past their first token", 1, 25, 125, mean + 3000},
+		{"one left", 3, 25, 135, 3*mean + 2000},
+		{"none left: the reading's queue", 2, 25, 150, 2 * mean},
+		{"the reading's queue is the sends still waiting: counted once", 2, 50, 60, 3300},
+		{"no reading and nothing sent in prefill", 0, 0, 500, 0},
 	}
 	for _, tc := range tests {
-		c := &scored{queue: int64(tc.queue), since: tc.since}
-		if got := m.aheadTokens(c, mean); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("queue %d, since %v: %v tokens ahead, want %v", tc.queue, tc.since, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			c := &scored{queue: int64(tc.queue), readAt: at(tc.readAtMs)}
+			if got := m.aheadTokens(c, mean, at(tc.nowMs)); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("%v tokens ahead, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -144,5 +159,81 @@ func TestTPOTPriorFromTheBatch(t *testing.T) {
 		if s.TPOT <= 0 {
 			t.Errorf("%s: no TPOT predicted before observations, though its pool states its batch size", s.Endpoint)
 		}
+	}
+}
+
+// When none is predicted in time, the late candidates are ranked by their TTFT at the tail, not by the mean: a
+// full batch packed by cost has the lowest mean and the widest spread (the wait for a slot), and the replica
+// with room is the likelier to serve the request in time. The meeting ones still come first, cheapest first.
+func TestLateCandidatesAreRankedAtTheirTail(t *testing.T) {
+	ms := time.Millisecond
+	cands := []scored{
+		{endpoint: "full batch", pred: Prediction{TTFT: 480 * ms, tail: 700 * ms, CostUSD: 1}},
+		{endpoint: "room", pred: Prediction{TTFT: 420 * ms, tail: 120 * ms, CostUSD: 3}},
+		{endpoint: "queue", pred: Prediction{TTFT: 600 * ms, tail: 10 * ms, CostUSD: 2}},
+		{endpoint: "meets, dear", meets: true, pred: Prediction{TTFT: 100 * ms, CostUSD: 9}},
+		{endpoint: "meets, cheap", meets: true, pred: Prediction{TTFT: 300 * ms, CostUSD: 4}},
+	}
+	rankBySLO(cands, false)
+	var got []string
+	for _, c := range cands {
+		got = append(got, c.endpoint)
+	}
+	want := []string{"meets, cheap", "meets, dear", "room", "queue", "full batch"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ranked %q, want %q", got, want)
+	}
+}
+
+// A request whose first token came, or that finished, is no longer in prefill, whenever its first token was
+// due: prefilled and observe forget its send.
+func TestObservedSendLeavesThePrefillAhead(t *testing.T) {
+	var p predictor
+	const ep = "10.0.0.1:1"
+	now := time.Unix(1_700_000_000, 0)
+	first := Prediction{uncached: 1000, TTFT: time.Second, sentAt: now}
+	second := Prediction{uncached: 300, TTFT: time.Second, sentAt: now.Add(time.Millisecond)}
+	p.sent(ep, first, "m", false, false)
+	p.sent(ep, second, "m", false, false)
+	m := p.eps[ep]
+	c := &scored{}
+	if got := m.aheadTokens(c, 0, now.Add(2*time.Millisecond)); got != 1300 {
+		t.Fatalf("%v tokens ahead before either finished, want 1300", got)
+	}
+	p.observe(ep, first, 50*time.Millisecond, 0)
+	if got := m.aheadTokens(c, 0, now.Add(2*time.Millisecond)); got != 300 {
+		t.Errorf("%v tokens ahead once the first finished, want the second's 300", got)
+	}
+	p.prefilled(ep, second) // its first token passed the gateway (Picker.Prefilled)
+	if got := m.aheadTokens(c, 0, now.Add(2*time.Millisecond)); got != 0 {
+		t.Errorf("%v tokens ahead once the second's first token came, want none", got)
+	}
+}
+
+// A batch below its stated size waits all the same when the engine's KV cache cannot hold the request: the
+// sequences that must finish first are those whose mean share (usage ÷ running) frees what the request and
+// the queue before it need beyond the free blocks.
+func TestKVAwaitedCountsTheSequencesThatFreeTheBlocks(t *testing.T) {
+	tests := []struct {
+		name                   string
+		capacity               int
+		kvUtil, running, queue float64
+		blocks, want           float64
+	}{
+		{"room to spare", 1000, 0.5, 10, 0, 100, 0},
+		{"exactly the free blocks", 1000, 0.9, 30, 0, 100, 0},
+		{"ten blocks short, 30 a sequence", 1000, 0.9, 30, 0, 110, 1},
+		{"the queue first: one sequence's share each", 1000, 0.9, 30, 2, 100, 2},
+		{"full: a hundred blocks at 25 each", 1000, 1, 40, 0, 100, 4},
+		{"no usage reported", 1000, 0, 30, 0, 5000, 0},
+		{"no capacity reported", 0, 0.99, 30, 0, 100, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &scored{capacity: tc.capacity, kvUtil: tc.kvUtil, running: tc.running, queue: int64(tc.queue)}
+			if got := kvAwaited(c, tc.blocks); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("%v sequences awaited, want %v", got, tc.want)
+			}
+		})
 	}
 }

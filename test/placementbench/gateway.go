@@ -98,6 +98,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	case rowAffinity, rowSLO, rowQueue:
 		a := picker.NewAffinity(g.inflight, fl)
 		a.ChurnEvery = -1
+		a.Now = g.sim.Now // the sim's readings are stamped in simulated time
 		a.PolicyChanged(snap)
 		g.picker = a
 	}
@@ -235,7 +236,12 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 	if d != nil {
 		dec = *d
 	}
-	g.fleet.submit(addr, tokens, r.output, func(q *fleetsim.Sequence, err error) {
+	first := func() {
+		if d != nil { // the first token's chunk passes the gateway: the picker's own prefill count forgets it
+			g.sim.after(g.lag(), func() { g.picker.Prefilled(dec) })
+		}
+	}
+	g.fleet.submit(addr, tokens, r.output, first, func(q *fleetsim.Sequence, err error) {
 		if d != nil {
 			g.inflight.Done(dec.Target(g.sc.model))
 		}

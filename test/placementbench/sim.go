@@ -116,6 +116,7 @@ type replica struct {
 	eng      *fleetsim.VirtualEngine
 	stepping bool
 	reading  fleet.EngineMetrics
+	onFirst  map[*fleetsim.Sequence]func()
 	onDone   map[*fleetsim.Sequence]func(*fleetsim.Sequence)
 }
 
@@ -136,7 +137,7 @@ func newFleet(s *scenario, sm *sim) (*fleetState, [][]string) {
 		c := &s.classes[i]
 		for r := range c.replicas {
 			addr := "10.0." + itoa(i) + "." + itoa(r+1) + ":8000"
-			rp := &replica{addr: addr, class: c, onDone: map[*fleetsim.Sequence]func(*fleetsim.Sequence){},
+			rp := &replica{addr: addr, class: c, onFirst: map[*fleetsim.Sequence]func(){}, onDone: map[*fleetsim.Sequence]func(*fleetsim.Sequence){},
 				eng: fleetsim.NewVirtualEngine(fleetsim.EngineConfig{Hardware: c.speed, BlockSize: blockSize, NumGPUBlocks: c.numGPUBlocks,
 					MaxNumSeqs: c.maxNumSeqs})}
 			f.replicas = append(f.replicas, rp)
@@ -184,16 +185,16 @@ func (f *fleetState) scrape() {
 	}
 }
 
-// submit starts a request on a replica now; done is called when it retires (nil error) or at once when the
-// engine refuses it.
-func (f *fleetState) submit(addr string, tokens []string, output int, done func(*fleetsim.Sequence, error)) {
+// submit starts a request on a replica now; first is called when its first token comes, done when it retires
+// (nil error) or at once when the engine refuses it.
+func (f *fleetState) submit(addr string, tokens []string, output int, first func(), done func(*fleetsim.Sequence, error)) {
 	r := f.byAddr[addr]
 	seq, err := r.eng.Submit(f.sim.Now(), tokens, output)
 	if err != nil {
 		done(nil, err)
 		return
 	}
-	r.onDone[seq] = func(q *fleetsim.Sequence) { done(q, nil) }
+	r.onFirst[seq], r.onDone[seq] = first, func(q *fleetsim.Sequence) { done(q, nil) }
 	if !r.stepping {
 		f.step(r)
 	}
@@ -207,7 +208,13 @@ func (f *fleetState) step(r *replica) {
 		return
 	}
 	f.sim.after(d, func() {
-		for _, q := range r.eng.Finish(f.sim.Now()) {
+		firstTokens, finished := r.eng.Finish(f.sim.Now())
+		for _, q := range firstTokens {
+			first := r.onFirst[q]
+			delete(r.onFirst, q)
+			first()
+		}
+		for _, q := range finished {
 			done := r.onDone[q]
 			delete(r.onDone, q)
 			done(q)
