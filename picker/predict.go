@@ -76,7 +76,11 @@ type endpointModel struct {
 	tpotSeen   int
 	tpotPrior  bool    // the TPOT fit has a prior from the pool's batch size and decode speed
 	uncached   float64 // ū, 0 until a request was sent
-	spread     float64 // mean squared TTFT residual (seconds²), over about trustWindow observations
+	// spread is the mean squared TTFT residual (seconds²): their mean until there are trustWindow of them, an
+	// exponential average over about trustWindow after — not one that starts from 0, which judges a new
+	// endpoint's first requests at a tail a fraction of its real one.
+	spread    float64
+	residuals float64 // how many residuals spread has seen
 	// recent are the last sends there, newest at recent[next−1] (see aheadTokens).
 	recent [recentSends]sentPrompt
 	next   int

@@ -45,7 +45,8 @@ func (m *endpointModel) noteResidual(r float64) {
 	if math.IsNaN(r) || math.IsInf(r, 0) {
 		return
 	}
-	m.spread += (r*r - m.spread) / trustWindow
+	m.residuals++
+	m.spread += (r*r - m.spread) / min(m.residuals, trustWindow)
 }
 
 // atTail is the TTFT at the tail of the prediction's spread, which meets judges, and by which late candidates

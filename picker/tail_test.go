@@ -237,3 +237,26 @@ func TestKVAwaitedCountsTheSequencesThatFreeTheBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A new endpoint's spread is the mean of the residuals it has had, not an average that starts from 0 and would
+// judge its first requests at a fraction of their real tail; past trustWindow residuals it follows the recent
+// ones.
+func TestSpreadIsTheMeanUntilTheWindowFills(t *testing.T) {
+	var m endpointModel
+	for range 4 {
+		m.noteResidual(0.1)
+	}
+	if math.Abs(m.spread-0.01) > 1e-12 {
+		t.Fatalf("spread %v after four residuals of 0.1 s, want their mean square 0.01", m.spread)
+	}
+	m.noteResidual(0.2) // the fifth: the mean of five
+	if want := (4*0.01 + 0.04) / 5; math.Abs(m.spread-want) > 1e-12 {
+		t.Fatalf("spread %v, want %v", m.spread, want)
+	}
+	for range 20 * trustWindow {
+		m.noteResidual(0.05)
+	}
+	if math.Abs(m.spread-0.0025) > 1e-6 {
+		t.Errorf("spread %v after many residuals of 0.05 s, want about 0.0025", m.spread)
+	}
+}
