@@ -131,14 +131,29 @@ func (d *decision) trustPredictions() bool {
 }
 
 // judge marks the candidates predicted to meet the request's targets, each within its pool's calibrated
-// margin (the policy's margin as it is with the admission queue: see Calibration), and counts them.
+// margin (the policy's margin as it is with the admission queue: see Calibration), and counts them. With the
+// admission queue, a request none meets at the tail of its spread is judged again at the mean: it is held in
+// the queue only when no endpoint is predicted to serve it in time even so (see Judging at the tail).
 func (d *decision) judge(eligible []scored) (nGood int) {
+	if d.in.Queueing {
+		for i := range eligible {
+			eligible[i].pred.factor = 1
+		}
+	}
+	if nGood = d.judgeAt(eligible); nGood > 0 || !d.in.Queueing {
+		return nGood
+	}
+	for i := range eligible {
+		eligible[i].pred.tail = 0
+	}
+	return d.judgeAt(eligible)
+}
+
+// judgeAt marks and counts the candidates whose predictions, at the tail they carry, meet the targets.
+func (d *decision) judgeAt(eligible []scored) (nGood int) {
 	in, margin := d.in, d.routing.SLOMargin
 	for i := range eligible {
 		c := &eligible[i]
-		if in.Queueing {
-			c.pred.factor, c.pred.tail = 1, 0
-		}
 		c.meets = meets(c.pred, d.targets, min(1, margin*c.pred.factor), in.Waited)
 		c.pred.inTime, c.pred.objective, c.pred.margin = c.meets, d.targets.Objective, margin
 		c.pred.limit, c.pred.tpotLimit = d.targets.TTFT-in.Waited, d.targets.TPOT

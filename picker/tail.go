@@ -19,8 +19,10 @@ import (
 //     queued + 1 − S sequences to finish, each freed after about the service time ÷ S, a near-exponential wait
 //     whose sum has a standard deviation of about √k × service ÷ S (the service time as the fit has learnt it).
 // The margin and its calibration apply on top, for what the spread does not show (bursts after the decision).
-// With the admission queue, a request judged late waits for room, so the tail, like calibration, is left out
-// there.
+// With the admission queue, a request judged late waits for room: the tail judges while some endpoint meets
+// the target at it, but a request none meets at the tail is judged again at the mean, and waits only when no
+// endpoint is predicted in time even so — a stricter judgement would hold requests an endpoint would likely
+// have served in time, a laxer one packs the cheapest replica at its mean. Calibration is left out there.
 
 // tailZ is the standard normal quantile the tail is judged at for a tier's objective.
 func tailZ(objective float64) float64 {

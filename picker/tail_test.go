@@ -29,7 +29,9 @@ func TestTailZFollowsTheObjective(t *testing.T) {
 // An endpoint whose TTFTs stray far from its predictions is judged at the tail of that spread: a cheap pool
 // whose mean prediction is well within the target, but whose TTFTs spread by 150 ms, no longer meets a 500 ms
 // target (200 ms + 2.6 × 150 ms is past the 400 ms margin), and the request goes to the fast pool; debugScores
-// still shows the mean. With the admission queue the tail is left out, as calibration is.
+// still shows the mean. With the admission queue the tail judges too while some endpoint meets at it; when none
+// does (the fast pool noisy as well), the request is judged again at the mean rather than held in the queue,
+// and goes to the cheap pool, in time at the mean.
 func TestNoisyPoolIsJudgedAtItsTail(t *testing.T) {
 	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
 	p := newMixedPicker(idleEngines(nil))
@@ -62,8 +64,19 @@ func TestNoisyPoolIsJudgedAtItsTail(t *testing.T) {
 			t.Errorf("cheap endpoint %s: meets %v at a mean of %v; want judged late, its mean shown as it is", s.Endpoint, s.MeetsSLO, s.TTFT)
 		}
 	}
-	if d, err = p.Pick(snap, fresh(true)); err != nil || d.Pool.Name != "cheap" {
-		t.Fatalf("with the admission queue: got %v (%v), want the cheap pool (no tail)", d.Pool, err)
+	if d, err = p.Pick(snap, fresh(true)); err != nil || d.Pool.Name != "fast" {
+		t.Fatalf("with the admission queue: got %v (%v), want the fast pool, in time at its tail", d.Pool, err)
+	}
+	for _, ep := range []string{"10.0.0.1:1", "10.0.0.2:1"} {
+		p.pred.mu.Lock()
+		for i := range trustWindow * 4 {
+			p.pred.model(ep, 0, 0, 0).noteResidual(0.15 * float64(1-2*(i%2)))
+		}
+		p.pred.mu.Unlock()
+	}
+	if d, err = p.Pick(snap, fresh(true)); err != nil || d.Pool.Name != "cheap" || !d.Predicted.inTime {
+		t.Fatalf("with the admission queue, every pool noisy: got %v (%v), in time %v; want the cheap pool, in time at the mean",
+			d.Pool, err, d.Predicted.inTime)
 	}
 }
 
