@@ -48,6 +48,8 @@ type destination struct {
 	managed   bool
 	predicted time.Duration // the picker's predicted TTFT, when it predicts
 	waited    time.Duration // simulated time the request waited in the gateway before it was sent
+	// firstToken, when set, tells the picker the request's first token came (picker.Picker.Prefilled).
+	firstToken func()
 }
 
 type router interface {
@@ -108,7 +110,7 @@ func (p *pickerRouter) sent(r *request, d picker.Decision, waited time.Duration)
 	target := d.Target(r.model)
 	dest := destination{endpoint: target, managed: d.Fallback != nil, predicted: d.Predicted.TTFT, waited: waited}
 	if d.Fallback == nil {
-		dest.endpoint = d.Endpoints[0]
+		dest.endpoint, dest.firstToken = d.Endpoints[0], func() { p.picker.Prefilled(d) }
 	}
 	return dest, func(o outcome) {
 		p.inflight.Done(target)
@@ -195,7 +197,7 @@ func (e *env) send(ctx context.Context, dest destination, r *request) outcome {
 		url, client, model = "https://"+m.Addr()+"/v1/chat/completions", e.tlsClient, r.model+"-managed"
 		header = http.Header{"Authorization": {"Bearer " + managedKey}}
 	}
-	res := loadgen.StreamChat(ctx, client, url, header, chatBody(r, model))
+	res := loadgen.StreamChatWith(ctx, client, url, header, chatBody(r, model), dest.firstToken)
 	o := outcome{ok: res.Usage && res.Status == http.StatusOK, managed: dest.managed, prompt: res.Prompt, cached: res.Cached,
 		completion: res.Completion, ttft: dest.waited + time.Duration(float64(res.TTFT)/timeScale), waited: dest.waited}
 	if res.Completion > 1 {

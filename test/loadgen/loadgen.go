@@ -34,6 +34,13 @@ type Result struct {
 // StreamChat posts a streaming chat body (which should ask for stream_options.include_usage) and reads the
 // server-sent events to the end.
 func StreamChat(ctx context.Context, client *http.Client, url string, header http.Header, body []byte) Result {
+	return StreamChatWith(ctx, client, url, header, body, nil)
+}
+
+// StreamChatWith is StreamChat that calls firstToken (when not nil) as the first chunk with content arrives:
+// a benchmark's router stands where the gateway does, and tells its picker the prompt is prefilled then, as
+// the data plane does (picker.Picker.Prefilled).
+func StreamChatWith(ctx context.Context, client *http.Client, url string, header http.Header, body []byte, firstToken func()) Result {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
 	if err != nil {
 		return Result{}
@@ -77,6 +84,9 @@ func StreamChat(ctx context.Context, client *http.Client, url string, header htt
 			r.Last = time.Since(start)
 			if r.TTFT == 0 {
 				r.TTFT = r.Last
+				if firstToken != nil {
+					firstToken()
+				}
 			}
 		}
 		if u := chunk.Usage; u != nil {

@@ -48,9 +48,9 @@ type outcome struct {
 }
 
 type router interface {
-	// pick chooses an endpoint; done reports the request's outcome (the picker learns the engine's token
-	// count from it, as the gateway does from usage).
-	pick(r *request) (ep string, done func(outcome))
+	// pick chooses an endpoint; first reports its first token (nil: not heard), done the request's outcome (the
+	// picker learns the engine's token count from it, as the gateway does from usage).
+	pick(r *request) (ep string, first func(), done func(outcome))
 }
 
 // pickerRouter adapts an infergate picker (or two, alternating) with in-flight accounting.
@@ -62,7 +62,7 @@ type pickerRouter struct {
 	n        atomic.Uint64
 }
 
-func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
+func (p *pickerRouter) pick(r *request) (string, func(), func(outcome)) {
 	i := int(p.n.Add(1)) % len(p.pickers)
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
 		{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
@@ -73,11 +73,11 @@ func (p *pickerRouter) pick(r *request) (string, func(outcome)) {
 	d, err := p.pickers[i].Pick(p.snap, picker.Input{Model: p.model, Request: &req})
 	req.Release()
 	if err != nil || len(d.Endpoints) == 0 {
-		return "", func(outcome) {}
+		return "", nil, func(outcome) {}
 	}
 	ep := d.Endpoints[0]
 	p.inflight[i].Start(ep)
-	return ep, func(o outcome) {
+	return ep, func() { p.pickers[i].Prefilled(d) }, func(o outcome) {
 		if o.ok {
 			predictions.note(d.ExpectedCachedTokens, o.cached)
 		}
@@ -169,15 +169,15 @@ type roundRobin struct {
 	n   atomic.Uint64
 }
 
-func (r *roundRobin) pick(*request) (string, func(outcome)) {
-	return r.eps[int(r.n.Add(1))%len(r.eps)], func(outcome) {}
+func (r *roundRobin) pick(*request) (string, func(), func(outcome)) {
+	return r.eps[int(r.n.Add(1))%len(r.eps)], nil, func(outcome) {}
 }
 
-func send(ctx context.Context, client *http.Client, ep string, r *request) outcome {
+func send(ctx context.Context, client *http.Client, ep string, r *request, first func()) outcome {
 	body, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "max_tokens": r.maxTokens,
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "system", "content": r.system}, {"role": "user", "content": r.user}}})
-	res := loadgen.StreamChat(ctx, client, "http://"+ep+"/v1/chat/completions", nil, body)
+	res := loadgen.StreamChatWith(ctx, client, "http://"+ep+"/v1/chat/completions", nil, body, first)
 	o := outcome{ok: res.Usage, ttft: time.Duration(float64(res.TTFT) / timeScale), prompt: res.Prompt, cached: res.Cached}
 	if res.Completion > 1 {
 		o.tpot = time.Duration(float64(res.Last-res.TTFT) / timeScale / float64(res.Completion-1))
@@ -238,12 +238,12 @@ func run(rt router, work []request, rate float64, seed uint64) result {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ep, done := rt.pick(&work[i])
+			ep, first, done := rt.pick(&work[i])
 			if ep == "" {
 				done(outcome{})
 				return
 			}
-			out[i] = send(context.Background(), client, ep, &work[i])
+			out[i] = send(context.Background(), client, ep, &work[i], first)
 			done(out[i])
 		}()
 	}
