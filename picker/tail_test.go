@@ -48,13 +48,7 @@ func TestNoisyPoolIsJudgedAtItsTail(t *testing.T) {
 	if err != nil || d.Pool.Name != "cheap" {
 		t.Fatalf("quiet predictions: got %v (%v), want the cheap pool", d.Pool, err)
 	}
-	for _, ep := range []string{"10.0.1.1:1", "10.0.1.2:1"} {
-		p.pred.mu.Lock()
-		for i := range trustWindow * 4 {
-			p.pred.model(ep, 0, 0, 0).noteResidual(0.15 * float64(1-2*(i%2)))
-		}
-		p.pred.mu.Unlock()
-	}
+	noisy(p, "10.0.1.1:1", "10.0.1.2:1")
 	d, err = p.Pick(snap, fresh(false))
 	if err != nil || d.Pool.Name != "fast" {
 		t.Fatalf("noisy cheap pool: got %v (%v), want the fast pool; scores %+v", d.Pool, err, d.Scores)
@@ -67,16 +61,21 @@ func TestNoisyPoolIsJudgedAtItsTail(t *testing.T) {
 	if d, err = p.Pick(snap, fresh(true)); err != nil || d.Pool.Name != "fast" {
 		t.Fatalf("with the admission queue: got %v (%v), want the fast pool, in time at its tail", d.Pool, err)
 	}
-	for _, ep := range []string{"10.0.0.1:1", "10.0.0.2:1"} {
-		p.pred.mu.Lock()
-		for i := range trustWindow * 4 {
-			p.pred.model(ep, 0, 0, 0).noteResidual(0.15 * float64(1-2*(i%2)))
-		}
-		p.pred.mu.Unlock()
-	}
+	noisy(p, "10.0.0.1:1", "10.0.0.2:1")
 	if d, err = p.Pick(snap, fresh(true)); err != nil || d.Pool.Name != "cheap" || !d.Predicted.inTime {
 		t.Fatalf("with the admission queue, every pool noisy: got %v (%v), in time %v; want the cheap pool, in time at the mean",
 			d.Pool, err, d.Predicted.inTime)
+	}
+}
+
+// noisy gives endpoints TTFT residuals of ±150 ms, over many observations.
+func noisy(p *Affinity, endpoints ...string) {
+	p.pred.mu.Lock()
+	defer p.pred.mu.Unlock()
+	for _, ep := range endpoints {
+		for i := range trustWindow * 4 {
+			p.pred.model(ep, 0, 0, 0).noteResidual(0.15 * float64(1-2*(i%2)))
+		}
 	}
 }
 
