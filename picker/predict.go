@@ -39,11 +39,12 @@ type Prediction struct {
 
 // The TTFT model of one endpoint. Before it has observations, the prediction is
 //
-//	TTFT ≈ step + (queued × ū + uncached) ÷ prefill speed + turnovers × service time
+//	TTFT ≈ step + (ahead + uncached) ÷ prefill speed + turnovers × service time
 //
-// where queued × ū is the prefill ahead of the request (see aheadTokens), ū the mean uncached prompt tokens of
-// requests this gateway sent there, uncached this prompt's tokens the endpoint does not hold, and the prefill
-// speed the pool's (or its hardware class's). When the pool states its batch
+// where ahead is the prefill ahead of the request (see aheadTokens: the engine's waiting requests at ū each, ū
+// the mean uncached prompt tokens of requests this gateway sent there, or this gateway's own sends still in
+// prefill), uncached this prompt's tokens the endpoint does not hold, and the prefill speed the pool's (or its
+// hardware class's). When the pool states its batch
 // size (maxConcurrency, S), a request that finds the batch full waits for sequences to finish: turnovers =
 // max(0, running + queued + 1 − S) ÷ S batches (or, when the KV cache is the tighter bound, kvAwaited ÷ S),
 // each lasting about a request's service time, 256 output tokens at the per-sequence decode speed
