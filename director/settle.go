@@ -1,6 +1,8 @@
 package director
 
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	"github.com/infergate/infergate/openai"
@@ -143,9 +145,11 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	if est := rt.Decision.EstimatedPromptTokens; est > 0 {
 		st.PrefixShare = min(1, float64(rt.Decision.ExpectedCachedTokens)/float64(est))
 	}
-	d.opts.Logger.Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model.Name,
-		"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
-		"cached_tokens", usage.CachedTokens, "usage_reported", o.Reported)
+	if d.opts.Logger.Enabled(context.Background(), slog.LevelDebug) { // the arguments cost allocations even when discarded
+		d.opts.Logger.Debug("request settled", "request_id", st.RequestID, "tenant", tenant, "model", model.Name,
+			"result", result, "prompt_tokens", usage.PromptTokens, "completion_tokens", usage.CompletionTokens,
+			"cached_tokens", usage.CachedTokens, "usage_reported", o.Reported)
+	}
 	d.warnings.log(d.opts.Logger, st)
 	if rt.ticket != nil {
 		d.opts.Admission.Settle(rt.ticket, usage.Total(), quota.MicroUSD(model, usage.PromptTokens, usage.CompletionTokens))

@@ -2,7 +2,7 @@ package extproc
 
 import (
 	"fmt"
-	"strconv"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -37,6 +37,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 		return nil, false, clientError(err)
 	}
 	rs.route, rs.stream = rt, req.Stream
+	rs.destination = strings.Join(rt.Decision.Endpoints, ",")
 	body, changed := rs.body, rt.Edits != (openai.Edits{})
 	if changed {
 		body = req.Rewrite(make([]byte, 0, len(body)+64), rt.Edits)
@@ -47,8 +48,10 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	m.Requests.WithLabelValues("routed").Inc()
 	rs.timing.routed = rs.now()
 	m.Decision.WithLabelValues(rs.reqMode.String()).Observe(rs.timing.routed.Sub(rs.started).Seconds())
-	rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", rt.Model.Name,
-		"pool", rt.Pool(), "endpoints", rt.Decision.Endpoints, "stream", req.Stream)
+	if rs.log().Enabled(rs.ctx, slog.LevelDebug) { // the arguments cost allocations even when discarded
+		rs.log().Debug("request routed", "request_id", rs.requestID, "tenant", rs.tenant.Name, "model", rt.Model.Name,
+			"pool", rt.Pool(), "endpoints", rt.Decision.Endpoints, "stream", req.Stream)
+	}
 	return body, changed, nil
 }
 
@@ -59,18 +62,23 @@ func (rs *requestState) decideBuffered() []*extprocv3.ProcessingResponse {
 	if e != nil {
 		return rs.reject(e)
 	}
-	hm := rs.routingMutation()
-	cr := &extprocv3.CommonResponse{HeaderMutation: hm, ClearRouteCache: true}
+	a := &rs.decision
+	rs.routingHeaders(&a.set)
 	if changed {
 		// Envoy keeps content-length in BUFFERED mode and refuses a body whose length differs; the header
 		// mutation in the same response is applied first.
-		hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
-		cr.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		a.set.setInt("content-length", int64(len(body)))
+		a.whole.Body = body
+		a.bodyMut.Mutation = &a.whole
+		a.common.BodyMutation = &a.bodyMut
 	}
-	return one(&extprocv3.ProcessingResponse{
-		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}},
-		DynamicMetadata: rs.metadata(),
-	})
+	a.mutation.SetHeaders = a.set.headers()
+	a.common.HeaderMutation, a.common.ClearRouteCache = &a.mutation, true
+	a.body.Response = &a.common
+	a.asBody.RequestBody = &a.body
+	a.resp.Response, a.resp.DynamicMetadata = &a.asBody, rs.metadata()
+	a.out[0] = &a.resp
+	return a.out[:1]
 }
 
 // decideStreamed answers FULL_DUPLEX_STREAMED once the body is complete: the deferred headers response with
@@ -80,40 +88,62 @@ func (rs *requestState) decideStreamed(endOfStream bool) []*extprocv3.Processing
 	if e != nil {
 		return rs.reject(e)
 	}
-	hm := rs.headerMutation(rs.routingMutation().SetHeaders)
-	hm.SetHeaders = append(hm.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
-	out := make([]*extprocv3.ProcessingResponse, 0, 2+len(body)/streamChunkBytes)
-	out = append(out, headersResponse(hm, true, rs.metadata()))
-	return append(out, streamedBody(body, endOfStream, true)...)
+	a := &rs.decision
+	rs.routingHeaders(&a.set)
+	a.set.setInt("content-length", int64(len(body)))
+	a.mutation.SetHeaders = a.set.headers()
+	a.mutation.RemoveHeaders = rs.removals(a.mutation.SetHeaders)
+	a.common.HeaderMutation, a.common.ClearRouteCache = &a.mutation, true
+	a.headers.Response = &a.common
+	a.asHdrs.RequestHeaders = &a.headers
+	a.resp.Response, a.resp.DynamicMetadata = &a.asHdrs, rs.metadata()
+	if len(body) > streamChunkBytes {
+		out := make([]*extprocv3.ProcessingResponse, 0, 2+len(body)/streamChunkBytes)
+		out = append(out, &a.resp)
+		return append(out, streamedBody(body, endOfStream, true)...)
+	}
+	a.frameData.Body, a.frameData.EndOfStream = body, endOfStream
+	a.frameStream.StreamedResponse = &a.frameData
+	a.frameMut.Mutation = &a.frameStream
+	a.frameCommon.BodyMutation = &a.frameMut
+	a.frameBody.Response = &a.frameCommon
+	a.frameAsBody.RequestBody = &a.frameBody
+	a.frame.Response = &a.frameAsBody
+	a.out[0], a.out[1] = &a.resp, &a.frame
+	return a.out[:2]
 }
 
-// routingMutation sets the contract headers for the decision.
-func (rs *requestState) routingMutation() *extprocv3.HeaderMutation {
-	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-		setHeader(contract.HeaderModel, rs.route.Model.Name),
-		setHeader(contract.HeaderPool, rs.route.Pool()),
-	}}
-	if len(rs.route.Decision.Endpoints) > 0 {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderDestination, strings.Join(rs.route.Decision.Endpoints, ",")))
+// routingHeaders sets the contract headers for the decision.
+func (rs *requestState) routingHeaders(s *headerSet) {
+	s.set(contract.HeaderModel, rs.route.Model.Name)
+	s.set(contract.HeaderPool, rs.route.Pool())
+	if rs.destination != "" {
+		s.set(contract.HeaderDestination, rs.destination)
 	}
 	if rs.snap.Gateway().TenantHeader {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderTenant, rs.tenant.Name))
+		s.set(contract.HeaderTenant, rs.tenant.Name)
 	}
 	if !rs.hadReqID {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
+		s.set(contract.HeaderRequestID, rs.requestID)
 	}
 	if tp, ts := rs.trace.Upstream(); tp != "" {
 		// The engine's spans (vLLM --otlp-traces-endpoint) become children of the gateway's.
-		hm.SetHeaders = append(hm.SetHeaders, setHeader("traceparent", tp))
+		s.set("traceparent", tp)
 		if ts != "" {
-			hm.SetHeaders = append(hm.SetHeaders, setHeader("tracestate", ts))
+			s.set("tracestate", ts)
 		}
 	}
-	return hm
 }
 
-// headerMutation removes forged routing headers and the client's API key, and adds set.
-func (rs *requestState) headerMutation(set []*corev3.HeaderValueOption) *extprocv3.HeaderMutation {
+// onlyAuthorization is the removal list of a request that forged no contract header; it is only read.
+var onlyAuthorization = []string{"authorization"}
+
+// removals are the headers to remove: the client's API key, and the routing headers it forged that set does
+// not overwrite.
+func (rs *requestState) removals(set []*corev3.HeaderValueOption) []string {
+	if len(rs.strip) == 0 {
+		return onlyAuthorization
+	}
 	remove := make([]string, 0, len(rs.strip)+1)
 	remove = append(remove, "authorization")
 	for _, name := range rs.strip {
@@ -121,7 +151,7 @@ func (rs *requestState) headerMutation(set []*corev3.HeaderValueOption) *extproc
 			remove = append(remove, name)
 		}
 	}
-	return &extprocv3.HeaderMutation{RemoveHeaders: remove, SetHeaders: set}
+	return remove
 }
 
 func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
@@ -134,10 +164,10 @@ func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
 }
 
 func (rs *requestState) metadata() *structpbStruct {
-	if len(rs.route.Decision.Endpoints) == 0 {
+	if rs.destination == "" {
 		return nil
 	}
-	return lbMetadata(strings.Join(rs.route.Decision.Endpoints, ","))
+	return cachedLBMetadata(rs.destination)
 }
 
 func formatScores(scores []picker.Score) string {

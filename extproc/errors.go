@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
@@ -114,17 +112,14 @@ func quotaError(r *quota.Rejection, tenant, model string) *openai.Error {
 
 // rateLimitHeaders are the x-ratelimit-* headers OpenAI sends on every response, from the budgets left after a
 // request's admission: SDK users read their remaining budget from successful responses.
-func rateLimitHeaders(budgets []quota.Budget) []*corev3.HeaderValueOption {
-	var out []*corev3.HeaderValueOption
+func rateLimitHeaders(s *headerSet, budgets []quota.Budget) {
 	for _, b := range budgets {
-		unit := "requests"
+		limit, remaining, reset := "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"
 		if b.Kind == quota.KindTokens {
-			unit = "tokens"
+			limit, remaining, reset = "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"
 		}
-		out = append(out,
-			setHeader("x-ratelimit-limit-"+unit, strconv.FormatInt(b.Limit, 10)),
-			setHeader("x-ratelimit-remaining-"+unit, strconv.FormatInt(b.Remaining, 10)),
-			setHeader("x-ratelimit-reset-"+unit, b.Reset.Round(time.Millisecond).String()))
+		s.setInt(limit, b.Limit)
+		s.setInt(remaining, b.Remaining)
+		s.set(reset, b.Reset.Round(time.Millisecond).String())
 	}
-	return out
 }

@@ -57,6 +57,7 @@ type requestState struct {
 	// routing decision
 	route        *director.Route // &routed once the request is routed
 	routed       director.Route
+	destination  string         // the decision's endpoints, comma-separated
 	parsed       openai.Request // the body's routed fields, until the decision is made
 	stream       bool
 	conversation string
@@ -71,6 +72,11 @@ type requestState struct {
 	respEnded      bool                 // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
 	served         string               // the endpoint Envoy reports it sent the request to, when it does
 	pooledBody     *[]byte              // the shared-pool buffer rs.body lives in, returned at close
+
+	// answers built in place (answers.go)
+	reqHeadersAnswer requestHeadersAnswer
+	decision         decisionAnswer
+	respAnswer       responseHeadersAnswer
 
 	// telemetry
 	traceparent, tracestate string
@@ -185,7 +191,7 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy sends the body only after this answer; the routing headers follow in the body answer.
-		return one(headersResponse(rs.headerMutation(nil), false, nil))
+		return rs.reqHeadersAnswer.build(rs.removals(nil))
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		return nil // answered once the whole body has been read
 	default:

@@ -35,7 +35,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 			hasRequestID = true
 		}
 	}
-	var hm *extprocv3.HeaderMutation
+	a := &rs.respAnswer
 	rename := rs.decided && rs.route.RenameModel != nil && rs.respMode != filterv3.ProcessingMode_NONE
 	if rs.decided && rs.stream {
 		injected := rs.route.Edits.IncludeUsage
@@ -49,31 +49,27 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 	}
 	if rs.decided && (rs.route.Edits.IncludeUsage && rs.stream || rename) {
 		// We may shorten the stream by the usage event we asked for, or change the model's name.
-		hm = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
-	}
-	if rs.decided && len(rs.route.Decision.Scores) > 0 {
-		if hm == nil {
-			hm = &extprocv3.HeaderMutation{}
-		}
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderScores, formatScores(rs.route.Decision.Scores)))
+		a.mutation.RemoveHeaders = contentLength
 	}
 	if rs.decided {
-		if rl := rateLimitHeaders(rs.route.Budgets()); len(rl) > 0 {
-			if hm == nil {
-				hm = &extprocv3.HeaderMutation{}
-			}
-			hm.SetHeaders = append(hm.SetHeaders, rl...)
+		if len(rs.route.Decision.Scores) > 0 {
+			a.set.set(contract.HeaderScores, formatScores(rs.route.Decision.Scores))
+		}
+		rateLimitHeaders(&a.set, rs.route.Budgets())
+		if !hasRequestID {
+			// OpenAI answers every response with its request id, and the SDKs expose it (_request_id): the
+			// one infergate logged and settled under.
+			a.set.set(contract.HeaderRequestID, rs.requestID)
 		}
 	}
-	if rs.decided && !hasRequestID {
-		// OpenAI answers every response with its request id, and the SDKs expose it (_request_id): the one
-		// infergate logged and settled under.
-		if hm == nil {
-			hm = &extprocv3.HeaderMutation{}
-		}
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(contract.HeaderRequestID, rs.requestID))
+	a.mutation.SetHeaders = a.set.headers()
+	if a.mutation.SetHeaders != nil || a.mutation.RemoveHeaders != nil {
+		a.common.HeaderMutation = &a.mutation
 	}
-	resp := responseHeadersResponse(hm)
+	a.headers.Response = &a.common
+	a.asHdrs.ResponseHeaders = &a.headers
+	a.resp.Response = &a.asHdrs
+	resp := &a.resp
 	if h.GetEndOfStream() || rs.respMode == filterv3.ProcessingMode_NONE {
 		if !h.GetEndOfStream() && rs.decided {
 			rs.noteContent() // the body is not seen: its headers are the nearest thing to a first token
@@ -82,6 +78,9 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 	}
 	return one(resp)
 }
+
+// contentLength is the removal list of a response whose length the gateway may change; it is only read.
+var contentLength = []string{"content-length"}
 
 func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
 	chunk, end := b.GetBody(), b.GetEndOfStream()

@@ -87,7 +87,7 @@ func main() {
 		gcPercent = debug.SetGCPercent(-1)
 	}
 	debug.SetGCPercent(gcPercent)
-	client, stopInfergate := startProcessor(extproc.New(extproc.Options{Policies: policies.NewStaticStore(snap)}))
+	client, stopInfergate := startGateway(*policyPath)
 	defer stopInfergate()
 	baseline, stopBaseline := startBaseline()
 	defer stopBaseline()
@@ -96,43 +96,25 @@ func main() {
 		benchTelemetry(snap, *telemetryRunCount, *scale, *chunk, *only)
 		return
 	}
-	var configs []config
-	for _, size := range []int{2 << 10, 32 << 10, 256 << 10} {
-		n := map[int]int{2 << 10: 4000, 32 << 10: 2000, 256 << 10: 400}[size]
-		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
-			for _, c := range []int{1, 32} {
-				configs = append(configs, config{promptBytes: size, mode: mode, concurrency: c, requests: max(64, int(float64(n)*(*scale)))})
-			}
-		}
-	}
-
 	fmt.Printf("GOMAXPROCS=%d, %s, GOGC=%d, %d runs per row (medians), body frames of %d bytes in FULL_DUPLEX_STREAMED\n\n",
 		runtime.GOMAXPROCS(0), runtime.Version(), gcPercent, *runs, *chunk)
-	fmt.Println("| prompt | body mode | concurrency | p50 | p99 | requests/s | allocs/request | baseline p50 | baseline p99 | p99 / baseline |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, cfg := range configs {
+	fmt.Println("infergate as `infergate serve` builds it (SLO placement, a rollout, every span traced, the audit log with digests,")
+	fmt.Println("the goodput series) against the no-op floor, runs interleaved; ratios are the median of the runs' ratios.")
+	fmt.Println()
+	fmt.Println("| prompt | body mode | concurrency | p50 | p99 | requests/s | floor p50 | floor p99 | floor requests/s | requests/s ÷ floor | p99 ÷ floor | allocs/decision | target |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	var rows []rowResult
+	for _, cfg := range mainConfigs(*scale) {
 		desc := fmt.Sprintf("%d KiB | %s | %d |", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency)
 		if !strings.Contains(desc, *only) {
 			continue
 		}
-		body := chatBody(cfg.promptBytes)
-		var rs, bs []result
-		for range *runs { // interleaved, so both see the same machine
-			r, err := measure(client, cfg, body, *chunk)
-			if err != nil {
-				log.Fatalf("%+v: %v", cfg, err)
-			}
-			rs = append(rs, r)
-			b, err := measure(baseline, cfg, body, *chunk)
-			if err != nil {
-				log.Fatalf("baseline %+v: %v", cfg, err)
-			}
-			bs = append(bs, b)
-		}
-		med, base := medianResult(rs), medianResult(bs)
-		fmt.Printf("| %s %s | %s | %.0f | %.0f | %s | %s | %.2f |\n", desc, fmtDur(med.p50), fmtDur(med.p99), med.rps, med.allocsPerRq,
-			fmtDur(base.p50), fmtDur(base.p99), float64(med.p99)/float64(base.p99))
+		row := measureRow(client, baseline, cfg, *runs, *chunk)
+		rows = append(rows, row)
+		fmt.Printf("| %s %s | %s | %.0f | %s | %s | %.0f | %.2f | %.2f | %.0f | %s |\n", desc, fmtDur(row.med.p50), fmtDur(row.med.p99), row.med.rps,
+			fmtDur(row.floor.p50), fmtDur(row.floor.p99), row.floor.rps, row.rpsRatio, row.p99Ratio, row.allocs, row.verdict())
 	}
+	checkHotPath(rows)
 	if *placementRuns {
 		benchPlacement(*policyPath, *runs, *scale, *chunk)
 	}
