@@ -169,20 +169,20 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 }
 
 // screen refuses an empty body and checks the rest in one linear scan before any parser sees it: the recursive
-// validator must never see a deep body, and misses control characters in strings that also hold an escape.
-// The scan also locates the prompt's value, for the audit log.
+// parser must never see a deep body, and leaves escapes, numbers and control characters in strings unchecked
+// (scan.go). The scan also locates the prompt's value, for the audit log.
 func (req *Request) screen(body []byte) error {
 	if len(body) == 0 {
 		return BadRequest("", "The request body is empty; send a JSON object.")
 	}
 	start, end, err := scanBody(body, MaxJSONDepth, req.Endpoint.promptField())
-	if err != nil {
+	switch se, _ := err.(*scanError); {
+	case se != nil && se.grammar:
+		return malformed(body, err)
+	case err != nil:
 		return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
 	}
 	req.PromptStart, req.PromptEnd = start, end
-	if err := fastjson.ValidateBytes(body); err != nil {
-		return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
-	}
 	return nil
 }
 
@@ -191,9 +191,9 @@ func (req *Request) screen(body []byte) error {
 func (req *Request) parse(body []byte) (*fastjson.Object, error) {
 	p := parsers.Get()
 	doc, err := p.ParseBytes(body)
-	if err != nil { // unreachable after ValidateBytes, kept for safety
+	if err != nil { // the structure: where commas, colons and keys go
 		parsers.Put(p)
-		return nil, BadRequest("", "We could not parse the JSON body of your request: %s.", trimErr(err))
+		return nil, malformed(body, err)
 	}
 	req.doc, req.parser, req.body = doc, p, body
 	obj, err := doc.Object()
@@ -350,6 +350,11 @@ func (k *routedKeys) repeated(key, promptField string) bool {
 // describeJSONError says briefly what is wrong with a body that does not parse and where: the standard
 // library's reading, with its byte offset, rather than the fast parser's chain of contexts. It runs only on
 // bodies already refused, which the pre-scan has bounded.
+// malformed is the error for a body that is not JSON.
+func malformed(body []byte, err error) *Error {
+	return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", describeJSONError(body, err))
+}
+
 func describeJSONError(body []byte, fallback error) string {
 	var raw json.RawMessage // checks the grammar over the whole input without building values
 	err := json.Unmarshal(body, &raw)

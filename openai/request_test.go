@@ -206,13 +206,22 @@ func FuzzParseRequest(f *testing.F) {
 		endpoint := []Endpoint{EndpointChat, EndpointCompletions, EndpointEmbeddings, EndpointResponses}[ep%4]
 		req, err := ParseRequest(endpoint, []byte(body))
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
+			e, ok := err.(*Error)
+			if !ok {
 				t.Fatalf("non-API error %T: %v", err, err)
+			}
+			// Only what a validator refuses, or nests too deep, is refused as not JSON.
+			if strings.Contains(e.Message, "could not parse") && !strings.Contains(e.Message, "nesting deeper") && json.Valid([]byte(body)) {
+				t.Fatalf("refused valid JSON %q: %s", body, e.Message)
 			}
 			return
 		}
 		if req.Model == "" || req.Prompt == nil {
 			t.Fatalf("accepted request without model or prompt: %q", body)
+		}
+		// The scan and the parser together are as strict as a validator (scan.go).
+		if err := fastjson.Validate(body); err != nil {
+			t.Fatalf("accepted a body the JSON validator refuses (%v): %q", err, body)
 		}
 		_ = req.ConversationKey() // must not panic on any accepted prompt
 		// The span the scan found is the prompt the parser read.

@@ -14,14 +14,18 @@ const MaxJSONDepth = 128
 type scanError struct {
 	offset int
 	reason string
+	// grammar marks a body that is not JSON at all (encoding/json describes those better); the others are
+	// JSON the gateway refuses (too deep).
+	grammar bool
 }
 
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
 
 // preScan walks a JSON text once, without recursion, before any recursive parser sees it: it bounds nesting
-// depth and refuses raw control characters inside strings (including object keys), which the recursive
-// validator misses when a string also holds an escape. It does not check the grammar: the parser does that
-// next, on a body now known to be shallow.
+// depth, refuses raw control characters inside strings (including object keys), checks every escape, number
+// and literal — what the parser leaves unchecked — and leaves the structure (where commas, colons and keys go)
+// to the parser, which checks it next, on a body now known to be shallow. The two together accept exactly
+// what a JSON validator does, in two walks of the body instead of three.
 func preScan(b []byte, maxDepth int) error {
 	_, _, err := scanBody(b, maxDepth, "")
 	return err
@@ -39,7 +43,7 @@ func scanBody(b []byte, maxDepth int, key string) (start, end int, err error) {
 		switch c := b[i]; c {
 		case '[', '{':
 			if depth++; depth > maxDepth {
-				return -1, -1, &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth)}
+				return -1, -1, &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth), false}
 			}
 			if depth == 2 && capturing {
 				start, capturing = i, false
@@ -66,13 +70,15 @@ func scanBody(b []byte, maxDepth int, key string) (start, end int, err error) {
 			}
 			i = close
 		case ' ', '\t', '\n', '\r', ':':
-		default:
-			if depth == 1 && capturing { // a bare value: null, a number, true or false
-				start, capturing = i, false
-				for end = i + 1; end < len(b) && b[end] != ',' && b[end] != '}' && b[end] > ' '; end++ {
-				}
-				i = end - 1
+		default: // a bare value: a number, true, false or null
+			after, err := scanScalar(b, i)
+			if err != nil {
+				return -1, -1, err
 			}
+			if depth == 1 && capturing {
+				start, end, capturing = i, after, false
+			}
+			i = after - 1
 		}
 	}
 	if end < 0 {
@@ -88,21 +94,115 @@ func skipString(b []byte, i int) (int, error) {
 		// Find the next byte that needs a look: a quote, a backslash or a control character.
 		j := indexStringSpecial(b[i:])
 		if j < 0 {
-			return 0, &scanError{len(b), "unterminated string"}
+			return 0, &scanError{len(b), "unterminated string", false}
 		}
 		i += j
 		switch c := b[i]; {
 		case c == '"':
 			return i, nil
 		case c == '\\':
-			i += 2 // the escaped byte is never a terminator; the parser checks the escape itself
-			if i > len(b) {
-				return 0, &scanError{len(b), "unterminated string"}
+			next, err := skipEscape(b, i)
+			if err != nil {
+				return 0, err
 			}
+			i = next
 		default:
-			return 0, &scanError{i, fmt.Sprintf("raw control character 0x%02X inside a string", c)}
+			return 0, &scanError{i, fmt.Sprintf("raw control character 0x%02X inside a string", c), false}
 		}
 	}
+}
+
+// skipEscape checks the escape at b[i] (a backslash) and returns the index just past it.
+func skipEscape(b []byte, i int) (int, error) {
+	if i+1 >= len(b) {
+		return 0, &scanError{len(b), "unterminated string", false}
+	}
+	switch b[i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return i + 2, nil
+	case 'u':
+		if i+6 > len(b) {
+			return 0, &scanError{len(b), "unterminated string", false}
+		}
+		for _, h := range b[i+2 : i+6] {
+			if !isHex(h) {
+				return 0, &scanError{i, "invalid \\u escape inside a string", true}
+			}
+		}
+		return i + 6, nil
+	}
+	return 0, &scanError{i, fmt.Sprintf("invalid escape \\%c inside a string", b[i+1]), true}
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// scanScalar checks the number or literal (true, false, null) at b[i] and returns the index just past it,
+// where a delimiter must follow: the parser reads "01" or "1.5.3" as one number.
+func scanScalar(b []byte, i int) (int, error) {
+	end, err := scanLiteralOrNumber(b, i)
+	if err != nil {
+		return 0, err
+	}
+	if end < len(b) {
+		switch b[end] {
+		case ' ', '\t', '\n', '\r', ',', ']', '}':
+		default:
+			return 0, &scanError{end, "invalid character after a value", true}
+		}
+	}
+	return end, nil
+}
+
+func scanLiteralOrNumber(b []byte, i int) (int, error) {
+	for _, lit := range [...]string{"true", "false", "null"} {
+		if b[i] == lit[0] {
+			if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+				return 0, &scanError{i, "invalid literal", true}
+			}
+			return i + len(lit), nil
+		}
+	}
+	return scanNumber(b, i)
+}
+
+// scanNumber checks a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func scanNumber(b []byte, i int) (int, error) {
+	j := i
+	if b[j] == '-' {
+		j++
+	}
+	switch {
+	case j < len(b) && b[j] == '0':
+		j++
+	case j < len(b) && '1' <= b[j] && b[j] <= '9':
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	default:
+		return 0, &scanError{j, "invalid character outside a string", true}
+	}
+	if j < len(b) && b[j] == '.' {
+		if j++; j >= len(b) || !isDigit(b[j]) {
+			return 0, &scanError{j, "missing digits after a decimal point", true}
+		}
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	}
+	if j < len(b) && (b[j] == 'e' || b[j] == 'E') {
+		if j++; j < len(b) && (b[j] == '+' || b[j] == '-') {
+			j++
+		}
+		if j >= len(b) || !isDigit(b[j]) {
+			return 0, &scanError{j, "missing digits in an exponent", true}
+		}
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	}
+	return j, nil
 }
 
 // stringSpecial marks the bytes a string scan must stop at: '"', '\\' and the control characters.

@@ -58,6 +58,7 @@ func TestParseRequestAcceptsOrdinaryJSON(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"tab\tescaped\\t \"quoted\" \u00e9 é \\\\"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x","name":"a","name":"b"}],"temperature":1,"temperature":2}`,
 		`{"model":"m","messages":[{"role":"user","content":"[[[{{{"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"\/ \b \f \r \uABCD \u00e9"}],"temperature":-0.5e+3,"top_p":0,"seed":1E2,"n":null,"logprobs":false,"echo":true}`,
 	}
 	for _, b := range bodies {
 		b = strings.ReplaceAll(b, "\t", `\t`) // a literal tab in Go source is a raw control character in JSON
@@ -141,6 +142,20 @@ func TestMalformedJSONIsDescribedBriefly(t *testing.T) {
 		`{"model":"m" "messages":[]}`:          "invalid character '\"' after object key:value pair at offset 13",
 		`{"model":"m","messages":[{"role":}]}`: "offset 33",
 		`{"model":"m","max_tokens":01}`:        "offset",
+		// What the parser leaves to the scan (scan.go): escapes, numbers and literals.
+		`{"model":"m","messages":"\x"}`:        "escape",
+		`{"model":"m","messages":"\u12g4"}`:    "escape",
+		`{"model":"m","max_tokens":1.5.3}`:     "offset",
+		`{"model":"m","max_tokens":1.}`:        "offset",
+		`{"model":"m","max_tokens":.5}`:        "offset",
+		`{"model":"m","max_tokens":+1}`:        "offset",
+		`{"model":"m","max_tokens":1e}`:        "offset",
+		`{"model":"m","max_tokens":NaN}`:       "offset",
+		`{"model":"m","max_tokens":-Infinity}`: "offset",
+		`{"model":"m","stream":tru}`:           "offset",
+		`{"model":"m","stream":truex}`:         "offset",
+		`{"model":"m","messages":[],"n":nul}`:  "offset",
+		`{"model":"m","messages":[1true]}`:     "offset",
 	} {
 		_, err := ParseRequest(EndpointChat, []byte(body))
 		e, ok := err.(*Error)
