@@ -62,6 +62,7 @@ type Affinity struct {
 	churn churn
 
 	pool    sync.Pool // []uint64 hash buffers
+	lists   sync.Pool // *candidateLists: decisions' candidate lists
 	pred    predictor
 	scale   atomic.Uint64 // float64 bits: estimated ÷ real prompt tokens, learnt by Observe; 0 until then
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set

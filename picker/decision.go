@@ -38,11 +38,34 @@ type decision struct {
 	// the request in time, sacrificing that its group's first request is placed late (both noted once decided).
 	model             modelState
 	busy, sacrificing bool
+	// buf holds the candidate lists; it goes back to the picker's pool at release.
+	buf *candidateLists
+}
+
+// candidateLists are a decision's candidate lists, kept between decisions: a candidate's record is large (scored) and a
+// decision makes up to four lists of them, which cost more to allocate than the rest of a decision.
+type candidateLists struct {
+	all, bounded, peers, arm []scored
+}
+
+// reset drops the lists' references to pools and endpoints, keeping their room.
+func (s *candidateLists) reset() {
+	clear(s.all)
+	clear(s.bounded)
+	clear(s.peers)
+	clear(s.arm)
+	s.all, s.bounded, s.peers, s.arm = s.all[:0], s.bounded[:0], s.peers[:0], s.arm[:0]
 }
 
 // newDecision gathers what a decision needs before its first stage.
 func (p *Affinity) newDecision(snap *policies.Snapshot, in Input) decision {
 	d := decision{p: p, snap: snap, in: in, routing: snap.Routing(), table: p.table()}
+	if b, ok := p.lists.Get().(*candidateLists); ok {
+		d.buf = b
+	} else {
+		d.buf = &candidateLists{}
+	}
+	d.all = d.buf.all
 	if len(d.table) > scorers.Max {
 		d.table = d.table[:scorers.Max]
 	}
@@ -112,7 +135,7 @@ func (d *decision) pickArm() (Decision, error) {
 		group = sp.Ungrouped
 	}
 	arm := sp.arm(d.in.Model.Name, group)
-	if kept := sp.inArmOnly(d.all, arm); len(kept) > 0 {
+	if kept := sp.inArmOnly(d.all, arm, &d.buf.arm); len(kept) > 0 {
 		dec, err := d.place(kept)
 		if arm == ArmBaseline || sp.Force != "" || (err == nil && dec.Fallback == nil) {
 			return sp.annotate(dec, arm), err
@@ -120,7 +143,7 @@ func (d *decision) pickArm() (Decision, error) {
 	} else if sp.Force == ArmBaseline {
 		return d.overflow(0)
 	}
-	base := sp.inArmOnly(d.all, ArmBaseline)
+	base := sp.inArmOnly(d.all, ArmBaseline, &d.buf.arm)
 	if len(base) == 0 {
 		return d.overflow(0)
 	}
@@ -134,5 +157,10 @@ func (d *decision) release() {
 	if d.hashed {
 		buf := d.prompt.hashes
 		d.p.pool.Put(&buf)
+	}
+	if d.buf != nil {
+		d.buf.all = d.all // the room candidates grew it to
+		d.buf.reset()
+		d.p.lists.Put(d.buf)
 	}
 }

@@ -62,7 +62,8 @@ func (d *decision) bound(cands []scored) (out []scored, anyMatch bool, kvFull in
 	}
 	limit := d.loadBound(cands)
 	need := d.contextTokens()
-	out = cands[:0:0]
+	out = d.buf.bounded[:0]
+	defer func() { d.buf.bounded = out }() // keep the room it grew to
 	for _, bounded := range []bool{true, false} {
 		d.tooLong = 0
 		for i := range cands {

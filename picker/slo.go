@@ -88,7 +88,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 		nBand++
 	}
 	band := good[:nBand]
-	ordered := d.order(band, peersOf(band, all), anyMatched(band))
+	ordered := d.order(band, peersOf(band, all, &d.buf.peers), anyMatched(band))
 	if len(ordered) == nBand && &ordered[0] == &eligible[0] {
 		return d.decide(eligible), nil // sorted in place: the dearer and the late follow as they are
 	}
@@ -202,7 +202,7 @@ func (d *decision) fastest(late, all []scored) []scored {
 		n++
 	}
 	head := late[:n]
-	ordered := d.order(head, peersOf(head, all), anyMatched(head))
+	ordered := d.order(head, peersOf(head, all, &d.buf.peers), anyMatched(head))
 	if len(ordered) == n && &ordered[0] == &late[0] {
 		return late // sorted in place
 	}
@@ -225,8 +225,8 @@ func (d *decision) overloaded(late []scored) bool {
 }
 
 // peersOf is every candidate of all in the pools of cands, for placeNew's group bound: all itself when they
-// share one pool with every candidate (the usual case, which costs nothing).
-func peersOf(cands, all []scored) []scored {
+// share one pool with every candidate (the usual case, which costs nothing); otherwise a list in buf.
+func peersOf(cands, all []scored, buf *[]scored) []scored {
 	in := func(pool *policies.Pool) bool {
 		for i := range cands {
 			if cands[i].pool == pool {
@@ -242,12 +242,13 @@ func peersOf(cands, all []scored) []scored {
 	if every {
 		return all
 	}
-	peers := make([]scored, 0, len(all))
+	peers := (*buf)[:0]
 	for _, c := range all {
 		if in(c.pool) {
 			peers = append(peers, c)
 		}
 	}
+	*buf = peers
 	return peers
 }
 

@@ -59,14 +59,16 @@ func (s *Split) inArm(pool *policies.Pool, arm string) bool {
 	return false
 }
 
-// inArmOnly keeps the candidates of one arm (a new slice: cands stays whole for the other arm).
-func (s *Split) inArmOnly(cands []scored, arm string) []scored {
-	kept := cands[:0:0]
+// inArmOnly keeps the candidates of one arm, in buf (cands stays whole for the other arm; a second call
+// overwrites the first's list).
+func (s *Split) inArmOnly(cands []scored, arm string, buf *[]scored) []scored {
+	kept := (*buf)[:0]
 	for _, c := range cands {
 		if s.inArm(c.pool, arm) {
 			kept = append(kept, c)
 		}
 	}
+	*buf = kept
 	return kept
 }
 
