@@ -40,7 +40,9 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.destination = strings.Join(rt.Decision.Endpoints, ",")
 	body, changed := rs.body, rt.Edits != (openai.Edits{})
 	if changed {
-		body = req.Rewrite(make([]byte, 0, len(body)+64), rt.Edits)
+		// In a pooled buffer, back in the pool once the answer carrying it is sent (sent).
+		rs.rewritten = sharedBufferPool.Get(len(body) + 64)
+		body = req.Rewrite((*rs.rewritten)[:0], rt.Edits)
 	}
 	// From here on the request is routed: the director settles it when the stream ends.
 	rs.decided = true

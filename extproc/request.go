@@ -72,6 +72,7 @@ type requestState struct {
 	respEnded      bool                 // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
 	served         string               // the endpoint Envoy reports it sent the request to, when it does
 	pooledBody     *[]byte              // the shared-pool buffer rs.body lives in, returned at close
+	rewritten      *[]byte              // the shared-pool buffer of the rewritten body, returned once sent
 
 	// answers built in place (answers.go)
 	reqHeadersAnswer requestHeadersAnswer
@@ -336,6 +337,15 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 }
 
+// sent runs once the answers to a message are sent: gRPC has marshalled them, so the buffers they pointed
+// into are free.
+func (rs *requestState) sent() {
+	if rs.rewritten != nil {
+		sharedBufferPool.Put(rs.rewritten)
+		rs.rewritten = nil
+	}
+}
+
 // close runs when the stream ends for any reason: a request that was routed but never saw the end of its
 // response was aborted (client gone, upstream reset, Envoy timeout) and is settled now — unless its event
 // stream's terminal event already passed: a client that closes its connection on `data: [DONE]`, before the
@@ -343,6 +353,7 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 func (rs *requestState) close() {
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
+	rs.sent()
 	if rs.pooledBody != nil {
 		rs.body = nil
 		sharedBufferPool.Put(rs.pooledBody)

@@ -131,6 +131,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 				return err
 			}
 		}
+		rs.sent()
 		if rs.finished {
 			// An immediate response ends processing; closing the stream with OK tells Envoy we are done.
 			return nil
