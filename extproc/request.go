@@ -73,6 +73,11 @@ type requestState struct {
 	served         string               // the endpoint Envoy reports it sent the request to, when it does
 	pooledBody     *[]byte              // the shared-pool buffer rs.body lives in, returned at close
 	rewritten      *[]byte              // the shared-pool buffer of the rewritten body, returned once sent
+	// deferSettle (set by Process) settles an ended response once the answer is sent (settleOnceSent);
+	// settleDue says one is waiting, endedAt when its response ended.
+	deferSettle bool
+	settleDue   bool
+	endedAt     time.Time
 
 	// answers built in place (answers.go)
 	reqHeadersAnswer requestHeadersAnswer
@@ -344,6 +349,10 @@ func (rs *requestState) sent() {
 		sharedBufferPool.Put(rs.rewritten)
 		rs.rewritten = nil
 	}
+	if rs.settleDue {
+		rs.settleDue = false
+		rs.settle(false)
+	}
 }
 
 // close runs when the stream ends for any reason: a request that was routed but never saw the end of its
@@ -351,9 +360,9 @@ func (rs *requestState) sent() {
 // stream's terminal event already passed: a client that closes its connection on `data: [DONE]`, before the
 // body's last empty chunk, had the whole answer.
 func (rs *requestState) close() {
+	rs.sent() // a response that ended settles as it ended, even if its last answer could not be sent
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
-	rs.sent()
 	if rs.pooledBody != nil {
 		rs.body = nil
 		sharedBufferPool.Put(rs.pooledBody)

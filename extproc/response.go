@@ -74,7 +74,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 		if !h.GetEndOfStream() && rs.decided {
 			rs.noteContent() // the body is not seen: its headers are the nearest thing to a first token
 		}
-		rs.settle(false)
+		rs.settleOnceSent()
 	}
 	return one(resp)
 }
@@ -105,7 +105,7 @@ func (rs *requestState) responseBody(b *extprocv3.HttpBody) []*extprocv3.Process
 		out = rs.rename.Process(chunk)
 	}
 	if end {
-		rs.settle(false)
+		rs.settleOnceSent()
 	}
 	switch rs.respMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
@@ -144,9 +144,24 @@ func (rs *requestState) responseTrailers() []*extprocv3.ProcessingResponse {
 		out = append(out, streamedBody(rest, true, false)...)
 		rs.respEnded = true
 	}
-	rs.settle(false)
+	rs.settleOnceSent()
 	return append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// settleOnceSent settles a response that has ended once the answer to its last message is sent (sent): Envoy
+// holds the response (its headers, or its last chunk) until that answer, and settling — usage, quotas, the
+// picker's learning, telemetry, the audit log's digests — need not be in its way. Outside Process (tests that
+// drive handle directly) it settles at once.
+func (rs *requestState) settleOnceSent() {
+	if !rs.decided || rs.route == nil || rs.route.Settled() || rs.settleDue {
+		return
+	}
+	if !rs.deferSettle {
+		rs.settle(false)
+		return
+	}
+	rs.settleDue, rs.endedAt = true, rs.now()
 }
 
 // settle hands the response's outcome to the director, which accounts for the request once.

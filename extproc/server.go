@@ -118,7 +118,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	m := s.metrics
 	m.ActiveStreams.Inc()
 	defer m.ActiveStreams.Dec()
-	rs := &requestState{srv: s, ctx: stream.Context()}
+	rs := &requestState{srv: s, ctx: stream.Context(), deferSettle: true}
 	defer rs.close()
 	for {
 		msg, err := stream.Recv()

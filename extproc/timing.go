@@ -57,7 +57,10 @@ func (rs *requestState) startOutputDigest() {
 
 // outcome gathers what the response path saw for the director.
 func (rs *requestState) outcome(aborted bool) director.Outcome {
-	ended := rs.now()
+	ended := rs.endedAt
+	if ended.IsZero() {
+		ended = rs.now()
+	}
 	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served, Ended: ended,
 		FirstContent: rs.timing.first, LastContent: rs.timing.last, MaxGap: rs.timing.maxGap,
 		Chunked: chunked(rs.respMode) && !rs.timing.first.IsZero()}
