@@ -15,12 +15,10 @@ import (
 // fallbackLeg reports the model and fallback an upstream ext_proc stream is for ("" when the stream is the
 // downstream filter's, the ordinary request path).
 func fallbackLeg(ctx context.Context) (model, fallback string) {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return "", ""
-	}
+	// ValueFromIncomingContext reads one key without copying the whole metadata, as FromIncomingContext does:
+	// every stream asks, and nearly none is a fallback leg.
 	get := func(k string) string {
-		if v := md.Get(k); len(v) == 1 {
+		if v := metadata.ValueFromIncomingContext(ctx, k); len(v) == 1 {
 			return v[0]
 		}
 		return ""

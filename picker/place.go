@@ -2,14 +2,13 @@ package picker
 
 import (
 	"math"
-	"slices"
 )
 
 // order puts the eligible candidates in the order the decision takes them: by score, or, for a prefix no
 // endpoint holds, by placeNew; scores within tieTolerance of the best are ties, which the cheapest hardware
 // takes.
 func (d *decision) order(eligible, all []scored, anyMatch bool) []scored {
-	slices.SortFunc(eligible, byScore)
+	sortScored(eligible, false, byScore)
 	if hashes := d.prompt.hashes; len(hashes) > 0 {
 		sharing := d.p.noteSharing(anyMatch)
 		if !anyMatch {
@@ -20,7 +19,7 @@ func (d *decision) order(eligible, all []scored, anyMatch bool) []scored {
 	for n < len(eligible) && eligible[n].total >= eligible[0].total-tieTolerance {
 		n++
 	}
-	slices.SortStableFunc(eligible[:n], func(a, b scored) int { return cmpFloat(a.cost, b.cost) })
+	sortScored(eligible[:n], true, func(a, b *scored) int { return cmpFloat(a.cost, b.cost) })
 	return eligible
 }
 
@@ -131,8 +130,8 @@ func (d *decision) placeNew(eligible, all []scored, consistent bool, group uint6
 			}
 		}
 	}
-	slices.SortFunc(band, func(a, b scored) int {
-		if fa, fb := fitStep(&a), fitStep(&b); fa != fb {
+	sortScored(band, false, func(a, b *scored) int {
+		if fa, fb := fitStep(a), fitStep(b); fa != fb {
 			return cmpFloat(fb, fa)
 		}
 		if a.cost != b.cost {

@@ -197,7 +197,7 @@ func (d *decision) scoreOf(c *scored) Score {
 }
 
 // byScore orders candidates best first: higher score, then lower cost per token, then rendezvous rank.
-func byScore(a, b scored) int {
+func byScore(a, b *scored) int {
 	if d := a.total - b.total; d > 1e-9 {
 		return -1
 	} else if d < -1e-9 {

@@ -1,7 +1,6 @@
 package picker
 
 import (
-	"slices"
 	"time"
 
 	"github.com/infergate/infergate/contract"
@@ -98,7 +97,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 // rankBySLO sorts judged candidates in place: the meeting ones first, cheapest first (for a new group, by
 // group cost); then the late ones, fastest at the tail of their spread first (see atTail).
 func rankBySLO(cands []scored, group bool) {
-	slices.SortStableFunc(cands, func(a, b scored) int {
+	sortScored(cands, true, func(a, b *scored) int {
 		switch {
 		case a.meets != b.meets:
 			return trueFirst(a.meets)
