@@ -1,9 +1,6 @@
 package picker
 
-import (
-	"slices"
-	"sync"
-)
+import "sync"
 
 // DefaultIndexBlocks is an endpoint's index capacity when the engine's num_gpu_blocks is unknown.
 const DefaultIndexBlocks = 8192
@@ -85,9 +82,10 @@ func (x *Index) Match(endpoint string, hashes []uint64) int {
 	if !ok {
 		return 0
 	}
-	for i, h := range hashes {
+	run, _ := l.headRun(hashes) // held, without looking each up
+	for i, h := range hashes[run:] {
 		if _, ok := l.index[h]; !ok {
-			return i
+			return run + i
 		}
 	}
 	return len(hashes)
@@ -115,12 +113,22 @@ func (x *Index) Credit(endpoint string, hashes []uint64, capacity int) Credited 
 	// Tail first, as vLLM frees a finished request's blocks: the prompt's first block becomes the most recently
 	// used, so the index, like the engine, loses the end of a prefix before its beginning (Match counts from
 	// the first block; a lost head would unmatch the whole group while the engine still serves it).
-	for i, h := range slices.Backward(hashes) {
+	// The leading blocks that already open the list in order (a prompt repeated here) are touched as one run.
+	run, first := l.headRun(hashes)
+	added := func(i int, h uint64) {
 		if !l.add(h) {
 			c.Added++
 			if i >= MaxSharedBlocks {
 				c.AddedPastShared++
 			}
+		}
+	}
+	for i := len(hashes) - 1; i >= run; i-- {
+		added(i, hashes[i])
+	}
+	if run > 0 && !l.touchRun(first, hashes[:run]) {
+		for i := run - 1; i >= 0; i-- {
+			added(i, hashes[i])
 		}
 	}
 	if len(hashes) > 0 {
@@ -237,6 +245,55 @@ func (l *lru) touch(h uint64) bool {
 	}
 	l.unlink(i)
 	l.pushFront(i)
+	return true
+}
+
+// headRun counts the leading hashes that open the list, in order — held, and the most recently used — by
+// walking the list instead of looking each up; first is the run's first slot. (A slot holding no block has
+// hash 0, so a zero hash ends the run.)
+func (l *lru) headRun(hashes []uint64) (n int, first int32) {
+	i := l.head
+	for n < len(hashes) && i >= 0 && hashes[n] != 0 && l.slots[i].hash == hashes[n] {
+		i = l.slots[i].next
+		n++
+	}
+	return n, l.head
+}
+
+// touchRun touches the run of hashes that starts at slot first, last hash first, as that many touches would:
+// the run moves to the front in its order and each block's use is stamped. It reports false, changing
+// nothing, when the run is no longer whole (a block of it was evicted or moved since headRun).
+func (l *lru) touchRun(first int32, hashes []uint64) bool {
+	last := first
+	for k, h := range hashes {
+		if last < 0 || l.slots[last].hash != h {
+			return false
+		}
+		if k < len(hashes)-1 {
+			next := l.slots[last].next
+			if next < 0 || l.slots[next].prev != last {
+				return false
+			}
+			last = next
+		}
+	}
+	for k, i := 0, first; k < len(hashes); k, i = k+1, l.slots[i].next {
+		l.slots[i].used = l.clock + uint64(len(hashes)-k)
+	}
+	l.clock += uint64(len(hashes))
+	if first == l.head {
+		return true
+	}
+	prev, next := l.slots[first].prev, l.slots[last].next
+	l.slots[prev].next = next // first is not the head, so it has a prev
+	if next >= 0 {
+		l.slots[next].prev = prev
+	} else {
+		l.tail = prev
+	}
+	l.slots[first].prev, l.slots[last].next = -1, l.head
+	l.slots[l.head].prev = last
+	l.head = first
 	return true
 }
 
