@@ -49,10 +49,12 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
-					rs := &requestState{srv: srv, ctx: context.Background(), seenFirst: true, reqMode: modeBuffered, respMode: modeNone}
+					rs := &requestState{srv: srv, ctx: context.Background(), seenFirst: true, reqMode: modeBuffered, respMode: modeNone, deferSettle: true}
 					rs.handle(hdrs)
 					rs.handle(reqBody(body, true))
+					rs.sent()
 					rs.handle(done)
+					rs.sent()
 					rs.close()
 				}
 			})

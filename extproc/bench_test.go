@@ -44,13 +44,16 @@ func BenchmarkDecision(b *testing.B) {
 			b.Run(fmt.Sprintf("%dKiB/%s", size>>10, mode.name), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
-				for b.Loop() {
-					rs := &requestState{srv: srv, seenFirst: true, reqMode: mode.m, respMode: modeNone}
+				for b.Loop() { // as Process drives it: sent after each answer, close at the end
+					rs := &requestState{srv: srv, seenFirst: true, reqMode: mode.m, respMode: modeNone, deferSettle: true}
 					rs.handle(hdrs)
 					for i := range frames {
 						rs.handle(reqBody(frames[i], i == len(frames)-1))
+						rs.sent()
 					}
 					rs.handle(done)
+					rs.sent()
+					rs.close()
 				}
 			})
 		}

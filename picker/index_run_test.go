@@ -104,3 +104,24 @@ func TestIndexRunsMatchBlockByBlock(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkIndexRepeatedPrompt is a 512-block prompt (32 KiB) matched and credited again where it was credited
+// last, as a conversation's next turn is: the run path. A regression to block-by-block lookups shows here.
+//
+//	go test ./picker -run '^$' -bench IndexRepeatedPrompt -benchmem
+func BenchmarkIndexRepeatedPrompt(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	hashes := make([]uint64, 512)
+	for i := range hashes {
+		hashes[i] = rng.Uint64() | 1
+	}
+	x := NewIndex()
+	x.Credit("a", hashes, 32768)
+	b.ReportAllocs()
+	for b.Loop() {
+		if x.Match("a", hashes) != len(hashes) {
+			b.Fatal("the prompt is not held")
+		}
+		x.Credit("a", hashes, 32768)
+	}
+}
