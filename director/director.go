@@ -152,6 +152,7 @@ type Route struct {
 	endpoint  openai.Endpoint
 	targets   policies.Targets
 	prompt    int64 // estimated prompt tokens
+	output    int64 // the output bound admission reserved
 	stream    bool
 	ticket    *quota.Ticket
 	inFlight  inFlight
@@ -203,6 +204,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 		return &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
 			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
 	}
+	rt.output = maxOut
 	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err
 	}

@@ -142,3 +142,45 @@ func TestPickerPricesWhatQuotaReserves(t *testing.T) {
 		}
 	}
 }
+
+// A settlement without the engine's usage charges the prompt estimate and the output delivered: a stream's
+// content events, a JSON body's text at four bytes a token, or — where the protocol stage did not see the body —
+// the output bound admission reserved (here the policy's default max_tokens, 256).
+func TestUnreportedUsageIsChargedWhatWasDelivered(t *testing.T) {
+	snap := quickstart(t)
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	for _, tc := range []struct {
+		name   string
+		stream bool
+		o      Outcome
+		want   int64
+	}{
+		{"stream seen", true, Outcome{Status: 200, BodySeen: true, ContentEvents: 9}, 9},
+		{"JSON seen", false, Outcome{Status: 200, BodySeen: true, OutputTextBytes: 41}, 11},
+		{"JSON seen, empty", false, Outcome{Status: 200, BodySeen: true}, 0},
+		{"stream not seen", true, Outcome{Status: 200, ContentEvents: 9}, 256},
+		{"JSON not seen, client gone", false, Outcome{Aborted: true, Status: 200}, 256},
+		{"upstream error", true, Outcome{Status: 503, BodySeen: true, ContentEvents: 3}, 0},
+		{"reported", true, Outcome{Status: 200, Reported: true, Usage: openai.Usage{PromptTokens: 4, CompletionTokens: 7}}, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New(Options{Policies: policies.NewStaticStore(snap)})
+			stream := "false"
+			if tc.stream {
+				stream = "true"
+			}
+			body, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"llama-70b","stream":`+stream+`,"messages":[{"role":"user","content":"hi"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer body.Release()
+			rt := &Route{}
+			if err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body}, rt); err != nil {
+				t.Fatal(err)
+			}
+			if st := d.Settle(rt, tc.o); st.Usage.CompletionTokens != tc.want {
+				t.Errorf("charged %d output tokens, want %d (%+v)", st.Usage.CompletionTokens, tc.want, st.Usage)
+			}
+		})
+	}
+}

@@ -90,6 +90,11 @@ type Outcome struct {
 	// ContentEvents counts a stream's events with choices: about one output token each, the estimate when
 	// usage never came.
 	ContentEvents int64
+	// BodySeen says the response body passed the protocol stage whole enough to count its output (its
+	// response body mode is not NONE, and a JSON body fit what it holds); OutputTextBytes are the generated
+	// text's bytes of a JSON body that reported no usage.
+	BodySeen        bool
+	OutputTextBytes int64
 	// Served is the endpoint Envoy reports it sent the request to ("" when it did not say).
 	Served string
 	// FirstContent and LastContent are when the first and last chunks carrying generated content passed (zero
@@ -190,12 +195,9 @@ func (d *Director) settledUsage(rt *Route, o Outcome, result string) openai.Usag
 		d.opts.Metrics.UsageEstimated.WithLabelValues(reason).Inc()
 		usage = openai.Usage{}
 		if result != "upstream_error" {
-			// Charge the prompt sent and, for a stream cut short, the output chunks it carried; a client cannot
-			// dodge output charges by disconnecting before usage.
-			usage.PromptTokens = rt.prompt
-			if rt.stream {
-				usage.CompletionTokens = o.ContentEvents
-			}
+			// Charge the prompt sent and the output delivered; a client cannot dodge output charges by
+			// disconnecting before usage.
+			usage.PromptTokens, usage.CompletionTokens = rt.prompt, deliveredOutput(rt, o)
 		}
 	}
 	model := rt.Model
@@ -206,6 +208,20 @@ func (d *Director) settledUsage(rt *Route, o Outcome, result string) openai.Usag
 		usage = clamped
 	}
 	return usage
+}
+
+// deliveredOutput is the output charged for a response that reported no usage: what it carried, where the
+// gateway saw it — a stream's events with content (about one token each), a JSON body's generated text at four
+// bytes a token (as prompts are estimated) — and the output bound admission reserved where it did not see the
+// body, so that a response the gateway cannot count is never charged nothing.
+func deliveredOutput(rt *Route, o Outcome) int64 {
+	switch {
+	case !o.BodySeen:
+		return rt.output
+	case rt.stream:
+		return o.ContentEvents
+	}
+	return (o.OutputTextBytes + 3) / 4
 }
 
 // notify hands a settlement to every observer.

@@ -55,6 +55,11 @@ func (rs *requestState) startOutputDigest() {
 	}
 }
 
+// byteCounter is an io.Writer that counts what it is given.
+type byteCounter int64
+
+func (n *byteCounter) Write(p []byte) (int, error) { *n += byteCounter(len(p)); return len(p), nil }
+
 // outcome gathers what the response path saw for the director.
 func (rs *requestState) outcome(aborted bool) director.Outcome {
 	ended := rs.endedAt
@@ -64,12 +69,20 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 	o := director.Outcome{Status: rs.upstreamStatus, Aborted: aborted, Served: rs.served, Ended: ended,
 		FirstContent: rs.timing.first, LastContent: rs.timing.last, MaxGap: rs.timing.maxGap,
 		Chunked: chunked(rs.respMode) && !rs.timing.first.IsZero()}
+	// The body passed the gateway whole enough to count its output: its mode is not NONE (where the event
+	// scanner is set up but sees nothing), and a JSON body fit what is held.
+	o.BodySeen = rs.respMode != filterv3.ProcessingMode_NONE && !rs.respTooBig
 	switch {
 	case rs.sse != nil:
 		o.Usage, o.Reported = rs.sse.Usage()
 		o.ContentEvents = rs.sse.ContentEvents()
 	case rs.respBody != nil:
 		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
+		if !o.Reported {
+			var n byteCounter
+			openai.OutputText(rs.respBody, &n)
+			o.OutputTextBytes = int64(n)
+		}
 	}
 	if rs.srv.opts.Digests {
 		rs.digests(&o)
