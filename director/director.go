@@ -152,7 +152,8 @@ type Route struct {
 	endpoint  openai.Endpoint
 	targets   policies.Targets
 	prompt    int64 // estimated prompt tokens
-	output    int64 // the output bound admission reserved
+	output    int64 // the output bound admission reserved: every sequence's (see choices)
+	choices   int64 // the sequences the engine generates for the request (n, best_of)
 	stream    bool
 	ticket    *quota.Ticket
 	inFlight  inFlight
@@ -204,6 +205,12 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 		return &Refusal{Reason: OutputTooLarge, Model: model.Name, Tenant: req.Tenant.Name,
 			MaxTokens: body.MaxTokens, ContextTokens: model.ContextTokens}
 	}
+	if limit := int64(req.Snapshot.Gateway().MaxChoices); body.Choices > limit {
+		return &Refusal{Reason: TooManyChoices, Model: model.Name, Tenant: req.Tenant.Name, Choices: body.Choices, MaxChoices: limit}
+	}
+	// The engine generates every sequence up to the bound: admission reserves, and placement prices, them all.
+	rt.choices = max(1, body.Choices)
+	maxOut = quota.MulTokens(maxOut, rt.choices)
 	rt.output = maxOut
 	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err

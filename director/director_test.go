@@ -119,6 +119,7 @@ func TestPickerPricesWhatQuotaReserves(t *testing.T) {
 	}{
 		{`{"model":"llama-70b","messages":[{"role":"user","content":"hi"}]}`, 1024},
 		{`{"model":"llama-70b","max_tokens":77,"messages":[{"role":"user","content":"hi"}]}`, 77},
+		{`{"model":"llama-70b","max_tokens":77,"n":4,"messages":[{"role":"user","content":"hi"}]}`, 308}, // every sequence
 	} {
 		rec := &recordingPicker{Picker: picker.NewAffinity(&fleet.InFlight{}, nil)}
 		adm := &recordingAdmission{}
@@ -182,5 +183,38 @@ func TestUnreportedUsageIsChargedWhatWasDelivered(t *testing.T) {
 				t.Errorf("charged %d output tokens, want %d (%+v)", st.Usage.CompletionTokens, tc.want, st.Usage)
 			}
 		})
+	}
+}
+
+// A request for more sequences than the policy's maxChoices is refused before anything is reserved.
+func TestTooManyChoicesRefused(t *testing.T) {
+	snap := quickstart(t) // maxChoices defaults to 16
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	adm := &recordingAdmission{}
+	d := New(Options{Policies: policies.NewStaticStore(snap), Admission: adm})
+	for _, tc := range []struct {
+		body    string
+		refused bool
+	}{
+		{`{"model":"llama-70b","n":16,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"llama-70b","n":17,"messages":[{"role":"user","content":"hi"}]}`, true},
+	} {
+		body, err := openai.ParseRequest(openai.EndpointChat, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &Route{}
+		err = d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body}, rt)
+		body.Release()
+		var r *Refusal
+		if got := errors.As(err, &r) && r.Reason == TooManyChoices; got != tc.refused {
+			t.Errorf("%s: refused %v (%v), want %v", tc.body, got, err, tc.refused)
+		}
+		if err == nil {
+			d.Settle(rt, Outcome{Status: 200})
+		}
+	}
+	if len(adm.reserved) != 1 {
+		t.Errorf("%d admissions, want only the request within the cap reserved", len(adm.reserved))
 	}
 }

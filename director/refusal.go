@@ -19,6 +19,7 @@ const (
 	QuotaFailed                      // the quota stage could not decide: Err is quota.ErrUnavailable or the failure
 	NoCapacity                       // no endpoint and no fallback can take it: Err is the *picker.NoCapacity
 	ClientGone                       // the client went away while the request waited for room
+	TooManyChoices                   // n (or best_of) beyond the policy's spec.gateway.maxChoices
 )
 
 // Refusal is Route's neutral error: what was refused and why, in the stages' terms. The protocol stage maps it
@@ -29,6 +30,8 @@ type Refusal struct {
 	Tenant string
 	// MaxTokens and ContextTokens describe an OutputTooLarge.
 	MaxTokens, ContextTokens int64
+	// Choices and MaxChoices describe a TooManyChoices.
+	Choices, MaxChoices int64
 	// Err is the stage's own error (quota, picker).
 	Err error
 }
@@ -41,6 +44,8 @@ func (r *Refusal) Error() string {
 		return fmt.Sprintf("tenant %s may not use model %s", r.Tenant, r.Model)
 	case OutputTooLarge:
 		return fmt.Sprintf("max_tokens %d beyond the context of %s (%d)", r.MaxTokens, r.Model, r.ContextTokens)
+	case TooManyChoices:
+		return fmt.Sprintf("%d sequences asked, at most %d allowed", r.Choices, r.MaxChoices)
 	}
 	return fmt.Sprintf("%s for %s: %v", r.reasonName(), r.Model, r.Err)
 }

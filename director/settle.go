@@ -201,7 +201,7 @@ func (d *Director) settledUsage(rt *Route, o Outcome, result string) openai.Usag
 		}
 	}
 	model := rt.Model
-	if clamped, cut := usage.Clamp(model.ContextTokens); cut {
+	if clamped, cut := usage.Clamp(model.ContextTokens, rt.choices); cut {
 		d.opts.Logger.Warn("upstream reported more tokens than the model's context holds; charged at the context size",
 			"request_id", rt.requestID, "model", model.Name, "prompt_tokens", usage.PromptTokens,
 			"completion_tokens", usage.CompletionTokens, "context_tokens", model.ContextTokens)

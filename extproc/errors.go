@@ -37,6 +37,9 @@ func clientError(err error) *openai.Error {
 	case r.Reason == director.OutputTooLarge:
 		return openai.BadRequest("max_tokens", "max_tokens is too large: %d. This model's context is %d tokens; ask for at most that many.",
 			r.MaxTokens, r.ContextTokens)
+	case r.Reason == director.TooManyChoices:
+		return openai.BadRequest("n", "The request asks for %d completions (n, or best_of); this gateway allows at most %d per request.",
+			r.Choices, r.MaxChoices)
 	case errors.As(r.Err, &rej):
 		return quotaError(rej, r.Tenant, r.Model)
 	case errors.Is(r.Err, quota.ErrUnavailable):

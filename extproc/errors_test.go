@@ -27,6 +27,7 @@ func TestClientErrors(t *testing.T) {
 		{"model not found", refusal(director.ModelNotFound, nil), 404, "model_not_found"},
 		{"forbidden", refusal(director.ModelForbidden, nil), 403, "model_not_allowed"},
 		{"output too large", refusal(director.OutputTooLarge, nil), 400, "invalid_request"},
+		{"too many choices", refusal(director.TooManyChoices, nil), 400, "invalid_request"},
 		{"saturated", refusal(director.NoCapacity, &picker.NoCapacity{Model: "m", Saturated: true}), 429, "model_overloaded"},
 		{"unavailable", refusal(director.NoCapacity, &picker.NoCapacity{Model: "m"}), 503, "server_is_overloaded"},
 		{"quota store down, closed", refusal(director.QuotaFailed, quota.ErrUnavailable), 503, "quota_unavailable"},

@@ -243,7 +243,13 @@ type apiRequest struct {
 	// The Responses API's system prompt and output bound.
 	Instructions    string `json:"instructions"`
 	MaxOutputTokens int    `json:"max_output_tokens"`
+	// N completions of the prompt (chat, completions); completions generate BestOf and return N of them.
+	N      int `json:"n"`
+	BestOf int `json:"best_of"`
 }
+
+// maxSequences bounds the sequences one request may ask the simulator for.
+const maxSequences = 128
 
 // vllmError writes vLLM's error envelope (integer code, class-like type).
 func vllmError(w http.ResponseWriter, status int, typ, msg string) {
@@ -309,11 +315,27 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	if kind == "embeddings" {
 		maxOut = 0
 	}
-	s, err := r.eng.submit(req.Context(), tokens, maxOut)
-	if err != nil {
-		vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+	// As vLLM: n (and best_of) sequences of one prompt, each decoded up to maxOut; the prompt's blocks are
+	// shared, so the sequences after the first find it cached.
+	returned, generated := 1, 1
+	if kind == "chat/completions" || kind == "completions" {
+		returned = max(1, body.N)
+		generated = max(returned, body.BestOf)
+	}
+	if generated > maxSequences {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("n and best_of must be at most %d", maxSequences))
 		return
 	}
+	seqs := make([]*seq, 0, generated)
+	for range generated {
+		s, err := r.eng.submit(req.Context(), tokens, maxOut)
+		if err != nil {
+			vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+			return
+		}
+		seqs = append(seqs, s)
+	}
+	s := seqs[0]
 	id := fmt.Sprintf("%s-%s-%d", map[string]string{"chat/completions": "chatcmpl", "completions": "cmpl", "embeddings": "embd",
 		"responses": "resp"}[kind], r.cfg.Name, r.reqID.Add(1))
 	switch {
@@ -322,9 +344,9 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	case kind == "embeddings":
 		r.embeddings(w, req, s, body.Model, id)
 	case body.Stream:
-		r.stream(w, req, s, kind, body.Model, id, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
+		r.stream(w, req, seqs, returned, kind, body.Model, id, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
 	default:
-		r.complete(w, req, s, kind, body.Model, id)
+		r.complete(w, req, seqs, returned, kind, body.Model, id)
 	}
 }
 
@@ -412,9 +434,17 @@ type usage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func usageOf(s *seq) usage {
-	u := usage{PromptTokens: s.prompt, CompletionTokens: s.out, TotalTokens: s.prompt + s.out}
-	u.PromptTokensDetails.CachedTokens = s.cached
+func usageOf(s *seq) usage { return usageOfAll([]*seq{s}) }
+
+// usageOfAll is one request's usage over its sequences: the prompt once, as the first sequence found it
+// cached, and the output of every sequence generated (best_of's too).
+func usageOfAll(seqs []*seq) usage {
+	u := usage{PromptTokens: seqs[0].prompt}
+	for _, s := range seqs {
+		u.CompletionTokens += s.out
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.PromptTokensDetails.CachedTokens = seqs[0].cached
 	return u
 }
 
@@ -432,22 +462,31 @@ func wait(req *http.Request, s *seq) bool {
 	}
 }
 
-func (r *Replica) complete(w http.ResponseWriter, req *http.Request, s *seq, kind, model, id string) {
-	if !wait(req, s) {
-		return
+func (r *Replica) complete(w http.ResponseWriter, req *http.Request, seqs []*seq, returned int, kind, model, id string) {
+	for _, s := range seqs {
+		if !wait(req, s) {
+			return
+		}
 	}
-	var text strings.Builder
-	for i := range s.out {
-		text.WriteString(word(i))
+	resp := map[string]any{"id": id, "model": model, "created": time.Now().Unix(), "usage": usageOfAll(seqs)}
+	choices := make([]any, 0, returned)
+	for idx, s := range seqs[:returned] {
+		var text strings.Builder
+		for i := range s.out {
+			text.WriteString(word(i))
+		}
+		if kind == "chat/completions" {
+			choices = append(choices, map[string]any{"index": idx, "finish_reason": "length",
+				"message": map[string]any{"role": "assistant", "content": text.String()}})
+		} else {
+			choices = append(choices, map[string]any{"index": idx, "finish_reason": "length", "text": text.String()})
+		}
 	}
-	resp := map[string]any{"id": id, "model": model, "created": time.Now().Unix(), "usage": usageOf(s)}
+	resp["choices"] = choices
 	if kind == "chat/completions" {
 		resp["object"] = "chat.completion"
-		resp["choices"] = []any{map[string]any{"index": 0, "finish_reason": "length",
-			"message": map[string]any{"role": "assistant", "content": text.String()}}}
 	} else {
 		resp["object"] = "text_completion"
-		resp["choices"] = []any{map[string]any{"index": 0, "finish_reason": "length", "text": text.String()}}
 	}
 	w.Header().Set("x-simulated-replica", r.cfg.Name)
 	writeJSON(w, http.StatusOK, resp)
@@ -468,7 +507,7 @@ func (r *Replica) embeddings(w http.ResponseWriter, req *http.Request, s *seq, m
 		"usage": map[string]any{"prompt_tokens": u.PromptTokens, "total_tokens": u.PromptTokens}})
 }
 
-func (r *Replica) stream(w http.ResponseWriter, req *http.Request, s *seq, kind, model, id string, includeUsage bool) {
+func (r *Replica) stream(w http.ResponseWriter, req *http.Request, seqs []*seq, returned int, kind, model, id string, includeUsage bool) {
 	ev := r.startEvents(w)
 	created := time.Now().Unix()
 	object := "chat.completion.chunk"
@@ -479,24 +518,33 @@ func (r *Replica) stream(w http.ResponseWriter, req *http.Request, s *seq, kind,
 		b, _ := json.Marshal(map[string]any{"id": id, "model": model, "object": object, "created": created, "choices": choices, "usage": u})
 		ev.data(b)
 	}
-	delta := func(i int, finish any) []any {
+	delta := func(idx, i int, finish any) []any {
 		if kind == "chat/completions" {
 			d := map[string]any{"content": word(i)}
 			if i == 0 {
 				d["role"] = "assistant"
 			}
-			return []any{map[string]any{"index": 0, "delta": d, "finish_reason": finish}}
+			return []any{map[string]any{"index": idx, "delta": d, "finish_reason": finish}}
 		}
-		return []any{map[string]any{"index": 0, "text": word(i), "finish_reason": finish}}
+		return []any{map[string]any{"index": idx, "text": word(i), "finish_reason": finish}}
 	}
-	if !eachToken(req, s, func(i int) { send(delta(i, nil), nil) }) {
-		return
+	// One choice after another (each choice's events keep their order, which is all the format asks); the
+	// sequences decode together in the engine meanwhile.
+	for idx, s := range seqs[:returned] {
+		if !eachToken(req, s, func(i int) { send(delta(idx, i, nil), nil) }) {
+			return
+		}
+		if kind == "chat/completions" {
+			send([]any{map[string]any{"index": idx, "delta": map[string]any{}, "finish_reason": "length"}}, nil)
+		}
 	}
-	if kind == "chat/completions" {
-		send([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}, nil)
+	for _, s := range seqs[returned:] { // best_of's others: generated, not returned
+		if !wait(req, s) {
+			return
+		}
 	}
 	if includeUsage {
-		u := usageOf(s)
+		u := usageOfAll(seqs)
 		send([]any{}, &u)
 	}
 	ev.data([]byte("[DONE]"))

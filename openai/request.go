@@ -127,7 +127,10 @@ type Request struct {
 	Stream       bool
 	IncludeUsage bool  // stream_options.include_usage
 	MaxTokens    int64 // max_completion_tokens, else max_tokens; 0 when absent
-	User         string
+	// Choices is how many sequences the engine generates for the request, each up to MaxTokens: the larger
+	// of n and best_of (completions), at least 1. Admission reserves that many outputs.
+	Choices int64
+	User    string
 	// Prompt is the parsed messages / prompt / input value.
 	Prompt *fastjson.Value
 	// Instructions is the Responses API's system prompt, when the body has one; it comes before the input.
@@ -165,6 +168,7 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 		return req, fieldErr
 	}
 	req.MaxTokens = limits.bound()
+	req.Choices = max(1, limits.n, limits.bestOf)
 	return req, nil
 }
 
@@ -206,7 +210,7 @@ func (req *Request) parse(body []byte) (*fastjson.Object, error) {
 
 // tokenLimits are the output bounds a body sets, held apart until every field is read because which one wins
 // does not depend on their order in the body.
-type tokenLimits struct{ maxTokens, maxCompletion int64 }
+type tokenLimits struct{ maxTokens, maxCompletion, n, bestOf int64 }
 
 // bound is the output bound the request asks for: max_completion_tokens (or max_output_tokens) over
 // max_tokens; 0 when neither is set.
@@ -264,6 +268,14 @@ func (req *Request) readField(key []byte, v *fastjson.Value, promptField string,
 		if req.Endpoint == EndpointResponses {
 			limits.maxCompletion, e = parseCount("max_output_tokens", v)
 		}
+	case "n": // several completions of one prompt: chat and completions
+		if req.Endpoint == EndpointChat || req.Endpoint == EndpointCompletions {
+			limits.n, e = parseCount("n", v)
+		}
+	case "best_of": // completions generate best_of sequences and return n of them
+		if req.Endpoint == EndpointCompletions {
+			limits.bestOf, e = parseCount("best_of", v)
+		}
 	case "instructions":
 		if req.Endpoint == EndpointResponses {
 			e = checkInstructions(req, v)
@@ -305,7 +317,7 @@ func parseStream(req *Request, v *fastjson.Value) *Error {
 }
 
 // routedKeys remembers which of the fields the gateway reads were already seen in a body.
-type routedKeys uint8
+type routedKeys uint16
 
 // checkInstructions reads the Responses API's instructions: a string, or null.
 func checkInstructions(req *Request, v *fastjson.Value) *Error {
@@ -337,6 +349,10 @@ func (k *routedKeys) repeated(key, promptField string) bool {
 		bit = 64
 	case "max_output_tokens":
 		bit = 128
+	case "n":
+		bit = 256
+	case "best_of":
+		bit = 512
 	case promptField:
 		bit = 32
 	default:

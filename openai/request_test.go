@@ -64,6 +64,20 @@ func TestParseRequest(t *testing.T) {
 			body: `{"model":"m","prompt":["a","b"]}`, want: Request{Model: "m"}},
 		{name: "embeddings", ep: EndpointEmbeddings,
 			body: `{"model":"m","input":"text"}`, want: Request{Model: "m"}},
+		{name: "chat with n", ep: EndpointChat,
+			body: `{"model":"m","messages":[{}],"n":16,"max_tokens":5}`, want: Request{Model: "m", MaxTokens: 5, Choices: 16}},
+		{name: "completions generate best_of", ep: EndpointCompletions,
+			body: `{"model":"m","prompt":"x","n":2,"best_of":5}`, want: Request{Model: "m", Choices: 5}},
+		{name: "best_of is no chat field", ep: EndpointChat,
+			body: `{"model":"m","messages":[{}],"best_of":5}`, want: Request{Model: "m"}},
+		{name: "n is no embeddings field", ep: EndpointEmbeddings,
+			body: `{"model":"m","input":"text","n":3}`, want: Request{Model: "m"}},
+		{name: "n null", ep: EndpointChat,
+			body: `{"model":"m","messages":[{}],"n":null}`, want: Request{Model: "m"}},
+		{name: "n zero", ep: EndpointChat, body: `{"model":"m","messages":[{}],"n":0}`, wantParam: "n", wantErr: "positive integer"},
+		{name: "n a string", ep: EndpointChat, body: `{"model":"m","messages":[{}],"n":"16"}`, wantParam: "n", wantErr: "integer"},
+		{name: "n repeated", ep: EndpointChat, body: `{"model":"m","messages":[{}],"n":1,"n":64}`, wantParam: "n", wantErr: "repeats the key 'n'"},
+		{name: "best_of repeated", ep: EndpointCompletions, body: `{"model":"m","prompt":"x","best_of":1,"best_of":64}`, wantParam: "best_of", wantErr: "repeats"},
 
 		{name: "empty body", ep: EndpointChat, body: ``, wantErr: "empty"},
 		{name: "malformed JSON", ep: EndpointChat, body: `{"model":"m",`, wantErr: "could not parse the JSON"},
@@ -114,6 +128,9 @@ func TestParseRequest(t *testing.T) {
 				t.Errorf("prompt span [%d, %d) not found", got.PromptStart, got.PromptEnd)
 			}
 			got.Endpoint, got.BodyBytes, got.PromptStart, got.PromptEnd = 0, 0, 0, 0
+			if tc.want.Choices == 0 {
+				tc.want.Choices = 1 // one sequence unless the body asks for more
+			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
@@ -202,6 +219,7 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(`{"model":"\u00e9","messages":[{}],"max_completion_tokens":1e3}`, uint8(1))
 	f.Add(`{"model":"m","prompt":["\u001b[31mred\u0000"],"stream":true}`, uint8(2))
 	f.Add("{\"model\":\"m\",\"input\":\"\xff\xfe\"}", uint8(3))
+	f.Add(`{"model":"m","prompt":"x","n":3,"best_of":4,"max_tokens":2}`, uint8(2))
 	f.Fuzz(func(t *testing.T, body string, ep uint8) {
 		endpoint := []Endpoint{EndpointChat, EndpointCompletions, EndpointEmbeddings, EndpointResponses}[ep%4]
 		req, err := ParseRequest(endpoint, []byte(body))

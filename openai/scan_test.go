@@ -96,12 +96,22 @@ func TestUsageArithmeticSaturates(t *testing.T) {
 	if got := u.Total(); got != math.MaxInt64 {
 		t.Errorf("Total = %d, want saturation", got)
 	}
-	c, cut := u.Clamp(131072)
+	c, cut := u.Clamp(131072, 1)
 	if !cut || c.PromptTokens != 131072 || c.CompletionTokens != 131072 {
 		t.Errorf("Clamp = %+v, %v", c, cut)
 	}
-	if _, cut := (Usage{PromptTokens: 5, CompletionTokens: 7}).Clamp(10); cut {
+	if _, cut := (Usage{PromptTokens: 5, CompletionTokens: 7}).Clamp(10, 1); cut {
 		t.Error("Clamp cut a usage within the limit")
+	}
+	// n sequences may each use the context's worth of output; no more, and no overflow on a hostile n.
+	if c, cut := (Usage{PromptTokens: 5, CompletionTokens: 35}).Clamp(10, 4); cut || c.CompletionTokens != 35 {
+		t.Errorf("Clamp cut four sequences' output within their bound: %+v", c)
+	}
+	if c, cut := (Usage{CompletionTokens: 50}).Clamp(10, 4); !cut || c.CompletionTokens != 40 {
+		t.Errorf("Clamp of four sequences = %+v, %v, want 40", c, cut)
+	}
+	if c, _ := (Usage{CompletionTokens: math.MaxInt64}).Clamp(math.MaxInt64/2, 3); c.CompletionTokens != math.MaxInt64/2 {
+		t.Errorf("Clamp with an overflowing bound = %+v, want the single bound", c)
 	}
 }
 

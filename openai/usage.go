@@ -27,11 +27,15 @@ func (u Usage) Total() int64 {
 }
 
 // Clamp bounds every count by limit — what one request can really use, such as the model's context — and
-// reports whether anything was cut: an upstream's usage is outside input, and a count near 2^63 must not
-// reach spend and quota arithmetic.
-func (u Usage) Clamp(limit int64) (Usage, bool) {
-	cut := u.PromptTokens > limit || u.CompletionTokens > limit || u.CachedTokens > limit
-	u.PromptTokens, u.CompletionTokens, u.CachedTokens = min(u.PromptTokens, limit), min(u.CompletionTokens, limit), min(u.CachedTokens, limit)
+// the output by limit for each of choices sequences (n), and reports whether anything was cut: an upstream's
+// usage is outside input, and a count near 2^63 must not reach spend and quota arithmetic.
+func (u Usage) Clamp(limit, choices int64) (Usage, bool) {
+	out := limit
+	if choices > 1 && limit <= math.MaxInt64/choices {
+		out = limit * choices
+	}
+	cut := u.PromptTokens > limit || u.CompletionTokens > out || u.CachedTokens > limit
+	u.PromptTokens, u.CompletionTokens, u.CachedTokens = min(u.PromptTokens, limit), min(u.CompletionTokens, out), min(u.CachedTokens, limit)
 	return u, cut
 }
 

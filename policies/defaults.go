@@ -25,6 +25,9 @@ func applyDefaults(pol *Policy) {
 	if g.DefaultMaxTokens == 0 {
 		g.DefaultMaxTokens = DefaultMaxTokens
 	}
+	if g.MaxChoices == 0 {
+		g.MaxChoices = DefaultMaxChoices
+	}
 	for i := range spec.Models {
 		m := &spec.Models[i]
 		if m.ContextTokens == 0 {

@@ -55,6 +55,9 @@ type Gateway struct {
 	// DefaultMaxTokens is the output bound for requests that set no max_tokens: admission reserves it and the
 	// gateway writes it into the body as max_tokens, so the engine cannot produce more than was charged.
 	DefaultMaxTokens int `yaml:"defaultMaxTokens,omitempty" json:"defaultMaxTokens,omitempty" jsonschema:"minimum=1"`
+	// MaxChoices caps how many sequences one request may ask the engine for (n, and best_of on completions):
+	// each is reserved against the tenant's token limits, and a request over the cap gets a 400.
+	MaxChoices int `yaml:"maxChoices,omitempty" json:"maxChoices,omitempty" jsonschema:"minimum=1,maximum=128"`
 	// UpstreamIdleTimeout is how long Envoy lets an attempt go without a byte from the replica, e.g. "60s": a
 	// hung engine then costs its requests a 408 (or a reset mid-stream) instead of the five-minute route
 	// timeout. Long enough for a queued prompt's time to first token.
@@ -78,6 +81,7 @@ const (
 	DefaultMaxRequestBodyBytes     = 4 << 20
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
+	DefaultMaxChoices              = 16
 	DefaultContextTokens           = 131072
 	DefaultUpstreamIdleTimeout     = 60 * time.Second
 )

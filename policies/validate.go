@@ -375,6 +375,9 @@ func (v *validator) gateway(g *Gateway) {
 	if g.DefaultMaxTokens < 0 {
 		v.fail(append(base, "defaultMaxTokens"), "must not be negative, got %d", g.DefaultMaxTokens)
 	}
+	if g.MaxChoices < 0 || g.MaxChoices > 128 {
+		v.fail(append(base, "maxChoices"), "must be between 1 and 128 (OpenAI's own bound on n), got %d", g.MaxChoices)
+	}
 	if m := g.ResponseModel; m != "" && m != ResponseModelServed && m != ResponseModelRequested {
 		v.fail(append(base, "responseModel"), "must be %q or %q, got %q", ResponseModelServed, ResponseModelRequested, m)
 	}

@@ -117,6 +117,14 @@ func priceMicros(m *policies.Model, prompt, completion int64) float64 {
 
 // AddTokens adds two non-negative token counts, saturating at the largest int64: an estimate built from a
 // client's max_tokens must never wrap negative and slip under a limit.
+// MulTokens multiplies token counts (an output bound by its sequences), saturating at the int64 limit.
+func MulTokens(a, n int64) int64 {
+	if a > 0 && n > 0 && a > math.MaxInt64/n {
+		return math.MaxInt64
+	}
+	return a * n
+}
+
 func AddTokens(a, b int64) int64 {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64

@@ -104,6 +104,12 @@ func TestGoodputTelemetryEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A request settles once its last answer has gone back to Envoy, which may be after the client has
+			// read the whole response: wait for both settlements, then read what they recorded.
+			acmeOK := func(l map[string]string) bool { return l["tenant"] == "acme" && l["outcome"] == "ok" }
+			wait.For(t, "both requests settled", func() bool {
+				return sumCounter(scrape(t, st.MetricsURL), "infergate_tenant_requests_total", acmeOK) >= 2
+			})
 			fams := scrape(t, st.MetricsURL)
 			enterprise := func(l map[string]string) bool { return l["tier"] == "enterprise" }
 			if n := sumCounter(fams, "gen_ai_server_time_to_first_token_seconds", enterprise); n != 2 {
@@ -112,9 +118,7 @@ func TestGoodputTelemetryEndToEnd(t *testing.T) {
 			if n := sumCounter(fams, "gen_ai_server_time_per_output_token_seconds", enterprise); n < 1 {
 				t.Errorf("no TPOT observed for the stream")
 			}
-			if n := sumCounter(fams, "infergate_tenant_requests_total", func(l map[string]string) bool {
-				return l["tenant"] == "acme" && l["outcome"] == "ok"
-			}); n != 2 {
+			if n := sumCounter(fams, "infergate_tenant_requests_total", acmeOK); n != 2 {
 				t.Errorf("acme ok requests %v, want 2", n)
 			}
 			if n := sumCounter(fams, "infergate_pool_tokens_total", func(l map[string]string) bool { return l["kind"] == "prompt" }); n <= 0 {
