@@ -83,7 +83,7 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run $(STATICCHECK) ./...
 
 .PHONY: demo
-demo: build test-deps ## simulated fleet + infergate + data plane on :8080 + traffic, live table (DEMO_DURATION=30s stops)
+demo: build ## simulated fleet + infergate + data plane on :8080 + traffic, live table (DEMO_DURATION=30s stops); installs nothing
 	$(GO) build -o bin/demo ./test/demo
 	./$(BIN) validate examples/quickstart/policy.yaml
 	./bin/demo --infergate $(BIN)

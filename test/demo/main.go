@@ -150,6 +150,8 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)
 		fmt.Printf("quotas: redis-server on %s\n", redisAddr)
+	} else if os.Getenv("DEMO_SCENARIO") == "quota" {
+		return fmt.Errorf("the quota scenario needs Redis to enforce quotas: %w", err)
 	} else {
 		fmt.Printf("quotas off: %v\n", err)
 	}
