@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -186,16 +188,39 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		if l.failures.Add(1) >= downAfterFailures {
 			l.markDown(err)
 		}
+		t.ambiguous = t.lostSent != nil && mayHaveRun(err)
 	}
 	if settings.FailMode == policies.FailClosed {
+		l.unreserve(t)
 		return nil, nil, ErrUnavailable
 	}
 	t.local = true
 	rej := l.local.admit(r.Now, t)
 	if rej == nil {
 		l.budgets(r.Now, t)
+	} else {
+		l.unreserve(t)
 	}
 	return l.result(t, rej)
+}
+
+// unreserve resolves a refused request's admission whose reply was lost: whatever it reserved goes back.
+func (l *Limiter) unreserve(t *Ticket) {
+	if t.ambiguous {
+		l.redis.resolveAsync(t, t.lostSent, make([]int64, len(t.entries)))
+	}
+}
+
+// mayHaveRun says whether an admission that failed with err may have run in Redis: anything but a connection
+// that was never made (or a pool that never gave one) may have carried the script before the reply was lost.
+func mayHaveRun(err error) bool {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial", errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, redis.ErrPoolTimeout),
+		errors.Is(err, redis.ErrClosed):
+		return false
+	}
+	return true
 }
 
 // admitShared admits against the shared quotas: from this gateway's leases when they cover every entry,
@@ -211,9 +236,16 @@ func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replica
 			}
 			return nil, nil
 		}
+		sent := make([]int64, len(t.entries))
+		for i := range t.entries {
+			sent[i] = t.entries[i].sent()
+		}
 		cctx, cancel := context.WithTimeout(ctx, r.Snapshot.RedisTimeout())
 		granted, rej, err := l.redis.admit(cctx, r.Now, t)
 		cancel()
+		if err != nil {
+			t.lostSent = sent // before restore forgets what the leases covered
+		}
 		if err != nil || rej != nil {
 			l.leases.restore(r.Now, t)
 		}
@@ -221,6 +253,7 @@ func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replica
 			continue
 		}
 		if err == nil && rej == nil {
+			t.marked = true
 			l.leases.grant(r.Now, t.Tenant, t.ID, t.entries, granted)
 		}
 		return rej, err
@@ -254,15 +287,42 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 	deltas := settleDeltas(t, tokens, costMicros)
 	l.local.settle(t, deltas)
 	if t.local {
+		if t.ambiguous {
+			l.redis.resolveAsync(t, t.lostSent, usedPerEntry(t, tokens, costMicros))
+		}
 		return
 	}
-	l.redis.settleAsync(t.Tenant, t.ID, l.leases.settle(l.now(), t, deltas))
+	items := l.leases.settle(l.now(), t, deltas)
+	if t.marked {
+		items = append(items, settleItem{key: markersKey(t.Tenant), kind: kindMark, member: t.ID})
+	}
+	l.redis.settleAsync(t.Tenant, t.ID, items)
+}
+
+// kindMark is the settle item that deletes an admission's marker.
+const kindMark = "mark"
+
+// usedPerEntry is what a finished request really used of each entry: its tokens, its cost, and the one
+// request it was.
+func usedPerEntry(t *Ticket, tokens, costMicros int64) []int64 {
+	out := make([]int64, len(t.entries))
+	for i, e := range t.entries {
+		switch e.kind {
+		case KindTokens, KindConversation:
+			out[i] = tokens
+		case KindSpend:
+			out[i] = costMicros
+		case KindRequests:
+			out[i] = e.amount
+		}
+	}
+	return out
 }
 
 // refill tops up leases that ran low, off the request path. A failure is left for the next admission that
 // needs Redis to discover: the leases simply stay low.
 func (l *Limiter) refill(now time.Time, tenant string, entries []entry, timeout time.Duration) {
-	t := &Ticket{ID: l.ticketID(), Tenant: tenant, entries: entries}
+	t := &Ticket{ID: l.ticketID(), Tenant: tenant, entries: entries, refill: true}
 	ctx, cancel := context.WithTimeout(l.ctx, timeout)
 	granted, _, err := l.redis.admit(ctx, now, t)
 	cancel()

@@ -86,7 +86,7 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 			return &Rejection{Kind: e.kind, Scope: e.scope, Limit: limit, Used: used, Requested: e.amount, Reset: reset}
 		}
 	}
-	l.add(now, t, true)
+	l.add(now, t, !t.ambiguous) // a lost admission is resolved in Redis, not replayed there
 	return nil
 }
 
@@ -126,7 +126,7 @@ func (l *localBackend) settle(t *Ticket, deltas []int64) {
 			delete(c.holders, t.ID)
 		} else {
 			c.value += deltas[i]
-			if t.local {
+			if t.local && !t.ambiguous {
 				c.unsynced = max(0, c.unsynced+deltas[i])
 			}
 		}

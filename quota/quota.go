@@ -79,6 +79,12 @@ type Ticket struct {
 	// two, held in place so that admission allocates nothing for them.
 	budgets  [2]Budget
 	nBudgets int
+
+	// refill marks a lease top-up's ticket (no admission marker); marked, a ticket admitted through Redis,
+	// whose settlement deletes its marker. lostSent is what an admission whose reply was lost had sent per
+	// entry, and ambiguous that it may have run: the ticket is then resolved (resolveScript), not replayed.
+	refill, marked, ambiguous bool
+	lostSent                  []int64
 }
 
 // Rejection says which limit refused a request.

@@ -16,18 +16,22 @@ import (
 
 // admitScript checks every limit and, only if all pass, reserves them: atomic, one round trip. Then it grants
 // lease top-ups (see lease.go) best-effort: as much of each entry's extra as fits under its limit.
-// KEYS: one per entry. ARGV: now_ms, reservation id, concurrency ttl_ms, then per entry kind, limit, amount,
-// window_ms, extra. An amount of 0 (already covered by this gateway's lease) is not checked. A concurrency
-// entry's own slot is the member id, its extra slots id:1, id:2, ...
+// KEYS: one per entry, then the tenant's admission markers (a hash). ARGV: now_ms, reservation id, concurrency
+// ttl_ms, marker ttl_ms (0: no marker), then per entry kind, limit, amount, window_ms, extra. An amount of 0 (already covered by
+// this gateway's lease) is not checked. A concurrency entry's own slot is the member id, its extra slots id:1,
+// id:2, ... An admission that reserved writes its marker, holding the extras granted: a reply lost after the
+// script ran is then resolved exactly (resolveScript) instead of guessed.
 // Returns {1, granted extra per entry..., counter after this admission per entry (-1 where it was not read)...}
 // or {0, entry index (1-based), used, limit, reset_ms}.
 var admitScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
 local ttl = tonumber(ARGV[3])
+local markerTTL = tonumber(ARGV[4])
+local n = #KEYS - 1
 local used = {}
-for i = 1, #KEYS do
-  local b = 3 + (i - 1) * 5
+for i = 1, n do
+  local b = 4 + (i - 1) * 5
   local kind, limit, amount, window, extra = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   if amount > 0 or extra > 0 then
     if kind == 'conc' then
@@ -44,8 +48,9 @@ for i = 1, #KEYS do
   end
 end
 local out = {1}
-for i = 1, #KEYS do
-  local b = 3 + (i - 1) * 5
+local grants = {}
+for i = 1, n do
+  local b = 4 + (i - 1) * 5
   local kind, limit, amount, window, extra = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local granted = 0
   if extra > 0 then
@@ -64,11 +69,24 @@ for i = 1, #KEYS do
     end
   end
   out[i + 1] = granted
+  grants[i] = tostring(granted)
   if used[i] == nil then
-    out[#KEYS + i + 1] = -1
+    out[n + i + 1] = -1
   else
-    out[#KEYS + i + 1] = used[i] + amount + granted
+    out[n + i + 1] = used[i] + amount + granted
   end
+end
+if markerTTL > 0 then
+  -- The tenant's markers live in one hash, a key that exists and moves with the others when a slot is
+  -- resharded (a new key per admission would be split from them for the whole migration). Each marker holds
+  -- its expiry; one random other is looked at per admission and dropped once expired (a crashed gateway's).
+  local markers = KEYS[n + 1]
+  local old = redis.call('HRANDFIELD', markers, 1, 'WITHVALUES')
+  if #old == 2 and tonumber(string.match(old[2], '^(%d+)')) < now then
+    redis.call('HDEL', markers, old[1])
+  end
+  redis.call('HSET', markers, id, tostring(now + markerTTL) .. ';' .. table.concat(grants, ','))
+  redis.call('PEXPIRE', markers, markerTTL)
 end
 return out
 `)
@@ -86,11 +104,45 @@ for i = 2, #KEYS do
   local kind, value = ARGV[2 * i - 2], ARGV[2 * i - 1]
   if kind == 'conc' then
     redis.call('ZREM', KEYS[i], value)
+  elseif kind == 'mark' then
+    redis.call('HDEL', KEYS[i], value)
   else
     local delta = tonumber(value)
     if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
       redis.call('INCRBY', KEYS[i], delta)
     end
+  end
+end
+return 1
+`)
+
+// resolveScript settles a request whose admission's reply was lost, so that the script may or may not have
+// run: its marker says which. Once (a settled marker, as settleScript), it brings each counter to the request's
+// real use: when the admission ran, used less what it reserved there (sent) and the extras it granted, which
+// the marker holds (no lease ever received them); when it did not, used, added as a replay would.
+// KEYS: the settled marker, the tenant's admission markers, then one counter per item. ARGV: settled marker
+// ttl_ms, the ticket id, then per item its index among the admission's entries (1-based), used, sent, ttl_ms.
+var resolveScript = redis.NewScript(`
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+  return 0
+end
+local marker = redis.call('HGET', KEYS[2], ARGV[2])
+local grants = marker ~= false
+local granted = {}
+if grants then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  for g in string.gmatch(string.match(marker, ';(.*)$'), '[^,]+') do granted[#granted + 1] = tonumber(g) end
+end
+for i = 3, #KEYS do
+  local b = 2 + (i - 3) * 4
+  local index, used, sent, ttl = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
+  if grants then
+    local delta = used - sent - (granted[index] or 0)
+    if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+      redis.call('INCRBY', KEYS[i], delta)
+    end
+  elseif used > 0 and redis.call('INCRBY', KEYS[i], used) == used then
+    redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end
 return 1
@@ -154,13 +206,21 @@ type settlement struct {
 	// itself (see passing), so it does not count as one.
 	uncounted bool
 	noScript  bool // the last attempt met NOSCRIPT
+	// resolves is the id of the ticket whose lost admission this settlement resolves (resolveScript); "" for
+	// an ordinary settlement.
+	resolves string
 }
 
-// settleItem corrects one key: a counter by delta, or frees one concurrency slot (member).
+// settleItem corrects one key: a counter by delta, or frees one concurrency slot (member); kind "mark" deletes
+// an admission's marker. A resolution's items (settlement.resolves) carry the entry's index, used, sent and
+// the counter's ttl instead.
 type settleItem struct {
 	key, kind string
 	delta     int64
 	member    string
+
+	index           int
+	used, sent, ttl int64
 }
 
 // settledMarkerTTL is how long a settlement's marker lives: long enough to cover its retries, short enough
@@ -207,14 +267,18 @@ func (b *redisBackend) admit(ctx context.Context, now time.Time, t *Ticket) ([]i
 // admitArgs lays out the admission script's KEYS and ARGV for a ticket's entries (see admitScript), built
 // once so that a retried admission sends the same.
 func admitArgs(now time.Time, t *Ticket) ([]string, []any) {
-	keys := make([]string, len(t.entries))
-	args := make([]any, 0, 3+5*len(t.entries))
-	args = append(args, now.UnixMilli(), t.ID, ConcurrencyTTL.Milliseconds())
+	keys := make([]string, len(t.entries), len(t.entries)+1)
+	args := make([]any, 0, 4+5*len(t.entries))
+	marker := admissionMarkerTTL.Milliseconds()
+	if t.refill {
+		marker = 0 // a lease top-up is never settled as a request: nothing would resolve or delete its marker
+	}
+	args = append(args, now.UnixMilli(), t.ID, ConcurrencyTTL.Milliseconds(), marker)
 	for i, e := range t.entries {
 		keys[i] = e.key
 		args = append(args, e.kind, e.limit, e.sent(), e.window.Milliseconds(), e.extra)
 	}
-	return keys, args
+	return append(keys, markersKey(t.Tenant)), args
 }
 
 // runAdmit runs the admission script until it runs or fails for good, and returns its raw reply. It retries
@@ -273,8 +337,8 @@ func (b *redisBackend) admitOnce(ctx context.Context, keys []string, args []any,
 }
 
 // freeLostSlots handles an admission whose outcome is unknown: the script may have run before the reply was
-// lost, so it frees the concurrency slots it may hold (ZREM is harmless if it does not). Counters are left
-// alone: refunding what was never added would drift.
+// lost, so it frees the concurrency slots it may hold (ZREM is harmless if it does not). Its counters are
+// resolved once the request ends (resolveAsync), by the marker the script leaves when it ran.
 func (b *redisBackend) freeLostSlots(t *Ticket) {
 	var items []settleItem
 	for _, e := range t.entries {
@@ -339,6 +403,9 @@ func isNoScript(err error) bool { return err != nil && strings.Contains(err.Erro
 // settle too.
 func (b *redisBackend) loadScripts(ctx context.Context) error {
 	if err := settleScript.Load(ctx, b.client).Err(); err != nil {
+		return err
+	}
+	if err := resolveScript.Load(ctx, b.client).Err(); err != nil {
 		return err
 	}
 	return admitScript.Load(ctx, b.client).Err()
@@ -480,13 +547,17 @@ func (b *redisBackend) sendSettlements(ctx context.Context, batch []settlement) 
 func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(batch))
 	for k, s := range batch {
+		if s.resolves != "" {
+			cmds[k] = addResolution(ctx, p, s)
+			continue
+		}
 		keys := make([]string, 0, 1+len(s.items))
 		args := make([]any, 0, 1+2*len(s.items))
 		keys = append(keys, "ig:"+tag(s.tenant)+":settled:"+s.id)
 		args = append(args, settledMarkerTTL.Milliseconds())
 		for _, it := range s.items {
 			keys = append(keys, it.key)
-			if it.kind == KindConcurrency {
+			if it.kind == KindConcurrency || it.kind == kindMark {
 				args = append(args, it.kind, it.member)
 			} else {
 				args = append(args, it.kind, it.delta)
@@ -495,6 +566,19 @@ func addSettlements(ctx context.Context, p redis.Pipeliner, batch []settlement) 
 		cmds[k] = settleScript.EvalSha(ctx, p, keys, args...)
 	}
 	return cmds
+}
+
+// addResolution queues a resolution's script (resolveScript) on a pipeline.
+func addResolution(ctx context.Context, p redis.Pipeliner, s settlement) *redis.Cmd {
+	keys := make([]string, 0, 2+len(s.items))
+	args := make([]any, 0, 1+4*len(s.items))
+	keys = append(keys, "ig:"+tag(s.tenant)+":settled:"+s.id, markersKey(s.tenant))
+	args = append(args, settledMarkerTTL.Milliseconds(), s.resolves)
+	for _, it := range s.items {
+		keys = append(keys, it.key)
+		args = append(args, it.index, it.used, it.sent, it.ttl)
+	}
+	return resolveScript.EvalSha(ctx, p, keys, args...)
 }
 
 // failedSettlements picks the settlements whose command failed, for another attempt (safe: settling is
@@ -537,3 +621,41 @@ func passing(err error) bool {
 }
 
 func (b *redisBackend) ping(ctx context.Context) error { return b.client.Ping(ctx).Err() }
+
+// admissionMarkerTTL is how long an admission's marker lives (admitScript): longer than a request, so that a
+// lost reply is resolved exactly; a settlement deletes it sooner.
+const admissionMarkerTTL = 10 * time.Minute
+
+// markersKey names the hash of a tenant's admission markers (field: ticket id), in its tenant's slot.
+func markersKey(tenant string) string { return "ig:" + tag(tenant) + ":admitted" }
+
+// counterTTL is the expiry a counter created by a replay or a resolution gets: what admission gives it.
+func counterTTL(e *entry) time.Duration {
+	ttl := e.window
+	if e.kind == KindRequests || e.kind == KindTokens {
+		ttl = 2 * e.window // window keys live two windows
+	}
+	return max(ttl, time.Second)
+}
+
+// resolveAsync queues the resolution of an admission whose reply was lost (resolveScript): each counter entry
+// brought to used[i], given what the lost attempt sent (sent[i]).
+func (b *redisBackend) resolveAsync(t *Ticket, sent, used []int64) {
+	var items []settleItem
+	for i := range t.entries {
+		e := &t.entries[i]
+		if e.kind == KindConcurrency {
+			continue // freeLostSlots freed its slots
+		}
+		items = append(items, settleItem{key: e.key, kind: e.kind, index: i + 1, used: used[i], sent: sent[i],
+			ttl: counterTTL(e).Milliseconds()})
+	}
+	if len(items) == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.pending = append(b.pending, settlement{tenant: t.Tenant, id: t.ID + ":resolved", items: items, resolves: t.ID})
+	b.trimHeld()
+	b.mu.Unlock()
+	b.wakeFlusher()
+}
