@@ -288,7 +288,11 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 	l.local.settle(t, deltas)
 	if t.local {
 		if t.ambiguous {
-			l.redis.resolveAsync(t, t.lostSent, usedPerEntry(t, tokens, costMicros))
+			used := make([]int64, len(t.entries))
+			for i := range t.entries {
+				used[i] = t.entries[i].use(tokens, costMicros)
+			}
+			l.redis.resolveAsync(t, t.lostSent, used)
 		}
 		return
 	}
@@ -301,23 +305,6 @@ func (l *Limiter) Settle(t *Ticket, tokens, costMicros int64) {
 
 // kindMark is the settle item that deletes an admission's marker.
 const kindMark = "mark"
-
-// usedPerEntry is what a finished request really used of each entry: its tokens, its cost, and the one
-// request it was.
-func usedPerEntry(t *Ticket, tokens, costMicros int64) []int64 {
-	out := make([]int64, len(t.entries))
-	for i, e := range t.entries {
-		switch e.kind {
-		case KindTokens, KindConversation:
-			out[i] = tokens
-		case KindSpend:
-			out[i] = costMicros
-		case KindRequests:
-			out[i] = e.amount
-		}
-	}
-	return out
-}
 
 // refill tops up leases that ran low, off the request path. A failure is left for the next admission that
 // needs Redis to discover: the leases simply stay low.

@@ -204,18 +204,30 @@ func windowID(now time.Time, window time.Duration) string {
 	return strconv.FormatInt(now.UnixMilli()/window.Milliseconds(), 10)
 }
 
-// settleDeltas returns, per entry, the correction to apply when the real usage is known.
+// settleDeltas returns, per entry, the correction to apply when the real usage is known: what the request used
+// less what was reserved (none for a concurrency slot, which is freed instead).
 func settleDeltas(t *Ticket, tokens, costMicros int64) []int64 {
 	out := make([]int64, len(t.entries))
-	for i, e := range t.entries {
-		switch e.kind {
-		case KindTokens, KindConversation:
-			out[i] = tokens - e.amount
-		case KindSpend:
-			out[i] = costMicros - e.amount
+	for i := range t.entries {
+		if e := &t.entries[i]; e.kind != KindConcurrency {
+			out[i] = e.use(tokens, costMicros) - e.amount
 		}
 	}
 	return out
+}
+
+// use is what a finished request really used of the entry: its tokens, its cost, the one request it was (as
+// reserved); nothing of a concurrency slot.
+func (e *entry) use(tokens, costMicros int64) int64 {
+	switch e.kind {
+	case KindTokens, KindConversation:
+		return tokens
+	case KindSpend:
+		return costMicros
+	case KindRequests:
+		return e.amount
+	}
+	return 0
 }
 
 // Error says which limit refused the request: a Rejection is the quota stage's neutral error.

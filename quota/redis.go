@@ -17,10 +17,10 @@ import (
 // admitScript checks every limit and, only if all pass, reserves them: atomic, one round trip. Then it grants
 // lease top-ups (see lease.go) best-effort: as much of each entry's extra as fits under its limit.
 // KEYS: one per entry, then the tenant's admission markers (a hash). ARGV: now_ms, reservation id, concurrency
-// ttl_ms, marker ttl_ms (0: no marker), then per entry kind, limit, amount, window_ms, extra. An amount of 0 (already covered by
-// this gateway's lease) is not checked. A concurrency entry's own slot is the member id, its extra slots id:1,
-// id:2, ... An admission that reserved writes its marker, holding the extras granted: a reply lost after the
-// script ran is then resolved exactly (resolveScript) instead of guessed.
+// ttl_ms, marker ttl_ms (0: no marker), then per entry kind, limit, amount, window_ms, extra. An amount of 0
+// (already covered by this gateway's lease) is not checked. A concurrency entry's own slot is the member id, its
+// extra slots id:1, id:2, ... An admission that reserved writes its marker, holding the extras granted: a reply
+// lost after the script ran is then resolved exactly (resolveScript) instead of guessed.
 // Returns {1, granted extra per entry..., counter after this admission per entry (-1 where it was not read)...}
 // or {0, entry index (1-based), used, limit, reset_ms}.
 var admitScript = redis.NewScript(`
@@ -164,11 +164,8 @@ func (b *redisBackend) replay(ctx context.Context, items []replay) error {
 	}
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, it := range items {
-			ttl := it.window
-			if strings.Contains(it.key, ":rps:") || strings.Contains(it.key, ":tpm:") {
-				ttl = 2 * it.window // window keys live two windows, as the admission script gives them
-			}
-			replayScript.Eval(ctx, p, []string{it.key}, it.amount, max(ttl, time.Second).Milliseconds())
+			windowed := strings.Contains(it.key, ":rps:") || strings.Contains(it.key, ":tpm:")
+			replayScript.Eval(ctx, p, []string{it.key}, it.amount, counterTTL(windowed, it.window).Milliseconds())
 		}
 		return nil
 	})
@@ -427,11 +424,16 @@ func (b *redisBackend) take(n int) []settlement {
 // settleAsync queues a settlement; the flusher sends queued settlements together in one pipeline, so settling
 // costs a fraction of a round trip per request.
 func (b *redisBackend) settleAsync(tenant, id string, items []settleItem) {
-	if len(items) == 0 {
+	b.enqueue(settlement{tenant: tenant, id: id, items: items})
+}
+
+// enqueue queues a settlement (or a resolution) for the flusher, waking it when it may be idle.
+func (b *redisBackend) enqueue(s settlement) {
+	if len(s.items) == 0 {
 		return
 	}
 	b.mu.Lock()
-	b.pending = append(b.pending, settlement{tenant: tenant, id: id, items: items})
+	b.pending = append(b.pending, s)
 	b.trimHeld()
 	n := len(b.pending)
 	b.mu.Unlock()
@@ -629,13 +631,13 @@ const admissionMarkerTTL = 10 * time.Minute
 // markersKey names the hash of a tenant's admission markers (field: ticket id), in its tenant's slot.
 func markersKey(tenant string) string { return "ig:" + tag(tenant) + ":admitted" }
 
-// counterTTL is the expiry a counter created by a replay or a resolution gets: what admission gives it.
-func counterTTL(e *entry) time.Duration {
-	ttl := e.window
-	if e.kind == KindRequests || e.kind == KindTokens {
-		ttl = 2 * e.window // window keys live two windows
+// counterTTL is the expiry a counter created by a replay or a resolution gets, as the admission script gives
+// it: window keys (requests and tokens per window) live two windows, the others their period.
+func counterTTL(windowed bool, window time.Duration) time.Duration {
+	if windowed {
+		window *= 2
 	}
-	return max(ttl, time.Second)
+	return max(window, time.Second)
 }
 
 // resolveAsync queues the resolution of an admission whose reply was lost (resolveScript): each counter entry
@@ -648,14 +650,7 @@ func (b *redisBackend) resolveAsync(t *Ticket, sent, used []int64) {
 			continue // freeLostSlots freed its slots
 		}
 		items = append(items, settleItem{key: e.key, kind: e.kind, index: i + 1, used: used[i], sent: sent[i],
-			ttl: counterTTL(e).Milliseconds()})
+			ttl: counterTTL(e.kind == KindRequests || e.kind == KindTokens, e.window).Milliseconds()})
 	}
-	if len(items) == 0 {
-		return
-	}
-	b.mu.Lock()
-	b.pending = append(b.pending, settlement{tenant: t.Tenant, id: t.ID + ":resolved", items: items, resolves: t.ID})
-	b.trimHeld()
-	b.mu.Unlock()
-	b.wakeFlusher()
+	b.enqueue(settlement{tenant: t.Tenant, id: t.ID + ":resolved", items: items, resolves: t.ID})
 }
