@@ -36,7 +36,7 @@ bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go m
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
 .PHONY: bench-admission
-bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO (≈ 14 min; table for BENCHMARKS.md)
+bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO, and with the gateways starved of CPU (≈ 20 min; table for BENCHMARKS.md)
 	$(GO) run ./test/admissionbench -runs 3
 
 .PHONY: bench-fleet

@@ -13,6 +13,7 @@ import (
 // first served.
 type band struct {
 	priority int
+	late     bool // its requests are past their due time (modelQueue.band)
 	minShare float64
 	credit   float64 // starts owed to this band by its minimum share
 	vclock   float64

@@ -3,10 +3,20 @@
 // first served within a tenant, each request bounded by a deadline after which the director degrades or sheds
 // it. The queue knows nothing of endpoints: an entry's Try says whether it found room, and whoever frees room
 // (a request settling, a fresh scrape of engine metrics) kicks the queue to try again.
+//
+// Tier order is an invariant, not a tuning: a request is never shed for want of time while a request of lower
+// priority waits for the same model. When a request's time runs short (it could no longer start in time for its
+// target), it goes elsewhere if it can (Elsewhere: a cheaper model, a managed API); if not, the newest request
+// of the lowest priority below it gives up its place instead (Yielded), and the late request keeps its own
+// until it starts or reaches its hard deadline. Only when nothing lower waits is a late request shed, so that
+// its place goes to requests of its own priority that can still be on time. A gateway starved of CPU, whose
+// requests all look late, therefore sheds from the bottom up.
 package admission
 
 import (
+	"cmp"
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -19,14 +29,17 @@ type Result int
 
 // The ways a wait ends.
 const (
-	Started Result = iota + 1 // Try found room: the request is routed
-	Expired                   // its deadline came, or it could not have started by it
-	Full                      // the queue was full (or the entry was evicted for a higher priority)
-	Aborted                   // the client went away
-	Removed                   // a policy reload removed its model
+	Started  Result = iota + 1 // Try found room: the request is routed
+	Expired                    // its deadline came, or it could not have started by it
+	Full                       // the queue was full (or the entry was evicted for a higher priority)
+	Aborted                    // the client went away
+	Removed                    // a policy reload removed its model
+	Yielded                    // it gave up its place to a higher-priority request that was short of time
+	Degraded                   // short of time, it went elsewhere (Entry.Elsewhere)
 )
 
-var resultNames = map[Result]string{Started: "started", Expired: "expired", Full: "full", Aborted: "aborted", Removed: "removed"}
+var resultNames = map[Result]string{Started: "started", Expired: "expired", Full: "full", Aborted: "aborted",
+	Removed: "removed", Yielded: "yielded", Degraded: "degraded"}
 
 func (r Result) String() string { return resultNames[r] }
 
@@ -38,12 +51,22 @@ type Entry struct {
 	// Cost is what the request counts for against its tier's other tenants (its estimated tokens).
 	Cost int64
 	// Bytes is the body the gateway holds while it waits.
-	Bytes    int64
+	Bytes int64
+	// Deadline is the hard end of the wait: the longest the tenant's policy or the client lets it wait.
 	Deadline time.Time
+	// Due is when starting later makes the request late for its target (zero: Deadline). A request past it
+	// still waits while any lower-priority request of its model waits (the lowest of them yields its place);
+	// with none, it is shed.
+	Due time.Time
 	// Try places the request if some endpoint has room now, and says whether it did (Placed), could not yet
 	// (NoRoom) or never will (Gone: what it was allowed to use is no longer there). The queue calls it with its
 	// lock held, one entry at a time in queue order, so it must be quick and must not call the queue.
 	Try func() TryResult
+	// Elsewhere, when set, places the request somewhere other than its model's own endpoints (a cheaper
+	// model, a managed API) and says whether it did: called, like Try, with the queue's lock held, when the
+	// request's time runs short and before anyone yields to it, since a request that can go elsewhere in time
+	// need not take a lower tier's place.
+	Elsewhere func() bool
 
 	result   Result
 	done     chan struct{}
@@ -54,6 +77,15 @@ type Entry struct {
 	stop     func() bool
 	band     *band
 	started  bool
+	late     bool // past Due, kept because a lower-priority request yielded its place
+}
+
+// due is when e becomes late: Due, or its Deadline when it has none or a later one.
+func (e *Entry) due() time.Time {
+	if e.Due.IsZero() || e.Due.After(e.Deadline) {
+		return e.Deadline
+	}
+	return e.Due
 }
 
 // TryResult is what an entry's Try found.
@@ -99,6 +131,9 @@ func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
 type Queue struct {
 	clock   Clock
 	metrics *Metrics
+	// onEnd, when set, sees every wait end (and every refusal at the door) under the queue's lock: the tests
+	// check the queue's invariants with it.
+	onEnd func(mq *modelQueue, e *Entry, r Result)
 
 	mu     sync.Mutex
 	models map[string]*modelQueue
@@ -127,6 +162,9 @@ func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
 	q.mu.Lock()
 	mq := q.model(e.Model)
 	if out, ok := q.refuse(mq, e, lim, now); !ok {
+		if q.onEnd != nil {
+			q.onEnd(mq, e, out.Result)
+		}
 		q.mu.Unlock()
 		q.metrics.finished(e, out.Result, 0)
 		return out
@@ -135,7 +173,7 @@ func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
 	q.metrics.enqueued(e)
 	mq.dispatch(q, now) // room may have come since the caller looked
 	if e.result == 0 {
-		e.stop = q.clock.AfterFunc(e.Deadline.Sub(now), func() { q.expire(e) })
+		q.arm(e, now)
 	}
 	q.mu.Unlock()
 
@@ -150,7 +188,7 @@ func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
 		<-e.done
 	}
 	out := Outcome{Result: e.result, Waited: q.clock.Now().Sub(e.enqueued)}
-	if e.result == Expired || e.result == Full {
+	if e.result == Expired || e.result == Full || e.result == Yielded {
 		q.mu.Lock()
 		out.RetryAfter = mq.retryAfter(q.clock.Now())
 		q.mu.Unlock()
@@ -159,22 +197,68 @@ func (q *Queue) Wait(ctx context.Context, e *Entry, lim Limits) Outcome {
 }
 
 // refuse decides, before e joins the queue, whether it cannot: the queue is full of requests of its priority
-// or higher (a lower one is evicted to make room), or at the drain rate it could not start in time.
+// or higher (a lower one is evicted to make room), or at the drain rate it could not start before its hard
+// deadline, or it is late already (or would be) and no request of lower priority waits to yield it its place.
 func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Outcome, bool) {
+	expired := Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}
 	if !e.Deadline.After(now) {
-		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
+		return expired, false
 	}
-	if wait, ok := mq.predictedWait(e.Class.Priority, now); ok && now.Add(wait).After(e.Deadline) {
-		return Outcome{Result: Expired, RetryAfter: mq.retryAfter(now)}, false
+	wait, known := mq.predictedWait(e.Class.Priority, now)
+	if known && now.Add(wait).After(e.Deadline) {
+		return expired, false
 	}
 	full := func() bool { return mq.length+1 > lim.Length || mq.bytes+e.Bytes > lim.Bytes }
 	if e.Bytes > lim.Bytes || (full() && !mq.canEvictFor(e, lim)) {
 		return Outcome{Result: Full, RetryAfter: mq.retryAfter(now)}, false
 	}
+	if late := !e.due().After(now) || (known && now.Add(wait).After(e.due())); late {
+		if e.Elsewhere != nil && e.Elsewhere() {
+			return Outcome{Result: Degraded}, false
+		}
+		v := mq.yielder(e.Class.Priority, nil)
+		if v == nil {
+			return expired, false
+		}
+		q.finish(mq, v, Yielded)
+		e.late = true
+	}
 	for full() { // the lower-priority requests evicted for e are enough to take it: canEvictFor said so
 		q.finish(mq, mq.lowest(), Full)
 	}
 	return Outcome{}, true
+}
+
+// arm sets e's timer: to its Due, or to its Deadline once it is late or has no earlier Due.
+func (q *Queue) arm(e *Entry, now time.Time) {
+	if !e.late && e.due().Before(e.Deadline) {
+		e.stop = q.clock.AfterFunc(e.due().Sub(now), func() { q.lateNow(e) })
+		return
+	}
+	e.stop = q.clock.AfterFunc(e.Deadline.Sub(now), func() { q.expire(e) })
+}
+
+// lateNow is e's Due come while it waits: it goes elsewhere if it can, or the lowest request below it yields
+// its place and e waits on to its Deadline, or, with none below it, e expires.
+func (q *Queue) lateNow(e *Entry) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.result != 0 {
+		return
+	}
+	mq := q.models[e.Model]
+	if e.Elsewhere != nil && e.Elsewhere() {
+		q.finish(mq, e, Degraded)
+		return
+	}
+	v := mq.yielder(e.Class.Priority, nil)
+	if v == nil {
+		q.finish(mq, e, Expired)
+		return
+	}
+	q.finish(mq, v, Yielded)
+	mq.becomeLate(e)
+	q.arm(e, q.clock.Now())
 }
 
 func (q *Queue) model(name string) *modelQueue {
@@ -189,6 +273,9 @@ func (q *Queue) model(name string) *modelQueue {
 // finish ends e's wait with r: it leaves the queue and its waiter wakes.
 func (q *Queue) finish(mq *modelQueue, e *Entry, r Result) {
 	mq.remove(e)
+	if q.onEnd != nil {
+		q.onEnd(mq, e, r)
+	}
 	e.result = r
 	if e.stop != nil {
 		e.stop()
@@ -272,8 +359,10 @@ type modelQueue struct {
 
 func (mq *modelQueue) push(e *Entry) {
 	e.seq = mq.joined + 1
-	b := mq.band(e.Class.Priority)
-	b.minShare = max(b.minShare, e.Class.MinShare)
+	b := mq.band(e.Class.Priority, e.late)
+	if !e.late {
+		b.minShare = max(b.minShare, e.Class.MinShare)
+	}
 	b.push(e)
 	e.band = b
 	mq.length++
@@ -281,12 +370,35 @@ func (mq *modelQueue) push(e *Entry) {
 	mq.joined++
 }
 
-func (mq *modelQueue) band(priority int) *band {
-	i, found := slices.BinarySearchFunc(mq.bands, priority, func(b *band, p int) int { return p - b.priority })
+// band is priority's band of requests on time, or of late ones: bands go by priority, highest first, and a
+// priority's late requests after its requests that can still be on time (they have missed their target
+// already; starting them first would make the others miss it too), but before any lower priority.
+func (mq *modelQueue) band(priority int, late bool) *band {
+	i, found := slices.BinarySearchFunc(mq.bands, priority, func(b *band, p int) int {
+		return cmp.Or(cmp.Compare(p, b.priority), cmp.Compare(lateRank(b.late), lateRank(late)))
+	})
 	if !found {
-		mq.bands = slices.Insert(mq.bands, i, &band{priority: priority, tenants: map[string]*tenantQueue{}})
+		mq.bands = slices.Insert(mq.bands, i, &band{priority: priority, late: late, tenants: map[string]*tenantQueue{}})
 	}
 	return mq.bands[i]
+}
+
+func lateRank(late bool) int {
+	if late {
+		return 1
+	}
+	return 0
+}
+
+// becomeLate moves a waiting e to its priority's late band, keeping its arrival order.
+func (mq *modelQueue) becomeLate(e *Entry) {
+	if e.late || e.band == nil || !e.band.remove(e) {
+		return
+	}
+	e.late = true
+	b := mq.band(e.Class.Priority, true)
+	b.push(e)
+	e.band = b
 }
 
 func (mq *modelQueue) remove(e *Entry) {
@@ -314,7 +426,9 @@ const sweepEvery = 100 * time.Millisecond
 // deadline behind those ahead of them in queue order at the measured drain rate — a lower bound of their wait,
 // since later arrivals of higher priority may still pass them. They would only wait out their deadline and
 // keep the requests behind them of their tenant waiting too (after an overload, the queue drains that much
-// sooner). The first in line is always kept.
+// sooner). One that would start after its Due but before its Deadline is late: as at its Due, it goes
+// elsewhere, or the lowest request below it yields its place, or it expires when none is below it. The first
+// in line is always kept.
 func (mq *modelQueue) shedHopeless(q *Queue, now time.Time) {
 	if mq.length < 2 || now.Sub(mq.swept) < sweepEvery {
 		return
@@ -324,20 +438,47 @@ func (mq *modelQueue) shedHopeless(q *Queue, now time.Time) {
 	if !ok {
 		return
 	}
-	var hopeless []*Entry
+	ends := map[*Entry]Result{}
+	var late []*Entry
 	ahead := 0
 	for _, b := range mq.bands {
 		for _, e := range b.inOrder() {
-			wait := time.Duration(float64(ahead+1) / rate * float64(time.Second))
-			if ahead > 0 && now.Add(wait).After(e.Deadline) {
-				hopeless = append(hopeless, e)
+			if _, ending := ends[e]; ending {
 				continue
+			}
+			at := now.Add(time.Duration(float64(ahead+1) / rate * float64(time.Second)))
+			switch {
+			case ahead == 0:
+			case at.After(e.Deadline):
+				ends[e] = Expired
+				continue
+			case !e.late && at.After(e.due()):
+				if e.Elsewhere != nil && e.Elsewhere() {
+					ends[e] = Degraded
+					continue
+				}
+				v := mq.yielder(e.Class.Priority, ends)
+				if v == nil {
+					ends[e] = Expired
+					continue
+				}
+				ends[v] = Yielded
+				late = append(late, e)
 			}
 			ahead++
 		}
 	}
-	for _, e := range hopeless {
-		q.finish(mq, e, Expired)
+	// The lowest first: a late request with none below it left to yield ends after those below it.
+	order := slices.SortedFunc(maps.Keys(ends), func(x, y *Entry) int {
+		return cmp.Or(cmp.Compare(x.Class.Priority, y.Class.Priority), cmp.Compare(x.seq, y.seq))
+	})
+	for _, e := range order {
+		q.finish(mq, e, ends[e])
+	}
+	for _, e := range late {
+		mq.becomeLate(e)
+		e.stop()
+		q.arm(e, now) // to its Deadline now
 	}
 }
 
@@ -409,6 +550,28 @@ func (mq *modelQueue) canEvictFor(e *Entry, lim Limits) bool {
 	return length+1 <= lim.Length && bytes+e.Bytes <= lim.Bytes
 }
 
+// yielder is the request that gives up its place to a late one of priority p: the newest of the lowest band
+// below p, skipping those already ending; nil when none waits below p.
+func (mq *modelQueue) yielder(p int, ending map[*Entry]Result) *Entry {
+	for i := len(mq.bands) - 1; i >= 0 && mq.bands[i].priority < p; i-- {
+		b := mq.bands[i]
+		if b.count == 0 {
+			continue
+		}
+		if len(ending) == 0 {
+			return b.newest()
+		}
+		in := b.inOrder()
+		slices.SortFunc(in, func(x, y *Entry) int { return cmp.Compare(y.seq, x.seq) })
+		for _, e := range in {
+			if _, ok := ending[e]; !ok {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
 // lowest is the entry to give up first: the newest of the lowest band's most recent tenant.
 func (mq *modelQueue) lowest() *Entry {
 	for i := len(mq.bands) - 1; i >= 0; i-- {
@@ -419,8 +582,8 @@ func (mq *modelQueue) lowest() *Entry {
 	return nil
 }
 
-// predictedWait is how long a request of priority p would wait behind those of its priority or higher, at the
-// measured drain rate; false while the rate is unknown.
+// predictedWait is how long a request of priority p would wait behind those of higher priority and those of its
+// own that are on time, at the measured drain rate; false while the rate is unknown.
 func (mq *modelQueue) predictedWait(p int, now time.Time) (time.Duration, bool) {
 	rate, ok := mq.drain.perSecond(now)
 	if !ok {
@@ -428,7 +591,7 @@ func (mq *modelQueue) predictedWait(p int, now time.Time) (time.Duration, bool) 
 	}
 	ahead := 0
 	for _, b := range mq.bands {
-		if b.priority >= p {
+		if b.priority > p || (b.priority == p && !b.late) {
 			ahead += b.count
 		}
 	}

@@ -65,6 +65,8 @@ type entry struct {
 	class        policies.QueueClass
 	cost, bytes  int64
 	wait         time.Duration
+	due          time.Duration // from now; 0: none (the wait's end)
+	elsewhere    func() bool
 	ctx          context.Context
 }
 
@@ -85,11 +87,16 @@ func (h *harness) enqueue(e entry) {
 	}
 	// Queued (joined) or refused at the door (answered): a previous entry settling late must not count.
 	before := h.q.Joined("m")
+	now := h.clock.Now()
+	var due time.Time
+	if e.due != 0 {
+		due = now.Add(max(0, e.due)) // a negative due is late at the door
+	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		out := h.q.Wait(e.ctx, &Entry{Model: "m", Tenant: e.tenant, Class: e.class, Cost: e.cost, Bytes: e.bytes,
-			Deadline: h.clock.Now().Add(e.wait), Try: h.room.try(e.name)}, h.lim)
+			Deadline: now.Add(e.wait), Due: due, Try: h.room.try(e.name), Elsewhere: e.elsewhere}, h.lim)
 		h.mu.Lock()
 		h.out[e.name] = out
 		h.mu.Unlock()

@@ -149,6 +149,7 @@ type Route struct {
 	requestID string
 	started   time.Time
 	queued    time.Duration
+	placed    time.Time // when a queueing policy's request was placed: its start latency runs from here
 	endpoint  openai.Endpoint
 	targets   policies.Targets
 	prompt    int64 // estimated prompt tokens
@@ -230,6 +231,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 		return refusal
 	}
 	rt.Decision = dec
+	if in.Queueing {
+		rt.placed = d.opts.Now()
+	}
 	if served := dec.Served(); served != body.Model {
 		rt.Edits.Model = served
 	}

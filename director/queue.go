@@ -2,6 +2,7 @@ package director
 
 import (
 	"context"
+	"time"
 
 	"github.com/infergate/infergate/admission"
 	"github.com/infergate/infergate/picker"
@@ -22,19 +23,29 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	if req.MaxQueueWait > 0 {
 		maxWait = min(maxWait, req.MaxQueueWait)
 	}
-	if ttft := rt.targets.TTFT; ttft > 0 {
-		// Started later than this, the request would reach its first token too late to be good.
-		maxWait = min(maxWait, max(0, ttft-d.starts.bound(name)))
-	}
 	arrived := req.Started
 	if arrived.IsZero() {
 		arrived = d.opts.Now()
 	}
+	var due time.Time
+	if ttft := rt.targets.TTFT; ttft > 0 {
+		// Started later than this, the request would reach its first token too late to be good: it waits on
+		// only while requests of lower priority wait (admission/queue.go).
+		due = arrived.Add(max(0, ttft-d.starts.bound(name)))
+	}
 	class := snap.QueueClass(req.Tenant)
 	var placed *policies.Model
 	var dec picker.Decision
+	elsewhere := func() bool { // short of time: a cheaper model or the managed API, as degrade below
+		got, m, ok := d.elsewhere(snap, rt, in)
+		if ok {
+			dec, placed = got, m
+			d.count(&rt.inFlight, got.Target(m.Name)) // before the queue tries the next request
+		}
+		return ok
+	}
 	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
-		Deadline: arrived.Add(maxWait), Try: func() admission.TryResult {
+		Deadline: arrived.Add(maxWait), Due: due, Try: func() admission.TryResult {
 			cur, tin := d.current(snap, in)
 			m, ok := cur.Model(name)
 			if !ok || tin.Tenant == nil || !cur.AllowsName(tin.Tenant, in.Request.Model) {
@@ -48,7 +59,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 			dec, placed = got, m
 			d.count(&rt.inFlight, got.Target(m.Name)) // before the queue tries the next request
 			return admission.Placed
-		}}
+		}, Elsewhere: elsewhere}
 	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
 	rt.queued = out.Waited
 	switch out.Result {
@@ -64,8 +75,34 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 		return picker.Decision{}, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
 	case admission.Removed:
 		return picker.Decision{}, &Refusal{Reason: ModelNotFound, Model: name, Tenant: req.Tenant.Name}
+	case admission.Degraded:
+		q.Metrics().Result(name, policies.TierOf(req.Tenant), "degraded", admission.Expired.String())
+		if ctx.Err() != nil {
+			d.uncount(&rt.inFlight, placed.Name)
+			return picker.Decision{}, &Refusal{Reason: ClientGone, Model: name, Tenant: req.Tenant.Name, Err: ctx.Err()}
+		}
+		rt.Model = placed
+		return dec, nil
 	}
 	return d.degrade(req, rt, in, out)
+}
+
+// elsewhere places a request its own model has no room for in time on the cheaper model its tier names for
+// this one, when that has room, or on the model's managed fallback, when the policy lets it take saturation;
+// it returns the model the request is then served as.
+func (d *Director) elsewhere(snap *policies.Snapshot, rt *Route, in picker.Input) (picker.Decision, *policies.Model, bool) {
+	model := rt.Model
+	if to, ok := snap.DegradeTo(in.Tenant, model); ok {
+		tin := in
+		tin.Model, tin.Adapter, tin.Split = to, "", nil // another model: the rollout's split is not its own
+		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
+			return dec, to, true
+		}
+	}
+	if dec, ok := picker.SaturatedFallback(model, in.Adapter); ok {
+		return dec, model, true
+	}
+	return picker.Decision{}, nil, false
 }
 
 // current is the snapshot a queued request is placed under: the live one, with the tenant as it now reads
@@ -84,19 +121,11 @@ func (d *Director) current(snap *policies.Snapshot, in picker.Input) (*policies.
 // this one, when that has room; the model's managed fallback, when the policy lets it take saturation;
 // otherwise it is shed with a 429 whose retry-after is the queue's drain time.
 func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome) (picker.Decision, *Refusal) {
-	snap, model, tier := req.Snapshot, rt.Model, policies.TierOf(req.Tenant)
+	model, tier := rt.Model, policies.TierOf(req.Tenant)
 	metrics, why := d.opts.Queue.Metrics(), out.Result.String()
-	if to, ok := snap.DegradeTo(req.Tenant, model); ok {
-		tin := in
-		tin.Model, tin.Adapter, tin.Split = to, "", nil // another model: the rollout's split is not its own
-		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
-			metrics.Result(model.Name, tier, "degraded", why)
-			rt.Model = to
-			return dec, nil
-		}
-	}
-	if dec, ok := picker.SaturatedFallback(model, in.Adapter); ok {
+	if dec, to, ok := d.elsewhere(req.Snapshot, rt, in); ok {
 		metrics.Result(model.Name, tier, "degraded", why)
+		rt.Model = to
 		return dec, nil
 	}
 	metrics.Result(model.Name, tier, "shed", why)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"time"
 
 	"github.com/infergate/infergate/admission"
@@ -438,5 +440,63 @@ func TestQueuedRequestWaitsForATimelyEndpoint(t *testing.T) {
 	r.clock.Advance(300 * time.Millisecond)
 	if res := get(t, c); res.err != nil || res.rt.Decision.Fallback == nil {
 		t.Fatalf("at the deadline: %v %+v, want the managed fallback", res.err, res.rt)
+	}
+}
+
+// An enterprise request whose TTFT target runs out while a free request waits for the same model, with nowhere
+// else to go, keeps its place: the free request is shed in its stead (it yielded), and the enterprise request
+// starts at the next room rather than being shed while the free one waited.
+func TestLateRequestKeepsItsPlaceOverALowerTier(t *testing.T) {
+	r := newQueueRig(t, 4)
+	free := r.queued(context.Background(), "sk-free", "small")
+	ent := r.queued(context.Background(), "sk-ent", "small")
+	r.clock.Advance(300 * time.Millisecond) // the enterprise TTFT target, with no start latency learnt yet
+	var nc *picker.NoCapacity
+	if rf := refusalOf(get(t, free).err); rf == nil || rf.Reason != NoCapacity || !errors.As(rf.Err, &nc) || !nc.Saturated {
+		t.Fatalf("free: %v, want shed as saturated", rf)
+	}
+	select {
+	case res := <-ent:
+		t.Fatalf("enterprise left the queue: %v", res.err)
+	default:
+	}
+	if got := testutil.ToFloat64(r.queue.Metrics().Results.WithLabelValues("small", "free", "shed", "yielded")); got != 1 {
+		t.Errorf("free shed for yielding counted %v times, want 1", got)
+	}
+	r.engines.set(small1, 0)
+	r.queue.KickAll()
+	if res := get(t, ent); res.err != nil || res.rt.Decision.Endpoints[0] != small1 {
+		t.Fatalf("enterprise: %v, want it started on small", res.err)
+	}
+}
+
+// A late request that can go elsewhere does so at its due time, and no lower tier yields to it: enterprise
+// overflows to the managed API at its TTFT target while the pro request below it keeps waiting.
+func TestLateRequestGoesElsewhereBeforeALowerTierYields(t *testing.T) {
+	r := newQueueRig(t, 4)
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 1s", 1))
+	pro := r.queued(context.Background(), "sk-pro", "big")
+	ent := r.queued(context.Background(), "sk-ent", "big")
+	r.clock.Advance(300 * time.Millisecond)
+	if res := get(t, ent); res.err != nil || res.rt.Decision.Fallback == nil {
+		t.Fatalf("enterprise: %v, want it on the managed API", res.err)
+	}
+	select {
+	case res := <-pro:
+		t.Fatalf("pro left the queue: %v", res.err)
+	default:
+	}
+	if got := testutil.ToFloat64(r.queue.Metrics().Results.WithLabelValues("big", "enterprise", "degraded", "expired")); got != 1 {
+		t.Errorf("enterprise degraded counted %v times, want 1", got)
+	}
+	r.engines.set(big1, 0)
+	r.queue.KickAll()
+	if res := get(t, pro); res.err != nil {
+		t.Fatalf("pro: %v", res.err)
 	}
 }

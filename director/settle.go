@@ -143,8 +143,10 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	st.Usage, st.Reported, st.CostUSD = usage, o.Reported, cost
 	st.Timing = timingOf(rt, o, usage)
 	st.Good = good(st)
-	if d.opts.Queue != nil && st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 && rt.Decision.Fallback == nil {
-		d.starts.observe(model.Name, st.Timing.TTFT-st.Timing.Queued)
+	if !rt.placed.IsZero() && st.Outcome == OutcomeOK && o.Chunked && !o.FirstContent.IsZero() && rt.Decision.Fallback == nil {
+		// From placement, not arrival: the time before the queue (the body, quotas) is already behind a
+		// waiting request, and counting it again would shorten every wait by it.
+		d.starts.observe(model.Name, o.FirstContent.Sub(rt.placed))
 	}
 	st.PromptSHA256, st.OutputSHA256, st.TraceID = o.PromptSHA256, o.OutputSHA256, o.TraceID
 	if est := rt.Decision.EstimatedPromptTokens; est > 0 {

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// startLatency learns, per model, how long a request takes from leaving the admission queue to its first
-// token: the engine's own queue and the prefill. A queued request may wait only what is left of its TTFT
+// startLatency learns, per model, how long a request takes from its placement (leaving the admission queue) to
+// its first token: the engine's own queue and the prefill, and the gateway's answer to the data plane. A queued request may wait only what is left of its TTFT
 // target after that, or it would start in time to miss it. The estimate is the smoothed mean plus the
 // smoothed mean deviation (gains 1/8, as TCP smooths round-trip times), each observation capped at four
 // times the mean: one slow request moves it little, a fleet that slows down moves it within a dozen.

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/infergate/infergate/test/e2e"
 	"github.com/infergate/infergate/test/loadgen"
 )
 
@@ -38,11 +37,11 @@ type load struct {
 	samples []sample
 }
 
-func newLoad(reps []*e2e.Replica, singleTenant bool) *load {
+func newLoad(reps []gatewayReplica, singleTenant bool) *load {
 	l := &load{singleTenant: singleTenant, client: &http.Client{Timeout: 2 * time.Minute,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}}
 	for _, r := range reps {
-		l.urls = append(l.urls, r.URL+"/v1/chat/completions")
+		l.urls = append(l.urls, r.url+"/v1/chat/completions")
 	}
 	return l
 }

@@ -5,6 +5,8 @@
 // 0.5×, and reports medians of -runs with the targets met or not.
 //
 //	go run ./test/admissionbench            (make bench-admission)
+//
+// The starved rows run each gateway as a child process held to a fraction of one CPU (starved.go).
 package main
 
 import (
@@ -15,8 +17,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/gateway"
@@ -52,6 +57,7 @@ type bench struct {
 	// capacity is the requests per second the large model's fleet completes when saturated.
 	capacity    float64
 	uncontended time.Duration // TTFT p95 of an idle fleet
+	starve      *starvation   // the starved rows' busy loop and gateway binary (nil when none runs)
 }
 
 // The fleet: the model every tier asks for on two H200 replicas with small batches (so that a few dozen
@@ -81,6 +87,16 @@ func (b *bench) run(runs int) error {
 	if err := b.calibrate(ctx); err != nil {
 		return fmt.Errorf("calibration: %w", err)
 	}
+	if slices.ContainsFunc(variants, func(v variant) bool { return v.starved && v.selected(b.only) }) {
+		dir, err := os.MkdirTemp("", "admissionbench-bin")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if b.starve, err = newStarvation(b.root, dir); err != nil {
+			return err
+		}
+	}
 	results := map[string][]result{}
 	for r := range runs {
 		for _, v := range variants {
@@ -99,9 +115,18 @@ func (b *bench) run(runs int) error {
 	return nil
 }
 
+// gatewayReplica is one gateway under test as the load and the report see it: its data plane, and its
+// metrics.
+type gatewayReplica struct {
+	url    string
+	gather func() ([]*dto.MetricFamily, error)
+	pid    int // a starved gateway's process (0: in this process)
+}
+
 // stackFor starts a fleet and the variant's gateway replicas, each with its own data plane; all stop with ctx.
-func (b *bench) stackFor(ctx context.Context, v variant) ([]*e2e.Replica, error) {
-	fleet, err := fleetsim.Start(ctx, fleetConfig(b.timeScale))
+// A starved variant's gateways are child processes held to a fraction of a core (starved.go).
+func (b *bench) stackFor(ctx context.Context, v variant) ([]gatewayReplica, error) {
+	fleet, err := fleetsim.Start(ctx, fleetConfig(b.scale(v)))
 	if err != nil {
 		return nil, err
 	}
@@ -115,10 +140,13 @@ func (b *bench) stackFor(ctx context.Context, v variant) ([]*e2e.Replica, error)
 	}
 	go func() { <-ctx.Done(); _ = os.RemoveAll(dir) }()
 	path := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(path, []byte(v.policy(addrs, b.timeScale)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(v.policy(addrs, b.scale(v))), 0o600); err != nil {
 		return nil, err
 	}
-	var reps []*e2e.Replica
+	if v.starved {
+		return b.starvedReplicas(ctx, v, path, dir)
+	}
+	var reps []gatewayReplica
 	for range max(1, v.replicas) {
 		ecfg, err := envoysim.LoadFile(filepath.Join(b.root, "deploy/envoy/envoy-xds.yaml"))
 		if err != nil {
@@ -128,10 +156,46 @@ func (b *bench) stackFor(ctx context.Context, v variant) ([]*e2e.Replica, error)
 		if err != nil {
 			return nil, err
 		}
-		reps = append(reps, rep)
+		reps = append(reps, gatewayReplica{url: rep.URL, gather: rep.Gateway.Registry.Gather})
 	}
 	return reps, nil
 }
+
+// starvedReplicas starts the busy loop and the variant's starved gateways, their logs in dir.
+func (b *bench) starvedReplicas(ctx context.Context, v variant, policy, dir string) ([]gatewayReplica, error) {
+	if b.starve == nil {
+		return nil, fmt.Errorf("no starvation set up")
+	}
+	if err := b.starve.begin(ctx); err != nil {
+		return nil, err
+	}
+	var reps []gatewayReplica
+	for i := range max(1, v.replicas) {
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("infergate-%d.log", i)))
+		if err != nil {
+			return nil, err
+		}
+		go func() { <-ctx.Done(); logf.Close() }()
+		g, err := b.starve.startGateway(ctx, b.root, policy, logf)
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, gatewayReplica{url: g.url, gather: g.gather, pid: g.pid})
+	}
+	return reps, nil
+}
+
+// scale is the variant's real seconds per simulated second: the benchmark's, and twice it where the engines
+// run at half speed.
+func (b *bench) scale(v variant) float64 {
+	if v.starved {
+		return b.timeScale * starveSlowdown
+	}
+	return b.timeScale
+}
+
+// capacityOf is the large model's capacity in real requests per second at the variant's scale.
+func (b *bench) capacityOf(v variant) float64 { return b.capacity * b.timeScale / b.scale(v) }
 
 // beforeFor is how long each run takes 0.5× capacity before its overload, to learn the TTFT it returns to.
 const beforeFor = 6 * time.Second
@@ -178,7 +242,7 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	// Before the overload, the calm load the run returns to: the TTFT it has with this configuration.
 	before := newLoad(reps, v.singleTenant)
 	warmFrom := time.Now().Add(beforeFor / 2)
-	before.open(ctx, 0.5*b.capacity, beforeFor)
+	before.open(ctx, 0.5*b.capacityOf(v), beforeFor)
 	var calm []time.Duration
 	for _, s := range before.wait() {
 		if s.status == 200 && s.sent.After(warmFrom) {
@@ -188,20 +252,24 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	lg := newLoad(reps, v.singleTenant)
 	peaks := watchPeaks(ctx, reps)
 	start := time.Now()
-	lg.open(ctx, v.load*b.capacity, b.overload)
+	cpu := startCPUWatch(reps)
+	lg.open(ctx, v.load*b.capacityOf(v), b.overload)
 	calmFrom := time.Now()
-	lg.open(ctx, 0.5*b.capacity, b.after)
+	gatewayCPU := cpu.stop()
+	lg.open(ctx, 0.5*b.capacityOf(v), b.after)
 	samples := lg.wait()
 	if b.verbose {
 		dumpAdmission(reps)
 	}
-	return b.summarise(samples, start, calmFrom, percentile(calm, 0.95), peaks.stop()), nil
+	r := b.summarise(v, samples, start, calmFrom, percentile(calm, 0.95), peaks.stop())
+	r.gatewayCPU = gatewayCPU
+	return r, nil
 }
 
 // dumpAdmission prints what the gateways' admission queues counted.
-func dumpAdmission(reps []*e2e.Replica) {
+func dumpAdmission(reps []gatewayReplica) {
 	for i, r := range reps {
-		fams, _ := r.Gateway.Registry.Gather()
+		fams, _ := r.gather()
 		for _, f := range fams {
 			if !strings.HasPrefix(f.GetName(), "infergate_admission_results") && f.GetName() != "infergate_admission_wait_seconds" {
 				continue

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/infergate/infergate/test/e2e"
 	"github.com/infergate/infergate/test/loadgen"
 )
 
@@ -24,6 +23,7 @@ type result struct {
 	recovery                     time.Duration // after the overload, until TTFT p95 is back near the idle fleet's
 	peakHeap                     uint64
 	peakQueue, peakQueueBytes    float64
+	gatewayCPU                   cpuShare // the starved gateways' CPU during the overload
 }
 
 func percentile(v []time.Duration, p float64) time.Duration {
@@ -47,7 +47,9 @@ func ttfts(ss []sample) []time.Duration {
 
 // summarise turns a run's samples into its result: the overload's shares and goodput by arrival, then how
 // long after it TTFT came back.
-func (b *bench) summarise(samples []sample, start, calmFrom time.Time, calmP95 time.Duration, p peak) result {
+func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time, calmP95 time.Duration, p peak) result {
+	scale := b.scale(v)
+	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / scale) }
 	r := result{peakHeap: p.heap, peakQueue: p.queue, peakQueueBytes: p.bytes}
 	var counts, good, served, degraded [3]int
 	var lat [3][]time.Duration
@@ -67,7 +69,7 @@ func (b *bench) summarise(samples []sample, start, calmFrom time.Time, calmP95 t
 		if strings.HasPrefix(s.replica, "small") {
 			degraded[s.class]++
 		}
-		if b.sim(s.ttft) <= classes[s.class].ttft {
+		if sim(s.ttft) <= classes[s.class].ttft {
 			good[s.class]++
 		}
 	}
@@ -76,11 +78,11 @@ func (b *bench) summarise(samples []sample, start, calmFrom time.Time, calmP95 t
 		n := float64(max(1, counts[i]))
 		r.sent[i] = float64(counts[i])
 		r.good[i], r.served[i], r.degraded[i] = float64(good[i])/n, float64(served[i])/n, float64(degraded[i])/n
-		r.ttftP95[i] = time.Duration(float64(percentile(lat[i], 0.95)) / b.timeScale)
+		r.ttftP95[i] = sim(percentile(lat[i], 0.95))
 		total += good[i]
 	}
-	r.goodput = float64(total) / (calmFrom.Sub(start).Seconds() / b.timeScale)
-	r.recovery = b.recovery(samples, calmFrom, calmP95)
+	r.goodput = float64(total) / (calmFrom.Sub(start).Seconds() / scale)
+	r.recovery = sim(b.recovery(samples, calmFrom, calmP95, scale))
 	return r
 }
 
@@ -90,8 +92,10 @@ func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float6
 // twice what the same configuration had at the same load before the overload, calmP95 (at least twice the idle
 // fleet's and 100 ms): at 0.5× capacity the lower tiers' headroom still makes some of them wait a little, so the
 // idle fleet's TTFT alone is not what the load returns to. The end of the run when it never is.
-func (b *bench) recovery(samples []sample, calmFrom time.Time, calmP95 time.Duration) time.Duration {
-	limit := max(2*calmP95, 2*b.uncontended, 100*time.Millisecond)
+// The result is in real time.
+func (b *bench) recovery(samples []sample, calmFrom time.Time, calmP95 time.Duration, scale float64) time.Duration {
+	uncontended := time.Duration(float64(b.uncontended) * scale / b.timeScale)
+	limit := max(2*calmP95, 2*uncontended, 100*time.Millisecond)
 	const window, step = time.Second, 250 * time.Millisecond
 	for at := calmFrom; at.Before(calmFrom.Add(b.after - window)); at = at.Add(step) {
 		var w []time.Duration
@@ -101,10 +105,10 @@ func (b *bench) recovery(samples []sample, calmFrom time.Time, calmP95 time.Dura
 			}
 		}
 		if len(w) >= 3 && percentile(w, 0.95) <= limit {
-			return b.sim(at.Sub(calmFrom))
+			return at.Sub(calmFrom)
 		}
 	}
-	return b.sim(b.after)
+	return b.after
 }
 
 func (r result) summary() string {
@@ -129,7 +133,7 @@ type peakWatch struct {
 }
 
 // watchPeaks samples the heap and the queues' gauges every 100 ms until stop.
-func watchPeaks(ctx context.Context, reps []*e2e.Replica) *peakWatch {
+func watchPeaks(ctx context.Context, reps []gatewayReplica) *peakWatch {
 	w := &peakWatch{}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -142,7 +146,7 @@ func watchPeaks(ctx context.Context, reps []*e2e.Replica) *peakWatch {
 			metrics.Read(heap)
 			var q, qb float64
 			for _, r := range reps {
-				fams, _ := r.Gateway.Registry.Gather()
+				fams, _ := r.gather()
 				for _, f := range fams {
 					for _, m := range f.GetMetric() {
 						switch f.GetName() {
@@ -187,7 +191,7 @@ func (b *bench) report(out io.Writer, results map[string][]result) {
 		"capacity %.1f requests/s of the large model (simulated), idle TTFT p95 %v. Tiers: enterprise %.0f%%, pro %.0f%%, "+
 		"free %.0f%% of the load; TTFT targets %v, %v, %v. Medians of %d runs.\n\n",
 		batch, maxTokens, b.capacity*b.timeScale, b.sim(b.uncontended), 100*classes[0].share, 100*classes[1].share,
-		100*classes[2].share, classes[0].ttft, classes[1].ttft, classes[2].ttft, len(results[variantAdmission.name]))
+		100*classes[2].share, classes[0].ttft, classes[1].ttft, classes[2].ttft, runsIn(results))
 	fmt.Fprintln(out, "| variant | enterprise good | pro served (degraded) | free served | TTFT p95 ent / pro / free | goodput | lost | recovery | peak queue | peak heap |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
 	med := func(name string, f func(result) float64) float64 {
@@ -217,28 +221,34 @@ func (b *bench) report(out io.Writer, results map[string][]result) {
 	b.targets(out, results, med)
 }
 
-// targets prints each of the targets with the figures it compares.
+// targets prints each of the targets with the figures it compares: for the normal row and the starved
+// one, and the goodput comparisons (which have no starved baselines) for the normal row.
 func (b *bench) targets(out io.Writer, results map[string][]result, med func(string, func(result) float64) float64) {
-	if len(results[variantAdmission.name]) == 0 {
-		return
-	}
-	a, two := variantAdmission.name, variantTwo.name
+	a := variantAdmission.name
 	goodput := func(name string) float64 { return med(name, func(r result) float64 { return r.goodput }) }
-	entGood := med(a, func(r result) float64 { return r.good[0] })
-	proServed := med(a, func(r result) float64 { return r.served[1] })
-	shed := func(i int) float64 { return 1 - med(a, func(r result) float64 { return r.served[i] }) }
-	fmt.Fprintln(out, "\nTargets (3× capacity, admission):")
-	fmt.Fprintf(out, "- enterprise goodput %.1f%% ≥ 95%%: %s\n", 100*entGood, verdict(entGood >= 0.95))
-	fmt.Fprintf(out, "- pro served %.1f%% ≥ 60%%: %s\n", 100*proServed, verdict(proServed >= 0.6))
-	fmt.Fprintf(out, "- free shed first (shed: free %.1f%%, pro %.1f%%, enterprise %.1f%%): %s\n", 100*shed(2), 100*shed(1), 100*shed(0),
-		verdict(shed(2) >= shed(1) && shed(1) >= shed(0)))
-	if g1 := goodput(variantBaseline.name); len(results[variantBaseline.name]) > 0 {
-		fmt.Fprintf(out, "- goodput at 3× %.1f/s ≥ 0.9 × at 1× %.1f/s (%.2f): %s\n", goodput(a), g1, goodput(a)/g1, verdict(goodput(a) >= 0.9*g1))
+	if len(results[a]) > 0 {
+		fmt.Fprintln(out, "\nTargets (3× capacity, admission):")
+		rowTargets(out, results, med, variantAdmission, variantTwo)
+		if g1 := goodput(variantBaseline.name); len(results[variantBaseline.name]) > 0 {
+			fmt.Fprintf(out, "- goodput at 3× %.1f/s ≥ 0.9 × at 1× %.1f/s (%.2f): %s\n", goodput(a), g1, goodput(a)/g1, verdict(goodput(a) >= 0.9*g1))
+		}
+		for _, other := range []string{variantDefault.name, variantFIFO.name} {
+			if g := goodput(other); len(results[other]) > 0 {
+				ratio := goodput(a) / math.Max(g, 1e-9)
+				fmt.Fprintf(out, "- goodput %.1f/s ≥ 1.3 × %q %.1f/s (%.2f): %s\n", goodput(a), other, g, ratio, verdict(ratio >= 1.3))
+			}
+		}
 	}
-	for _, other := range []string{variantDefault.name, variantFIFO.name} {
-		if g := goodput(other); len(results[other]) > 0 {
-			ratio := goodput(a) / math.Max(g, 1e-9)
-			fmt.Fprintf(out, "- goodput %.1f/s ≥ 1.3 × %q %.1f/s (%.2f): %s\n", goodput(a), other, g, ratio, verdict(ratio >= 1.3))
+	if len(results[variantStarved.name]) > 0 || len(results[variantStarvedTwo.name]) > 0 {
+		fmt.Fprintf(out, "\nTargets (3× capacity, admission, each gateway starved: GOMAXPROCS=1 at nice %d beside a busy loop on one CPU, engines %.0f× slower):\n",
+			*starveNice, starveSlowdown)
+		rowTargets(out, results, med, variantStarved, variantStarvedTwo)
+		for _, v := range []variant{variantStarved, variantStarvedTwo} {
+			if len(results[v.name]) > 0 {
+				fmt.Fprintf(out, "- %s: each gateway used %.0f%% of a core and ran %.0f%% of the time it was ready to (medians)\n", v.name,
+					100*med(v.name, func(r result) float64 { return r.gatewayCPU.cores }),
+					100*med(v.name, func(r result) float64 { return r.gatewayCPU.share }))
+			}
 		}
 	}
 	lost := 0.0
@@ -247,11 +257,38 @@ func (b *bench) targets(out io.Writer, results map[string][]result, med func(str
 			lost = max(lost, float64(r.lost))
 		}
 	}
-	fmt.Fprintf(out, "- no request lost (most in any run: %.0f): %s\n", lost, verdict(lost == 0))
-	rec := time.Duration(med(a, func(r result) float64 { return float64(r.recovery) }))
-	fmt.Fprintf(out, "- TTFT p95 back within 2× what 0.5× had before the overload %v after it, ≤ 5s: %s\n", rec.Round(10*time.Millisecond), verdict(rec <= 5*time.Second))
-	if len(results[two]) > 0 {
-		e2 := med(two, func(r result) float64 { return r.good[0] })
-		fmt.Fprintf(out, "- two gateway replicas: enterprise goodput %.1f%% ≥ 95%%: %s\n", 100*e2, verdict(e2 >= 0.95))
+	fmt.Fprintf(out, "\n- no request lost in any row (most in any run: %.0f): %s\n", lost, verdict(lost == 0))
+}
+
+// rowTargets prints the tier targets of one row: a gateway and two gateway replicas.
+func rowTargets(out io.Writer, results map[string][]result, med func(string, func(result) float64) float64, one, two variant) {
+	for _, v := range []variant{one, two} {
+		n := v.name
+		if len(results[n]) == 0 {
+			continue
+		}
+		who := "one gateway"
+		if v.replicas > 1 {
+			who = fmt.Sprintf("%d gateway replicas", v.replicas)
+		}
+		entGood := med(n, func(r result) float64 { return r.good[0] })
+		proServed := med(n, func(r result) float64 { return r.served[1] })
+		shed := func(i int) float64 { return 1 - med(n, func(r result) float64 { return r.served[i] }) }
+		fmt.Fprintf(out, "- %s: enterprise goodput %.1f%% ≥ 95%%: %s\n", who, 100*entGood, verdict(entGood >= 0.95))
+		fmt.Fprintf(out, "- %s: pro served %.1f%% ≥ 60%%: %s\n", who, 100*proServed, verdict(proServed >= 0.6))
+		fmt.Fprintf(out, "- %s: free shed first (shed: free %.1f%%, pro %.1f%%, enterprise %.1f%%): %s\n", who, 100*shed(2), 100*shed(1), 100*shed(0),
+			verdict(shed(2) >= shed(1) && shed(1) >= shed(0)))
+		rec := time.Duration(med(n, func(r result) float64 { return float64(r.recovery) }))
+		fmt.Fprintf(out, "- %s: TTFT p95 back within 2× what 0.5× had before the overload %v after it, ≤ 5s: %s\n", who,
+			rec.Round(10*time.Millisecond), verdict(rec <= 5*time.Second))
 	}
+}
+
+// runsIn is the most runs any variant had.
+func runsIn(results map[string][]result) int {
+	n := 0
+	for _, rs := range results {
+		n = max(n, len(rs))
+	}
+	return n
 }

@@ -35,6 +35,9 @@ type variant struct {
 	// priorities or deadlines), "admission" (tiers, deadlines, degradation, headroom).
 	mode         string
 	singleTenant bool
+	// starved: each gateway held to a fraction of one core beside a busy loop, the engines at half speed
+	// (starved.go).
+	starved bool
 }
 
 var (
@@ -44,7 +47,9 @@ var (
 	variantFIFO        = variant{name: "3×, plain FIFO queue of the same size", load: 3, mode: "fifo", singleTenant: true}
 	variantAdmission   = variant{name: "3×, admission", load: 3, mode: "admission"}
 	variantTwo         = variant{name: "3×, admission, two gateway replicas", load: 3, mode: "admission", replicas: 2}
-	variants           = []variant{variantBaseline, variantDefault, variantFIFO, variantAdmission, variantTwo}
+	variantStarved     = variant{name: "3×, admission, starved gateway", load: 3, mode: "admission", starved: true}
+	variantStarvedTwo  = variant{name: "3×, admission, two starved gateway replicas", load: 3, mode: "admission", replicas: 2, starved: true}
+	variants           = []variant{variantBaseline, variantDefault, variantFIFO, variantAdmission, variantTwo, variantStarved, variantStarvedTwo}
 )
 
 func (v variant) selected(only string) bool { return only == "" || strings.Contains(v.name, only) }

@@ -283,6 +283,18 @@ func StartReplica(ctx context.Context, ecfg *envoysim.Config, cfg gateway.Config
 	return rep, nil
 }
 
+// StartDataPlane serves the data plane ecfg describes on a free loopback port in front of a gateway that runs
+// elsewhere (another process) with its ext_proc server on extprocAddr; a bootstrap that takes its clusters and
+// routes over ADS fetches them from xdsAddr. It returns the data plane's base URL and stops when ctx ends.
+func StartDataPlane(ctx context.Context, ecfg *envoysim.Config, extprocAddr, xdsAddr string, log *slog.Logger) (string, error) {
+	if ecfg.RDSName != "" {
+		if err := fetchADS(ctx, ecfg, xdsAddr); err != nil {
+			return "", err
+		}
+	}
+	return serveDataPlane(ctx, ecfg, extprocAddr, nil, "127.0.0.1:0", log)
+}
+
 // serveDataPlane serves the Envoy-faithful data plane on listen until ctx ends, and returns its base URL.
 func serveDataPlane(ctx context.Context, ecfg *envoysim.Config, procAddr string, upstreams map[string]string, listen string, log *slog.Logger) (string, error) {
 	dp, err := envoysim.New(ecfg, envoysim.Options{ExtProcAddr: procAddr, Upstreams: upstreams, Logger: log})
