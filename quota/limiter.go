@@ -50,7 +50,11 @@ type Limiter struct {
 	log      *slog.Logger
 	up       atomic.Bool
 	probing  atomic.Bool
-	failures atomic.Int32 // consecutive failed admissions
+	failures atomic.Int32 // consecutive failed admissions, a wave of concurrent ones counting once
+	// attempts numbers the admissions that may ask Redis, in the order they start; counted is the number
+	// reached when the last failure was counted: a failure of an admission that started before it is of the
+	// same wave (one stall that every request in flight met) and does not count again.
+	attempts, counted atomic.Int64
 	metrics  *Metrics
 	now      func() time.Time
 	ctx      context.Context
@@ -167,6 +171,7 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 	settings := r.Snapshot.QuotaSettings()
 	l.local.setReplicas(settings.GatewayReplicas)
 	if l.up.Load() {
+		attempt := l.attempts.Add(1)
 		rej, err := l.admitShared(ctx, r, t, settings.GatewayReplicas)
 		if err == nil {
 			l.failures.Store(0)
@@ -183,9 +188,10 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err() // the client went away, Redis is not to blame
 		}
-		// One slow reply is not an outage: the fail mode starts after a few consecutive failures. This
-		// request meets the fail mode either way.
-		if l.failures.Add(1) >= downAfterFailures {
+		// One slow reply is not an outage: the fail mode starts after a few consecutive failures, and the
+		// requests in flight when Redis stalled once fail together as one. This request meets the fail mode
+		// either way.
+		if l.countFailure(attempt) >= downAfterFailures {
 			l.markDown(err)
 		}
 		t.ambiguous = t.lostSent != nil && mayHaveRun(err)
@@ -195,13 +201,27 @@ func (l *Limiter) Admit(ctx context.Context, r Request) (*Ticket, *Rejection, er
 		return nil, nil, ErrUnavailable
 	}
 	t.local = true
-	rej := l.local.admit(r.Now, t)
+	rej := l.local.admit(r.Now, t, func(key string) (int64, bool) { return l.redis.counted.value(r.Now, key) })
 	if rej == nil {
 		l.budgets(r.Now, t)
 	} else {
 		l.unreserve(t)
 	}
 	return l.result(t, rej)
+}
+
+// countFailure counts a failed admission that started with attempt, unless it started before the last counted
+// failure was seen (it met the same stall), and returns the consecutive failures.
+func (l *Limiter) countFailure(attempt int64) int32 {
+	for {
+		last := l.counted.Load()
+		if attempt <= last {
+			return l.failures.Load()
+		}
+		if l.counted.CompareAndSwap(last, l.attempts.Load()) {
+			return l.failures.Add(1)
+		}
+	}
 }
 
 // unreserve resolves a refused request's admission whose reply was lost: whatever it reserved goes back.

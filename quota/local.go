@@ -66,14 +66,20 @@ func (l *localBackend) forgetExpired(now time.Time) {
 	}
 }
 
-// admit checks and reserves like the Redis script, at limit ÷ replicas (rounded up, at least 1).
-func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
+// admit checks and reserves like the Redis script, at limit ÷ replicas (rounded up, at least 1). A window
+// counter starts from the larger of what this gateway admitted in it and its share (÷ replicas) of what Redis
+// last counted there (fleet, when known): a gateway that restarted within the window, or whose leases and
+// other replicas used it, does not go on from its own count alone.
+func (l *localBackend) admit(now time.Time, t *Ticket, fleet func(key string) (int64, bool)) *Rejection {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.forgetExpired(now)
 	for _, e := range t.entries {
 		limit := max(1, int64(math.Ceil(float64(e.limit)/float64(l.replicas))))
 		c := l.counter(e.key, now, e.window)
+		if n, ok := fleetCount(fleet, e); ok {
+			c.value = max(c.value, (n+l.replicas-1)/l.replicas)
+		}
 		used := c.value
 		if e.kind == KindConcurrency {
 			used = int64(len(c.holders))
@@ -88,6 +94,15 @@ func (l *localBackend) admit(now time.Time, t *Ticket) *Rejection {
 	}
 	l.add(now, t, !t.ambiguous) // a lost admission is resolved in Redis, not replayed there
 	return nil
+}
+
+// fleetCount is what Redis last counted for a window entry's key, when fleet knows it.
+func fleetCount(fleet func(key string) (int64, bool), e entry) (int64, bool) {
+	if fleet == nil || (e.kind != KindRequests && e.kind != KindTokens) {
+		return 0, false
+	}
+	n, ok := fleet(e.key)
+	return n, ok && n > 0
 }
 
 // add counts a ticket's entries; unsynced marks amounts Redis never saw. l.mu is held.

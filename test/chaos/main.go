@@ -55,7 +55,7 @@ func main() {
 	os.Exit(run(ctx, *only, *verbose, os.Stdout))
 }
 
-func run(ctx context.Context, only string, verbose bool, out io.Writer) int {
+func run(ctx context.Context, only string, verbose bool, out io.Writer) (code int) {
 	var filter *regexp.Regexp
 	if only != "" {
 		filter = regexp.MustCompile(only)
@@ -74,7 +74,16 @@ func run(ctx context.Context, only string, verbose bool, out io.Writer) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if code == 0 {
+			_ = os.RemoveAll(dir)
+			return
+		}
+		// A failed run keeps its logs (infergate's, Redis's, the audit log, the metered requests) for the
+		// post-mortem; only the binary goes.
+		_ = os.Remove(filepath.Join(dir, "infergate"))
+		fmt.Fprintln(out, "logs kept in", dir)
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	started := time.Now()
@@ -111,13 +120,15 @@ func run(ctx context.Context, only string, verbose bool, out io.Writer) int {
 	removeSteady()
 	l.close()
 	attributeOvershoot(rows, l.all(), s.meteredTPM)
+	if err := writeMetered(filepath.Join(dir, "metered.tsv"), l.all()); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+	}
 
 	failed := printTable(out, rows)
 	fmt.Fprintf(out, "\n%d scenarios in %s (%d steady streaming clients, one metered tenant at %d tokens/min)\n",
 		len(rows), time.Since(started).Round(time.Second), steadyWorkers, s.meteredTPM)
 	if failed {
 		fmt.Fprintln(out, "FAIL")
-		fmt.Fprintln(out, "logs:", filepath.Join(dir, "infergate.log"))
 		return 1
 	}
 	fmt.Fprintln(out, "PASS")
@@ -231,6 +242,19 @@ func attributeOvershoot(rows []row, results []result, limit int64) {
 		}
 		rows[i].overshoot = worst
 	}
+}
+
+// writeMetered writes the metered tenant's requests as the client saw them (start, end, status, tokens), for
+// comparing a window's overshoot with the gateway's audit log.
+func writeMetered(path string, results []result) error {
+	var b strings.Builder
+	b.WriteString("start\tend\tstatus\ttokens\n")
+	for _, r := range results {
+		if r.metered {
+			fmt.Fprintf(&b, "%s\t%s\t%d\t%d\n", r.start.Format(time.RFC3339Nano), r.end.Format(time.RFC3339Nano), r.status, r.tokens)
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 func printTable(out io.Writer, rows []row) (failed bool) {

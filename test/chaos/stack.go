@@ -220,7 +220,7 @@ func (s *stack) startRedis() error {
 func (s *stack) startGateway() error {
 	args := []string{"serve", "--policy", s.policyPath, "--redis-addr", s.redisAddr, "--extproc-addr", s.extprocAddr,
 		"--xds-addr", s.xdsAddr, "--metrics-addr", s.metricsAddr, "--scrape-interval", "100ms", "--drain-timeout", "10s",
-		"--instance-id", "chaos-gateway", "--admin-addr", ""}
+		"--instance-id", "chaos-gateway", "--admin-addr", "", "--audit-log", filepath.Join(s.dir, "audit")}
 	p, err := startProc(s.infergateBin, args, []string{"CHAOS_MANAGED_KEY=chaos-managed-key"}, filepath.Join(s.dir, "infergate.log"))
 	if err != nil {
 		return err
