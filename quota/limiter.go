@@ -55,10 +55,10 @@ type Limiter struct {
 	// reached when the last failure was counted: a failure of an admission that started before it is of the
 	// same wave (one stall that every request in flight met) and does not count again.
 	attempts, counted atomic.Int64
-	metrics  *Metrics
-	now      func() time.Time
-	ctx      context.Context
-	instance string
+	metrics           *Metrics
+	now               func() time.Time
+	ctx               context.Context
+	instance          string
 }
 
 // Options configure a Limiter.
