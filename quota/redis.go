@@ -206,6 +206,9 @@ type settlement struct {
 	// resolves is the id of the ticket whose lost admission this settlement resolves (resolveScript); "" for
 	// an ordinary settlement.
 	resolves string
+	// slotsUntil marks what is left of a settlement given up: the concurrency slots it frees, retried however
+	// it fails until they would have expired in Redis anyway (see salvageSlots).
+	slotsUntil time.Time
 }
 
 // settleItem corrects one key: a counter by delta, or frees one concurrency slot (member); kind "mark" deletes
@@ -513,13 +516,37 @@ func (b *redisBackend) requeue(batch []settlement) {
 		} else if s.uncounted {
 			s.uncounted = false // the slot is moving, or the script is being loaded: not the settlement's fault
 			b.pending = append(b.pending, s)
-		} else if s.attempts++; s.attempts < maxSettleAttempts {
+		} else if s.attempts++; s.attempts < maxSettleAttempts || time.Now().Before(s.slotsUntil) {
 			b.pending = append(b.pending, s)
 		} else {
 			b.dropped.Add(1)
+			if slots, ok := salvageSlots(s); ok {
+				b.pending = append(b.pending, slots)
+			}
 		}
 	}
 	b.trimHeld()
+}
+
+// salvageSlots is what is kept of a settlement given up: its concurrency slots to free, retried until they
+// expire. A refund or a lease handed back is dropped with it, since it may answer for a write Redis lost (a
+// failover's unreplicated admission or top-up) and applied later would let the window overshoot; freeing a
+// slot never can (ZREM of a member Redis lost is a no-op), and a slot left taken refuses the tenant's next
+// requests until its TTL — the whole outage and after it, for a gateway whose Redis stalled or restarted.
+func salvageSlots(s settlement) (settlement, bool) {
+	if !s.slotsUntil.IsZero() || s.resolves != "" {
+		return settlement{}, false
+	}
+	var items []settleItem
+	for _, it := range s.items {
+		if it.kind == KindConcurrency && it.member != "" {
+			items = append(items, it)
+		}
+	}
+	if len(items) == 0 {
+		return settlement{}, false
+	}
+	return settlement{tenant: s.tenant, id: s.id + ":slots", items: items, slotsUntil: time.Now().Add(ConcurrencyTTL)}, true
 }
 
 // trimHeld drops the oldest settlements past maxHeldSettlements, counting them; b.mu is held.

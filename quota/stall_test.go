@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/test/redistest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // A stall that every admission in flight meets (Redis paused past redisTimeout, as an fsync or a busy CPU
@@ -80,4 +81,26 @@ func TestFailOpenStartsFromRedisCount(t *testing.T) {
 	if _, rej, _ := l.Admit(context.Background(), req(snap, tn, m, 40)); rej != nil {
 		t.Errorf("40 more refused: %+v; 950 + 40 is within the limit", rej)
 	}
+}
+
+// A settlement given up while Redis did not answer (it failed maxSettleAttempts times before the limiter
+// marked Redis down) keeps freeing its concurrency slots until they would have expired anyway: the finished
+// request's slot is freed once Redis answers, instead of staying taken and refusing the tenant's next requests.
+// Its refund is dropped and counted: applied late it could answer for a write Redis lost.
+func TestGivenUpSettlementStillFreesItsSlot(t *testing.T) {
+	srv := redistest.StartPersistent(t)
+	snap, tn, m := policy(t, "maxConcurrent: 1, tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
+	l := newLimiter(t, srv.Addr, false, &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)})
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 100))
+	if err != nil || rej != nil {
+		t.Fatal(rej, err)
+	}
+	srv.Kill()
+	l.Settle(tk, 10, 10)
+	wait.Within(t, "the settlement given up", 30*time.Second, func() bool { return l.redis.dropped.Load() == 1 })
+	srv.Restart() // the append-only file brings the slot back
+	wait.Within(t, "the slot freed once Redis answers", 30*time.Second, func() bool {
+		n, _ := srv.Do("ZCARD", concKey(tn))
+		return n == "0"
+	})
 }
