@@ -29,6 +29,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	}
 	req := &rs.parsed
 	defer req.Release()
+	rs.digestPrompt(req.Prompt)
 	rt := &rs.routed
 	err = rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
 		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started,

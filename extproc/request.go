@@ -89,6 +89,7 @@ type requestState struct {
 	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
 	output                  hash.Hash // the generated text's digest, with Options.Digests
+	promptDigest            string    // the prompt's, taken as the request is routed
 }
 
 func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }
@@ -349,9 +350,22 @@ func (rs *requestState) sent() {
 		sharedBufferPool.Put(rs.rewritten)
 		rs.rewritten = nil
 	}
+	if rs.decided && rs.body != nil {
+		rs.releaseBody() // routed: the decision that carried it is sent, and nothing reads it again
+	}
 	if rs.settleDue {
 		rs.settleDue = false
 		rs.settle(false)
+	}
+}
+
+// releaseBody lets go of the request body: a request streams its answer for as long as it takes, and the
+// body it was routed on must not stay in memory all that time.
+func (rs *requestState) releaseBody() {
+	rs.body = nil
+	if rs.pooledBody != nil {
+		sharedBufferPool.Put(rs.pooledBody)
+		rs.pooledBody = nil
 	}
 }
 
@@ -363,11 +377,7 @@ func (rs *requestState) close() {
 	rs.sent() // a response that ended settles as it ended, even if its last answer could not be sent
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
-	if rs.pooledBody != nil {
-		rs.body = nil
-		sharedBufferPool.Put(rs.pooledBody)
-		rs.pooledBody = nil
-	}
+	rs.releaseBody()
 }
 
 // appendBody collects a body that arrives in frames in buffers from the shared pool: memory follows the

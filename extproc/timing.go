@@ -90,12 +90,18 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 	return o
 }
 
-// digests computes the sha256 of the prompt field's bytes as the client sent them and of the generated text.
-func (rs *requestState) digests(o *director.Outcome) {
-	if prompt := openai.PromptBytes(rs.endpoint, rs.body, rs.parsed.PromptStart, rs.parsed.PromptEnd); len(prompt) > 0 {
+// digestPrompt takes the digest of the prompt field's bytes as the client sent them, while the request still
+// holds its body.
+func (rs *requestState) digestPrompt(prompt []byte) {
+	if rs.srv.opts.Digests && len(prompt) > 0 {
 		sum := sha256.Sum256(prompt)
-		o.PromptSHA256 = hex.EncodeToString(sum[:])
+		rs.promptDigest = hex.EncodeToString(sum[:])
 	}
+}
+
+// digests hands the settlement the prompt's digest and takes the generated text's.
+func (rs *requestState) digests(o *director.Outcome) {
+	o.PromptSHA256 = rs.promptDigest
 	if rs.output == nil && rs.respBody != nil && rs.endpoint != openai.EndpointEmbeddings {
 		rs.output = sha256.New()
 		openai.OutputText(rs.respBody, rs.output)

@@ -1,9 +1,6 @@
 package openai
 
-import (
-	"github.com/valyala/fastjson"
-	"github.com/zeebo/xxh3"
-)
+import "github.com/zeebo/xxh3"
 
 // ConversationKey names the conversation a request continues, without a conversation header: a hash of its
 // instructions and messages up to and including the first user message — the system prompt and the question
@@ -11,19 +8,16 @@ import (
 // prompt (one KV-cache prefix group) still get keys of their own. 0 when the prompt is not a message list
 // with a user message (a completions prompt, a Responses input string, embeddings).
 func (r *Request) ConversationKey() uint64 {
-	if r.Prompt == nil || r.Prompt.Type() != fastjson.TypeArray {
+	if len(r.Prompt) == 0 || r.Prompt[0] != '[' {
 		return 0
 	}
 	h := xxh3.New()
-	var buf []byte
-	if r.Instructions != nil {
-		buf = r.Instructions.MarshalTo(buf)
-	}
-	for _, m := range r.Prompt.GetArray() {
-		buf = m.MarshalTo(buf)
-		_, _ = h.Write(buf)
-		buf = buf[:0]
-		if string(m.GetStringBytes("role")) == "user" {
+	write := func(b []byte) { _, _ = h.Write(b) }
+	Compact(r.Instructions, write)
+	c := Elements(r.Prompt)
+	for m, ok := c.Next(); ok; m, ok = c.Next() {
+		Compact(m, write)
+		if role, _ := stringValue(Member(m, "role")); role == "user" {
 			return h.Sum64() | 1
 		}
 	}

@@ -1,8 +1,6 @@
 package openai
 
 import (
-	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/valyala/fastjson"
 )
 
 // Endpoint is one of the inference APIs the gateway routes.
@@ -118,9 +115,10 @@ func (e Endpoint) maxTokensField() string {
 	return "max_tokens"
 }
 
-// Request is what routing and accounting need from an inference request body. The body is parsed once
-// (fastjson: no Go value per JSON value, strings left escaped until read); Prompt and the parsed document stay
-// valid until Release.
+// Request is what routing and accounting need from an inference request body. The body is validated and
+// indexed in one walk that allocates nothing per JSON value (scan.go), and its fields are read where they lie:
+// a hostile body's millions of elements in a field the gateway ignores cost a scan, never a heap. Prompt and
+// Instructions point into the body and stay valid as long as it does.
 type Request struct {
 	Endpoint     Endpoint
 	Model        string
@@ -131,81 +129,59 @@ type Request struct {
 	// of n and best_of (completions), at least 1. Admission reserves that many outputs.
 	Choices int64
 	User    string
-	// Prompt is the parsed messages / prompt / input value.
-	Prompt *fastjson.Value
-	// Instructions is the Responses API's system prompt, when the body has one; it comes before the input.
-	Instructions *fastjson.Value
+	// Prompt is the messages / prompt / input value exactly as the client sent it; read it with Elements,
+	// Member and Compact.
+	Prompt []byte
+	// Instructions is the Responses API's system prompt (a JSON string, quotes included), when the body has
+	// one; it comes before the input.
+	Instructions []byte
 	// BodyBytes is the size of the body as received; the prompt is nearly all of it.
 	BodyBytes int
-	// PromptStart and PromptEnd locate the prompt field's value in the body as received (-1 when the scan did
-	// not find it, as for a key written with escapes): what the audit log digests, without parsing again.
-	PromptStart, PromptEnd int
 
-	doc    *fastjson.Value
-	parser *fastjson.Parser
-	body   []byte
+	body []byte
+	// where the fields the rewrite edits lie; end 0 when absent
+	model, streamOptions, maxTokens span
+	includeUsage                     span // stream_options.include_usage, inside streamOptions
+	objectEnd                        int  // just past the top-level '}'
 }
 
-var parsers fastjson.ParserPool
-
 // ParseRequest validates the body as JSON and reads the routing fields. A malformed body or a missing or
-// mistyped field gives a 400 *Error naming it. Call Release when done with the request.
+// mistyped field gives a 400 *Error naming it.
 func ParseRequest(ep Endpoint, body []byte) (Request, error) {
-	req := Request{Endpoint: ep, BodyBytes: len(body)}
-	if err := req.screen(body); err != nil {
-		return req, err
+	req := Request{Endpoint: ep, BodyBytes: len(body), body: body}
+	idx := bodyIndex{promptField: ep.promptField()}
+	if err := screen(body, &idx); err != nil {
+		return Request{Endpoint: ep, BodyBytes: len(body)}, err
 	}
-	obj, err := req.parse(body)
-	if err != nil {
-		return req, err
-	}
-	limits, fieldErr := req.readFields(obj)
+	req.objectEnd = idx.end
+	limits, fieldErr := req.readFields(&idx)
 	if fieldErr == nil {
 		fieldErr = req.missingField()
 	}
 	if fieldErr != nil {
-		req.Release()
-		return req, fieldErr
+		return Request{Endpoint: ep, BodyBytes: len(body)}, fieldErr
 	}
 	req.MaxTokens = limits.bound()
 	req.Choices = max(1, limits.n, limits.bestOf)
 	return req, nil
 }
 
-// screen refuses an empty body and checks the rest in one linear scan before any parser sees it: the recursive
-// parser must never see a deep body, and leaves escapes, numbers and control characters in strings unchecked
-// (scan.go). The scan also locates the prompt's value, for the audit log.
-func (req *Request) screen(body []byte) error {
+// screen refuses an empty body, a body that is not JSON, nests too deep or is not an object, and indexes the
+// top-level fields of the rest.
+func screen(body []byte, idx *bodyIndex) error {
 	if len(body) == 0 {
 		return BadRequest("", "The request body is empty; send a JSON object.")
 	}
-	start, end, err := scanBody(body, MaxJSONDepth, req.Endpoint.promptField())
+	err := scanBody(body, MaxJSONDepth, idx)
 	switch se, _ := err.(*scanError); {
 	case se != nil && se.grammar:
 		return malformed(body, err)
 	case err != nil:
 		return BadRequest("", "We could not parse the JSON body of your request: %s. (HINT: the API expects a JSON object.)", err)
+	case !idx.object:
+		return BadRequest("", "The request body must be a JSON object.")
 	}
-	req.PromptStart, req.PromptEnd = start, end
 	return nil
-}
-
-// parse parses a screened body with a pooled parser, which req then holds until Release (the fields it reads
-// point into the parser's document), and returns the top-level object.
-func (req *Request) parse(body []byte) (*fastjson.Object, error) {
-	p := parsers.Get()
-	doc, err := p.ParseBytes(body)
-	if err != nil { // the structure: where commas, colons and keys go
-		parsers.Put(p)
-		return nil, malformed(body, err)
-	}
-	req.doc, req.parser, req.body = doc, p, body
-	obj, err := doc.Object()
-	if err != nil {
-		req.Release()
-		return nil, BadRequest("", "The request body must be a JSON object.")
-	}
-	return obj, nil
 }
 
 // tokenLimits are the output bounds a body sets, held apart until every field is read because which one wins
@@ -224,69 +200,72 @@ func (l tokenLimits) bound() int64 {
 	return 0
 }
 
-// readFields reads the routed fields of the top-level object into req in one pass, and returns the first
-// field error in body order. A repeated routed key is an error: parsers disagree on which of two equal keys
-// wins (the engine's Python json takes the last), so a body whose routed fields are ambiguous is refused
-// rather than routed on one reading and served on another.
-func (req *Request) readFields(obj *fastjson.Object) (tokenLimits, *Error) {
-	promptField := req.Endpoint.promptField()
+// readFields reads the routed fields of the top-level object into req, and returns the first field error in
+// body order. A repeated routed key is an error: parsers disagree on which of two equal keys wins (the
+// engine's Python json takes the last), so a body whose routed fields are ambiguous is refused rather than
+// routed on one reading and served on another.
+func (req *Request) readFields(idx *bodyIndex) (tokenLimits, *Error) {
 	var limits tokenLimits
-	var fieldErr *Error
-	var seen routedKeys
-	obj.Visit(func(key []byte, v *fastjson.Value) {
-		if seen.repeated(string(key), promptField) {
-			fieldErr = cmp.Or(fieldErr, BadRequest(string(key), "The request body repeats the key '%s'; send each field once.", key))
-			return
+	for _, f := range idx.fields[:idx.n] {
+		name := fieldNames[f.field]
+		if f.field == fieldPrompt {
+			name = idx.promptField
 		}
-		if e := req.readField(key, v, promptField, &limits); e != nil && fieldErr == nil {
-			fieldErr = e
+		if f.repeated {
+			return limits, BadRequest(name, "The request body repeats the key '%s'; send each field once.", name)
 		}
-	})
-	return limits, fieldErr
+		if e := req.readField(f.field, f.value, &limits, idx); e != nil {
+			return limits, e
+		}
+	}
+	return limits, nil
 }
 
 // readField reads one top-level field, if routing or accounting uses it for this endpoint, and checks its
 // type; other fields pass through unread.
-func (req *Request) readField(key []byte, v *fastjson.Value, promptField string, limits *tokenLimits) *Error {
+func (req *Request) readField(field int, at span, limits *tokenLimits, idx *bodyIndex) *Error {
+	v := req.body[at.start:at.end]
 	var e *Error
-	switch string(key) {
-	case "model":
-		b, err := v.StringBytes()
-		if err != nil {
+	switch field {
+	case fieldModel:
+		model, ok := stringValue(v)
+		if !ok {
 			return BadRequest("model", "'model' must be a string.")
 		}
-		req.Model = string(b)
-	case "stream":
-		e = parseStream(req, v)
-	case "stream_options":
-		e = parseStreamOptions(req, v)
-	case "max_tokens":
+		req.Model, req.model = model, at
+	case fieldStream:
+		req.Stream, e = parseBool("stream", v)
+	case fieldStreamOptions:
+		e = req.parseStreamOptions(at)
+	case fieldMaxTokens:
 		limits.maxTokens, e = parseCount("max_tokens", v)
-	case "max_completion_tokens":
+		if req.Endpoint != EndpointResponses {
+			req.maxTokens = at
+		}
+	case fieldMaxCompletionTokens:
 		limits.maxCompletion, e = parseCount("max_completion_tokens", v)
-	case "max_output_tokens":
+	case fieldMaxOutputTokens:
 		if req.Endpoint == EndpointResponses {
 			limits.maxCompletion, e = parseCount("max_output_tokens", v)
+			req.maxTokens = at
 		}
-	case "n": // several completions of one prompt: chat and completions
+	case fieldN: // several completions of one prompt: chat and completions
 		if req.Endpoint == EndpointChat || req.Endpoint == EndpointCompletions {
 			limits.n, e = parseCount("n", v)
 		}
-	case "best_of": // completions generate best_of sequences and return n of them
+	case fieldBestOf: // completions generate best_of sequences and return n of them
 		if req.Endpoint == EndpointCompletions {
 			limits.bestOf, e = parseCount("best_of", v)
 		}
-	case "instructions":
+	case fieldInstructions:
 		if req.Endpoint == EndpointResponses {
 			e = checkInstructions(req, v)
 		}
-	case "user":
-		if b, err := v.StringBytes(); err == nil {
-			req.User = string(b)
-		}
-	case promptField:
+	case fieldUser:
+		req.User, _ = stringValue(v)
+	case fieldPrompt:
 		req.Prompt = v
-		e = checkPrompt(req.Endpoint, v)
+		e = checkPrompt(req.Endpoint, v, idx)
 	}
 	return e
 }
@@ -304,63 +283,27 @@ func (req *Request) missingField() *Error {
 	return nil
 }
 
-// parseStream reads stream: true, or false or null for the default (not streamed).
-func parseStream(req *Request, v *fastjson.Value) *Error {
-	switch v.Type() {
-	case fastjson.TypeTrue:
-		req.Stream = true
-	case fastjson.TypeFalse, fastjson.TypeNull:
-	default:
-		return BadRequest("stream", "'stream' must be a boolean.")
+// parseBool reads true, or false or null for the default (false).
+func parseBool(field string, v []byte) (bool, *Error) {
+	switch string(v) {
+	case "true":
+		return true, nil
+	case "false", "null":
+		return false, nil
 	}
-	return nil
+	return false, BadRequest(field, "'%s' must be a boolean.", field)
 }
 
-// routedKeys remembers which of the fields the gateway reads were already seen in a body.
-type routedKeys uint16
-
 // checkInstructions reads the Responses API's instructions: a string, or null.
-func checkInstructions(req *Request, v *fastjson.Value) *Error {
-	switch v.Type() {
-	case fastjson.TypeNull:
+func checkInstructions(req *Request, v []byte) *Error {
+	switch {
+	case string(v) == "null":
 		return nil
-	case fastjson.TypeString:
+	case v[0] == '"':
 		req.Instructions = v
 		return nil
 	}
 	return BadRequest("instructions", "'instructions' must be a string.")
-}
-
-// repeated marks key as seen and reports whether it had been: only for the fields routing and quotas read.
-func (k *routedKeys) repeated(key, promptField string) bool {
-	var bit routedKeys
-	switch key {
-	case "model":
-		bit = 1
-	case "stream":
-		bit = 2
-	case "stream_options":
-		bit = 4
-	case "max_tokens":
-		bit = 8
-	case "max_completion_tokens":
-		bit = 16
-	case "instructions":
-		bit = 64
-	case "max_output_tokens":
-		bit = 128
-	case "n":
-		bit = 256
-	case "best_of":
-		bit = 512
-	case promptField:
-		bit = 32
-	default:
-		return false
-	}
-	had := *k&bit != 0
-	*k |= bit
-	return had
 }
 
 // describeJSONError says briefly what is wrong with a body that does not parse and where: the standard
@@ -396,69 +339,91 @@ func trimErr(err error) string {
 	return msg
 }
 
-// Release returns the parser to its pool; Prompt must not be used afterwards.
+// Release drops the request's hold on its body.
 func (r *Request) Release() {
-	if r.parser != nil {
-		parsers.Put(r.parser)
-		r.parser, r.doc, r.Prompt, r.Instructions, r.body = nil, nil, nil, nil, nil
-	}
+	r.body, r.Prompt, r.Instructions = nil, nil, nil
 }
 
-func parseStreamOptions(req *Request, v *fastjson.Value) *Error {
-	switch v.Type() {
-	case fastjson.TypeNull:
+// parseStreamOptions reads stream_options: null, or an object whose include_usage is a boolean or null. A
+// repeated include_usage is refused, as a repeated top-level field is.
+func (req *Request) parseStreamOptions(at span) *Error {
+	v := req.body[at.start:at.end]
+	req.streamOptions = at
+	switch {
+	case string(v) == "null":
 		return nil
-	case fastjson.TypeObject:
-	default:
+	case v[0] != '{':
 		return BadRequest("stream_options", "'stream_options' must be an object.")
 	}
-	iu := v.Get("include_usage")
-	if iu == nil {
-		return nil
+	c := Members(v)
+	var buf [32]byte
+	for {
+		key, value, ok := c.NextMember()
+		if !ok {
+			return nil
+		}
+		if k, ok := decodeKey(buf[:0], key); !ok || string(k) != "include_usage" {
+			continue
+		}
+		if req.includeUsage.end != 0 {
+			return BadRequest("stream_options.include_usage", "The request body repeats the key 'stream_options.include_usage'; send each field once.")
+		}
+		start := at.start + c.i - len(value) // the cursor stands just past the value
+		req.includeUsage = span{start, start + len(value)}
+		var e *Error
+		if req.IncludeUsage, e = parseBool("stream_options.include_usage", value); e != nil {
+			return e
+		}
 	}
-	switch iu.Type() {
-	case fastjson.TypeTrue:
-		req.IncludeUsage = true
-	case fastjson.TypeFalse, fastjson.TypeNull:
-	default:
-		return BadRequest("stream_options.include_usage", "'stream_options.include_usage' must be a boolean.")
-	}
-	return nil
 }
 
-func parseCount(field string, v *fastjson.Value) (int64, *Error) {
-	switch v.Type() {
-	case fastjson.TypeNull:
+// parseCount reads a positive integer, or null for none.
+func parseCount(field string, v []byte) (int64, *Error) {
+	if string(v) == "null" {
 		return 0, nil
-	case fastjson.TypeNumber:
-	default:
+	}
+	if v[0] != '-' && (v[0] < '0' || v[0] > '9') {
 		return 0, BadRequest(field, "'%s' must be an integer.", field)
 	}
-	n, err := v.Int64()
-	if err != nil || n < 1 {
-		return 0, BadRequest(field, "'%s' must be a positive integer, got %s.", field, v.String())
+	n, ok := positiveInt(v)
+	if !ok {
+		return 0, BadRequest(field, "'%s' must be a positive integer, got %s.", field, v)
 	}
 	return n, nil
 }
 
-func checkPrompt(ep Endpoint, v *fastjson.Value) *Error {
+// positiveInt reads a JSON number that is a whole number from 1 to MaxInt64 written without a fraction or
+// an exponent.
+func positiveInt(v []byte) (int64, bool) {
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := int64(c - '0')
+		if n > (1<<63-1-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, n >= 1
+}
+
+// checkPrompt checks the prompt's type; idx has counted an array prompt's elements.
+func checkPrompt(ep Endpoint, v []byte, idx *bodyIndex) *Error {
 	field := ep.promptField()
 	switch ep {
 	case EndpointChat:
-		msgs, err := v.Array()
-		if err != nil {
+		switch {
+		case v[0] != '[':
 			return BadRequest(field, "'messages' must be an array of message objects.")
-		}
-		if len(msgs) == 0 {
+		case idx.promptNonObjects:
+			return BadRequest(field, "each entry of 'messages' must be an object.")
+		case idx.promptItems == 0:
 			return BadRequest(field, "'messages' must contain at least one message.")
 		}
-		for _, m := range msgs {
-			if m.Type() != fastjson.TypeObject {
-				return BadRequest(field, "each entry of 'messages' must be an object.")
-			}
-		}
 	default:
-		if t := v.Type(); t != fastjson.TypeString && t != fastjson.TypeArray {
+		if v[0] != '"' && v[0] != '[' {
 			return BadRequest(field, "'%s' must be a string or an array.", field)
 		}
 	}
@@ -482,72 +447,109 @@ type Edits struct {
 	MaxTokens int64
 }
 
-// Rewrite returns the body re-encoded with the edits applied. Field order and string escapes are kept;
-// insignificant whitespace is not. It appends to dst, which may be nil.
+// Rewrite returns the body with the edits applied, every byte it does not edit as the client sent it. It
+// appends to dst, which may be nil.
 func (r *Request) Rewrite(dst []byte, e Edits) []byte {
-	var a fastjson.Arena
+	var edits [3]splice
+	n := 0
+	add := func(s splice) { edits[n] = s; n++ }
 	if e.Model != "" {
-		r.doc.Set("model", a.NewString(e.Model))
+		add(splice{at: r.model, model: e.Model})
 	}
 	if e.IncludeUsage {
-		so := r.doc.Get("stream_options")
-		if so == nil || so.Type() != fastjson.TypeObject {
-			so = a.NewObject()
-			r.doc.Set("stream_options", so)
+		switch {
+		case r.includeUsage.end != 0:
+			add(splice{at: r.includeUsage, text: "true"})
+		case r.streamOptions.end != 0 && r.body[r.streamOptions.start] != '{': // null
+			add(splice{at: r.streamOptions, text: `{"include_usage":true}`})
+		case r.streamOptions.end != 0:
+			open := r.streamOptions.start + 1
+			add(splice{at: span{open, open}, text: `"include_usage":true`,
+				comma: !emptyObject(r.body[r.streamOptions.start:r.streamOptions.end])})
+		default:
+			add(splice{at: span{r.objectEnd - 1, r.objectEnd - 1}, key: "stream_options", text: `{"include_usage":true}`})
 		}
-		so.Set("include_usage", a.NewTrue())
 		r.IncludeUsage = true
 	}
 	if e.MaxTokens > 0 {
-		r.doc.Set(r.Endpoint.maxTokensField(), a.NewNumberString(strconv.FormatInt(e.MaxTokens, 10)))
+		s := splice{at: r.maxTokens, number: e.MaxTokens}
+		if r.maxTokens.end == 0 {
+			s.at, s.key = span{r.objectEnd - 1, r.objectEnd - 1}, r.Endpoint.maxTokensField()
+		}
+		add(s)
 	}
-	out := r.doc.MarshalTo(dst)
-	if goQuoted(out[len(dst):]) {
-		// fastjson re-escapes strings it decoded with Go quoting (\x01, invalid UTF-8 kept as \xNN), which is
-		// not JSON. Re-encode with the standard library from the original bytes instead.
-		return rewriteStd(r.body, r.Endpoint, e)
+	sortSplices(edits[:n])
+	from := 0
+	for _, s := range edits[:n] {
+		dst = append(dst, r.body[from:s.at.start]...)
+		dst = s.appendTo(dst)
+		from = s.at.end
 	}
-	return out
+	return append(dst, r.body[from:]...)
 }
 
-// goQuoted reports whether fastjson wrote a string with Go-only escapes (\a \v \xNN \UNNNNNNNN), which it
-// does for control characters and invalid UTF-8 in strings it had decoded. It scans backslashes only, at
-// memchr speed, instead of validating the whole body again.
-func goQuoted(b []byte) bool {
-	for {
-		i := bytes.IndexByte(b, '\\')
-		if i < 0 || i+1 >= len(b) {
-			return false
+// splice replaces the bytes at [at.start, at.end) — or inserts at at.start when the span is empty — with a
+// model name, a number or text; a key makes it a new member of the top-level object (after a comma, which
+// the object needs since it has a model), comma a new first member of a non-empty object.
+type splice struct {
+	at     span
+	key    string
+	model  string
+	number int64
+	text   string
+	comma  bool
+}
+
+func (s splice) appendTo(dst []byte) []byte {
+	if s.key != "" {
+		dst = append(dst, ',')
+		dst = appendJSONString(dst, s.key)
+		dst = append(dst, ':')
+	}
+	switch {
+	case s.model != "":
+		dst = appendJSONString(dst, s.model)
+	case s.number > 0:
+		dst = strconv.AppendInt(dst, s.number, 10)
+	default:
+		dst = append(dst, s.text...)
+	}
+	if s.comma {
+		dst = append(dst, ',')
+	}
+	return dst
+}
+
+// sortSplices orders at most three splices by position; insertions at the same place keep their order.
+func sortSplices(s []splice) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j].at.start < s[j-1].at.start; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
 		}
-		switch b[i+1] {
-		case 'a', 'v', 'x', 'U':
-			return true
-		}
-		b = b[i+2:] // skip the escaped character (a second backslash included)
 	}
 }
 
-// rewriteStd edits the top-level fields with encoding/json, keeping every other value's bytes as sent.
-func rewriteStd(body []byte, ep Endpoint, e Edits) []byte {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return body
+// emptyObject reports whether obj has no members.
+func emptyObject(obj []byte) bool {
+	c := Members(obj)
+	_, _, ok := c.NextMember()
+	return !ok
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and control characters escaped, the rest
+// (UTF-8 included) as it is.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
 	}
-	if e.Model != "" {
-		top["model"], _ = json.Marshal(e.Model)
-	}
-	if e.MaxTokens > 0 {
-		top[ep.maxTokensField()] = json.RawMessage(strconv.FormatInt(e.MaxTokens, 10))
-	}
-	if e.IncludeUsage {
-		so := map[string]json.RawMessage{}
-		_ = json.Unmarshal(top["stream_options"], &so)
-		so["include_usage"] = json.RawMessage("true")
-		top["stream_options"], _ = json.Marshal(so)
-	}
-	out, err := json.Marshal(top)
-	if err != nil {
-		return body
-	}
-	return out
+	return append(dst, '"')
 }

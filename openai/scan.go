@@ -10,7 +10,7 @@ import (
 // hostile body of a million '[' from exhausting the stack of a recursive parser.
 const MaxJSONDepth = 128
 
-// scanError says why preScan refused a body; offset is where it stopped.
+// scanError says why scanBody refused a body; offset is where it stopped.
 type scanError struct {
 	offset int
 	reason string
@@ -21,70 +21,174 @@ type scanError struct {
 
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
 
-// preScan walks a JSON text once, without recursion, before any recursive parser sees it: it bounds nesting
-// depth, refuses raw control characters inside strings (including object keys), checks every escape, number
-// and literal — what the parser leaves unchecked — and leaves the structure (where commas, colons and keys go)
-// to the parser, which checks it next, on a body now known to be shallow. The two together accept exactly
-// what a JSON validator does, in two walks of the body instead of three.
-func preScan(b []byte, maxDepth int) error {
-	_, _, err := scanBody(b, maxDepth, "")
-	return err
+// scanState is what the grammar allows next.
+type scanState uint8
+
+const (
+	wantValue      scanState = iota // a value: at the start, after ':' and after ',' in an array
+	wantValueOrEnd                  // just after '['
+	wantKey                         // after ',' in an object
+	wantKeyOrEnd                    // just after '{'
+	wantColon                       // after a key
+	wantCommaOrEnd                  // after a value inside an array or object
+	wantNothing                     // after the top-level value
+)
+
+// containers is a stack of one bit per open array or object (set: object), deep enough for MaxJSONDepth.
+type containers [MaxJSONDepth/64 + 1]uint64
+
+func (c *containers) set(depth int, object bool) {
+	if object {
+		c[depth/64] |= 1 << (depth % 64)
+	} else {
+		c[depth/64] &^= 1 << (depth % 64)
+	}
 }
 
-// scanBody is preScan that also finds, on the way, the bytes of the value of the top-level key named key
-// (written without escapes): start and end are -1 when there is none. The span costs the scan nothing but a
-// look at the top level's few keys.
-func scanBody(b []byte, maxDepth int, key string) (start, end int, err error) {
-	start, end = -1, -1
-	depth := 0
-	expectKey := false // at depth 1, the next string is a key
-	capturing := false // the wanted key was seen: its value starts at the next non-space byte
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; c {
-		case '[', '{':
-			if depth++; depth > maxDepth {
-				return -1, -1, &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth), false}
+func (c *containers) object(depth int) bool { return c[depth/64]&(1<<(depth%64)) != 0 }
+
+// preScan validates a JSON text (scanBody without a field index).
+func preScan(b []byte, maxDepth int) error {
+	return scanBody(b, maxDepth, nil)
+}
+
+// scanBody validates a JSON text in one walk, without recursion and without allocating: nesting is bounded by
+// maxDepth (a body of a million '[' costs a counter, never a stack), every string, escape, number, literal and
+// the structure between them are checked — exactly what a JSON validator accepts, and raw control characters
+// in strings refused. When idx is not nil it is handed each top-level key and told where that key's value
+// lies, so the fields routing reads are found in the same walk: nothing of the body is materialised, however
+// many elements it holds in fields the gateway ignores.
+func scanBody(b []byte, maxDepth int, idx *bodyIndex) error {
+	var open containers
+	depth, state := 0, wantValue
+	field, fieldStart := -1, 0 // the indexed top-level field whose value comes or is being read
+	for i := 0; ; {
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			if state != wantNothing {
+				return &scanError{len(b), "unexpected end of JSON input", true}
 			}
-			if depth == 2 && capturing {
-				start, capturing = i, false
+			return nil
+		}
+		c := b[i]
+		switch state {
+		case wantNothing:
+			return &scanError{i, "invalid character after the top-level value", true}
+		case wantColon:
+			if c != ':' {
+				return &scanError{i, "invalid character after an object key", true}
 			}
-			expectKey = depth == 1 && c == '{'
-		case ']', '}':
-			depth--
-			if depth == 1 && start >= 0 && end < 0 {
-				end = i + 1
-			}
-		case ',':
-			expectKey = depth == 1
-		case '"':
-			close, err := skipString(b, i+1)
-			if err != nil {
-				return -1, -1, err
-			}
+			state = wantValue
+			i++
+			continue
+		case wantCommaOrEnd:
+			object := open.object(depth)
 			switch {
-			case depth == 1 && expectKey:
-				expectKey = false
-				capturing = key != "" && start < 0 && string(b[i+1:close]) == key
-			case depth == 1 && capturing:
-				start, end, capturing = i, close+1, false
+			case c == ',' && object:
+				state = wantKey
+				i++
+				continue
+			case c == ',':
+				state = wantValue
+				i++
+				continue
+			case c == '}' && object, c == ']' && !object:
+				// the container closes: the value it is ends below
+			default:
+				return &scanError{i, "invalid character after a value", true}
 			}
-			i = close
-		case ' ', '\t', '\n', '\r', ':':
-		default: // a bare value: a number, true, false or null
-			after, err := scanScalar(b, i)
+		case wantKey, wantKeyOrEnd:
+			if c == '}' && state == wantKeyOrEnd {
+				break // an empty object closes below
+			}
+			if c != '"' {
+				return &scanError{i, "invalid character where an object key belongs", true}
+			}
+			end, err := skipString(b, i+1)
 			if err != nil {
-				return -1, -1, err
+				return err
 			}
-			if depth == 1 && capturing {
-				start, end, capturing = i, after, false
+			if depth == 1 && idx != nil {
+				field = idx.fieldOf(b[i+1 : end])
 			}
-			i = after - 1
+			state = wantColon
+			i = end + 1
+			continue
+		case wantValue, wantValueOrEnd:
+			if c == ']' && state == wantValueOrEnd {
+				break // an empty array closes below
+			}
+			if depth == 1 {
+				fieldStart = i
+			}
+			if depth == 2 && field == fieldPrompt && !open.object(2) {
+				idx.promptItem(c) // idx is set: field is
+			}
+			switch c {
+			case '{', '[':
+				if depth++; depth > maxDepth {
+					return &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth), false}
+				}
+				open.set(depth, c == '{')
+				if depth == 1 && idx != nil {
+					idx.object = c == '{'
+				}
+				state = wantValueOrEnd
+				if c == '{' {
+					state = wantKeyOrEnd
+				}
+				i++
+				continue
+			case '"':
+				end, err := skipString(b, i+1)
+				if err != nil {
+					return err
+				}
+				i = end + 1
+			default:
+				end, err := scanScalar(b, i)
+				if err != nil {
+					return err
+				}
+				i = end
+			}
+			state, field = valueEnded(idx, depth, field, fieldStart, i)
+			continue
+		}
+		// b[i] closes the innermost container, which is a value of the one around it.
+		depth--
+		i++
+		if depth == 0 && idx != nil {
+			idx.end = i
+		}
+		state, field = valueEnded(idx, depth, field, fieldStart, i)
+	}
+}
+
+// valueEnded moves the scan on past a value that ended at end, at the given depth, handing a top-level field's
+// value to the index.
+func valueEnded(idx *bodyIndex, depth, field, start, end int) (scanState, int) {
+	if depth == 0 {
+		return wantNothing, -1
+	}
+	if depth == 1 && field >= 0 {
+		idx.found(field, start, end)
+		return wantCommaOrEnd, -1
+	}
+	return wantCommaOrEnd, field
+}
+
+// skipSpace returns the index of the first byte at or after i that is not JSON whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
 		}
 	}
-	if end < 0 {
-		start = -1
-	}
-	return start, end, nil
+	return i
 }
 
 // skipString returns the index of the quote that closes the string starting at i, or an error for a raw

@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/json"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -172,5 +173,31 @@ func TestMalformedJSONIsDescribedBriefly(t *testing.T) {
 		if !ok || !strings.Contains(e.Message, want) || strings.Contains(e.Message, "cannot parse object") {
 			t.Errorf("%s: %v, want a message with %q", body, err, want)
 		}
+	}
+}
+
+// Parsing a body costs memory for the fields routing reads, never per JSON value: a 4 MiB body with two million
+// elements in a field the gateway ignores, or a million empty messages, allocates a few hundred bytes. (Parsed
+// into a tree, the first cost about 0.9 GB of heap.)
+func TestParsingAllocatesNothingPerElement(t *testing.T) {
+	ignored := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":[` +
+		strings.Repeat("0,", 2_000_000) + `0]}`)
+	messages := []byte(`{"model":"m","messages":[` + strings.Repeat("{},", 1_000_000) + `{"role":"user","content":"hi"}]}`)
+	for name, body := range map[string][]byte{"ignored array": ignored, "million messages": messages} {
+		t.Run(name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			req, err := ParseRequest(EndpointChat, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = req.ConversationKey()
+			_ = req.Rewrite(make([]byte, 0, len(body)+64), Edits{Model: "renamed", IncludeUsage: true, MaxTokens: 9})
+			runtime.ReadMemStats(&after)
+			// The rewrite's buffer is the caller's; everything else must be small.
+			if grew := after.TotalAlloc - before.TotalAlloc - uint64(len(body)+64); grew > 64<<10 {
+				t.Errorf("parsing a %d-byte body allocated %d bytes beyond its rewrite", len(body), grew)
+			}
+		})
 	}
 }

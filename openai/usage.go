@@ -8,6 +8,9 @@ import (
 	"github.com/valyala/fastjson"
 )
 
+// parsers parse the engines' JSON responses (bounded by the response body limit, and from the fleet).
+var parsers fastjson.ParserPool
+
 // Usage is the token count an engine reports for one request; it is what quotas settle and cost is billed on.
 type Usage struct {
 	PromptTokens     int64
@@ -330,29 +333,6 @@ func OutputText(body []byte, w io.Writer) {
 			}
 		}
 	}
-}
-
-// PromptBytes is the prompt field's value (messages, prompt or input) exactly as the client sent it, for a
-// digest: the span ParseRequest found when start and end locate one, else the field re-encoded compactly (a
-// key written with escapes), or nil when the body has none.
-func PromptBytes(ep Endpoint, body []byte, start, end int) []byte {
-	if start >= 0 && start < end && end <= len(body) {
-		return body[start:end]
-	}
-	field := ep.promptField()
-	if field == "" || preScan(body, MaxJSONDepth) != nil {
-		return nil
-	}
-	p := parsers.Get()
-	defer parsers.Put(p)
-	doc, err := p.ParseBytes(body)
-	if err != nil {
-		return nil
-	}
-	if v := doc.Get(field); v != nil {
-		return v.MarshalTo(nil)
-	}
-	return nil
 }
 
 // AppendRenamedModel appends js with the value of its first "model" key replaced by quoted (a JSON string,

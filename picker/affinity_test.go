@@ -9,14 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fastjson"
-
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
 
-func chatPrompt(t testing.TB, system, user string) *fastjson.Value {
+func chatPrompt(t testing.TB, system, user string) []byte {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
 	r, err := openai.ParseRequest(openai.EndpointChat, []byte(body))
@@ -46,8 +44,8 @@ func TestPrefixHashes(t *testing.T) {
 		t.Errorf("MaxBlocks not honoured: %d", len(capped))
 	}
 	// Multi-part content and images are part of the prefix.
-	v1 := fastjson.MustParse(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/1.png"}}]}]`)
-	v2 := fastjson.MustParse(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/2.png"}}]}]`)
+	v1 := []byte(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/1.png"}}]}]`)
+	v2 := []byte(`[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 100) + `"},{"type":"image_url","image_url":{"url":"https://a/2.png"}}]}]`)
 	h1, h2 := h.Hash(nil, 1, v1), h.Hash(nil, 1, v2)
 	if len(h1) < 2 || len(h1) != len(h2) || h1[0] != h2[0] || h1[len(h1)-1] == h2[len(h2)-1] {
 		t.Errorf("image parts: %v vs %v", h1, h2)

@@ -71,7 +71,7 @@ func TestHardwareClassAndCost(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newMixedPicker(idleEngines(nil))
-			d, err := p.Pick(snap, Input{Tenant: tc.tenant, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, tc.system, "?").Get(), BodyBytes: len(tc.system)}})
+			d, err := p.Pick(snap, Input{Tenant: tc.tenant, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, tc.system, "?"), BodyBytes: len(tc.system)}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,10 +1,9 @@
 package picker
 
 import (
-	"sync"
-
-	"github.com/valyala/fastjson"
 	"github.com/zeebo/xxh3"
+
+	"github.com/infergate/infergate/openai"
 )
 
 // Prefix hashing: the prompt is rendered canonically (role and content of each message in order, as the JSON
@@ -60,15 +59,15 @@ func Seed(model, adapter string) uint64 {
 	return xxh3.HashString(model + "\x00" + adapter)
 }
 
-// Hash appends the block hashes of a parsed prompt (messages, prompt or input) to dst and returns it. Only
-// full blocks are hashed, as engines cache only full blocks.
-func (h Hasher) Hash(dst []uint64, seed uint64, prompt *fastjson.Value) []uint64 {
+// Hash appends the block hashes of a prompt (messages, prompt or input, as the body holds it) to dst and
+// returns it. Only full blocks are hashed, as engines cache only full blocks.
+func (h Hasher) Hash(dst []uint64, seed uint64, prompt []byte) []uint64 {
 	return h.HashWithInstructions(dst, seed, nil, prompt)
 }
 
 // HashWithInstructions hashes a Responses API prompt: its instructions first, as the system message they
 // stand for (the engine puts them there), then the input.
-func (h Hasher) HashWithInstructions(dst []uint64, seed uint64, instructions, prompt *fastjson.Value) []uint64 {
+func (h Hasher) HashWithInstructions(dst []uint64, seed uint64, instructions, prompt []byte) []uint64 {
 	size := h.BlockBytes
 	if size <= 0 {
 		size = DefaultBlockTokens * CharsPerToken
@@ -82,7 +81,7 @@ func (h Hasher) HashWithInstructions(dst []uint64, seed uint64, instructions, pr
 	if instructions != nil {
 		w.write(roleSystem)
 		w.write(sepRole)
-		raw(&w, instructions)
+		openai.Compact(instructions, w.write)
 		w.write(sepMessage)
 	}
 	render(&w, prompt)
@@ -95,42 +94,29 @@ var (
 	sepMessage = []byte{0x1f}       // unit separator after each message
 )
 
-// scratch buffers hold one value's raw JSON at a time.
-var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
-
-// raw writes a value as the JSON text the client sent. Reading it this way leaves fastjson's strings
-// unescaped-on-demand, so re-encoding the body for a rewrite stays a copy instead of an escaping pass.
-func raw(w *blockWriter, v *fastjson.Value) {
-	if v == nil {
+// render writes the canonical form of a prompt value, each value compact and its strings as the client
+// escaped them: for chat, each message's role and content (text parts, image URLs and tool calls included) in
+// order; for completions and embeddings, the prompt or input.
+func render(w *blockWriter, v []byte) {
+	if len(v) == 0 {
 		return
 	}
-	bp := scratch.Get().(*[]byte)
-	*bp = v.MarshalTo((*bp)[:0])
-	w.write(*bp)
-	scratch.Put(bp)
-}
-
-// render writes the canonical form of a prompt value: for chat, each message's role and content (text parts,
-// image URLs and tool calls included) in order; for completions and embeddings, the prompt or input.
-func render(w *blockWriter, v *fastjson.Value) {
-	if v == nil {
+	if v[0] != '[' {
+		openai.Compact(v, w.write)
 		return
 	}
-	if v.Type() != fastjson.TypeArray {
-		raw(w, v)
-		return
-	}
-	for _, item := range v.GetArray() {
-		if w.full() {
+	for c := openai.Elements(v); !w.full(); {
+		item, ok := c.Next()
+		if !ok {
 			return
 		}
-		if item.Type() == fastjson.TypeObject && item.Exists("role") {
-			raw(w, item.Get("role"))
+		if role := openai.Member(item, "role"); role != nil {
+			openai.Compact(role, w.write)
 			w.write(sepRole)
-			raw(w, item.Get("content"))
-			raw(w, item.Get("tool_calls"))
+			openai.Compact(openai.Member(item, "content"), w.write)
+			openai.Compact(openai.Member(item, "tool_calls"), w.write)
 		} else {
-			raw(w, item)
+			openai.Compact(item, w.write)
 		}
 		w.write(sepMessage)
 	}

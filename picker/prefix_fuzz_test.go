@@ -1,7 +1,9 @@
 package picker
 
 import (
+	"cmp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fastjson"
@@ -30,19 +32,55 @@ func FuzzPrefixHash(f *testing.F) {
 		if !slices.Equal(a, b) {
 			t.Fatal("hashing the same prompt twice differs")
 		}
+		// Read in place, the prompt hashes as it did parsed into a tree and re-marshalled (which decodes
+		// object keys, so only bodies without escapes compare).
+		if !strings.Contains(body, "\\") {
+			if want := treeHash(t, h, Seed(req.Model, ""), req.Prompt); !slices.Equal(a, want) {
+				t.Fatalf("hashes %x, parsed into a tree %x", a, want)
+			}
+		}
 	})
+}
+
+// treeHash hashes a prompt as the hasher did when requests were parsed into a fastjson tree: each value
+// re-marshalled compact.
+func treeHash(t *testing.T, h Hasher, seed uint64, prompt []byte) []uint64 {
+	v, err := fastjson.ParseBytes(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := blockWriter{size: min(cmp.Or(h.BlockBytes, DefaultBlockTokens*CharsPerToken), maxBlockBytes),
+		max: cmp.Or(h.MaxBlocks, 256), prev: seed}
+	raw := func(v *fastjson.Value) {
+		if v != nil {
+			w.write(v.MarshalTo(nil))
+		}
+	}
+	if v.Type() != fastjson.TypeArray {
+		raw(v)
+		return w.hashes
+	}
+	for _, item := range v.GetArray() {
+		if w.full() {
+			break
+		}
+		if item.Type() == fastjson.TypeObject && item.Exists("role") {
+			raw(item.Get("role"))
+			w.write(sepRole)
+			raw(item.Get("content"))
+			raw(item.Get("tool_calls"))
+		} else {
+			raw(item)
+		}
+		w.write(sepMessage)
+	}
+	return w.hashes
 }
 
 // A Responses API prompt hashes as the chat prompt it stands for: instructions as the system message, then the
 // input's messages, so the two APIs share a replica's cached prefix.
 func TestInstructionsHashAsTheSystemMessage(t *testing.T) {
-	parse := func(s string) *fastjson.Value {
-		v, err := fastjson.Parse(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	parse := func(s string) []byte { return []byte(s) }
 	h := Hasher{BlockBytes: 16, MaxBlocks: 64}
 	chat := h.Hash(nil, 1, parse(`[{"role":"system","content":"You are a careful assistant."},{"role":"user","content":"hello there"}]`))
 	responses := h.HashWithInstructions(nil, 1, parse(`"You are a careful assistant."`), parse(`[{"role":"user","content":"hello there"}]`))
