@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-
 )
 
 // Endpoint is one of the inference APIs the gateway routes.
@@ -141,8 +140,8 @@ type Request struct {
 	body []byte
 	// where the fields the rewrite edits lie; end 0 when absent
 	model, streamOptions, maxTokens span
-	includeUsage                     span // stream_options.include_usage, inside streamOptions
-	objectEnd                        int  // just past the top-level '}'
+	includeUsage                    span // stream_options.include_usage, inside streamOptions
+	objectEnd                       int  // just past the top-level '}'
 }
 
 // ParseRequest validates the body as JSON and reads the routing fields. A malformed body or a missing or
