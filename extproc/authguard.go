@@ -10,10 +10,13 @@ import (
 	"github.com/infergate/infergate/contract"
 )
 
-// Without a limit, ext_proc answers every guess at an API key with a plain 401 at full speed: a key-validity
-// oracle. authGuard counts failed authentications per client address (Envoy's source.address request
-// attribute) in a token bucket; a source that spends its bucket is refused with 429 — before its key is even
-// looked at, so the answer tells nothing about the key — until the bucket refills.
+// Without a limit, ext_proc answers every guess at an API key with a plain 401 at full speed. authGuard counts
+// failed authentications per client address (Envoy's source.address request attribute) in a token bucket; a
+// source that spends its bucket has its failures answered with 429 until the bucket refills. Only failures are
+// throttled: a valid key is looked up first and always goes on, since one address may stand for many clients
+// (a NAT, a corporate proxy) and one of them guessing must not lock the others out. What keeps a key from
+// being guessed is its randomness (docs/security.md: 32 random bytes or more); the throttle keeps a guesser from
+// costing the gateway and its logs more than one failure a second, and says so in its metric.
 
 const (
 	// authFailureBurst is how many failed authentications a source may make at once.

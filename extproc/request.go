@@ -274,27 +274,27 @@ func (rs *requestState) readHeaders(h *extprocv3.HttpHeaders) requestHeaderValue
 	return out
 }
 
-// authenticate finds the tenant of a bearer key, refusing a client address past its failed-authentication
-// budget before the key is looked at.
+// authenticate finds the tenant of a bearer key. The key is looked up first (a hash lookup), so a valid key
+// is never refused for what others did from the same address — many clients share one behind a NAT or a
+// proxy; only a failure is throttled, past its address's failed-authentication budget.
 func (rs *requestState) authenticate(auth string) *openai.Error {
 	key, ok := strings.CutPrefix(auth, "Bearer ")
 	if !ok {
 		key, ok = strings.CutPrefix(auth, "bearer ")
 	}
 	key = strings.TrimSpace(key)
+	missing := !ok || key == ""
+	if !missing {
+		if rs.tenant, ok = rs.snap.TenantForKey(key); ok {
+			return nil
+		}
+	}
 	guard := rs.srv.auth
 	if throttled, retry := guard.throttled(rs.source); throttled {
 		return openai.TooManyAuthFailures(retry)
 	}
-	if !ok || key == "" {
-		guard.failed(rs.source)
-		return openai.InvalidAPIKey(true)
-	}
-	if rs.tenant, ok = rs.snap.TenantForKey(key); !ok {
-		guard.failed(rs.source)
-		return openai.InvalidAPIKey(false)
-	}
-	return nil
+	guard.failed(rs.source)
+	return openai.InvalidAPIKey(missing)
 }
 
 func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {

@@ -76,8 +76,7 @@ func InvalidAPIKey(missing bool) *Error {
 	return &Error{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "invalid_api_key", Message: msg}
 }
 
-// TooManyAuthFailures is a 429 for a client address that sent too many unknown or missing API keys: it is
-// answered before the key is looked at, so it says nothing about the key.
+// TooManyAuthFailures is a 429 for an unknown or missing API key from a client address that sent too many.
 func TooManyAuthFailures(retry time.Duration) *Error {
 	retry = max(retry, time.Second)
 	return &Error{Status: http.StatusTooManyRequests, Type: TypeRateLimit, Code: "too_many_auth_failures",
