@@ -15,6 +15,8 @@ type Metrics struct {
 	Tokens         *prometheus.CounterVec // by tenant, model, kind (prompt, completion, cached)
 	CostUSD        *prometheus.CounterVec // by tenant, model
 	ActiveStreams  prometheus.Gauge
+	// BodyBytesHeld is what request bodies not routed yet hold (extproc's body budget).
+	BodyBytesHeld prometheus.Gauge
 	UsageEstimated *prometheus.CounterVec // settlements without engine-reported usage, by reason
 }
 
@@ -51,6 +53,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "infergate_extproc_active_streams",
 			Help: "Open ext_proc streams (one per HTTP request in Envoy).",
 		}),
+		BodyBytesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "infergate_extproc_request_body_bytes_held",
+			Help: "Request body bytes held by requests not routed yet; bounded by spec.gateway.maxBodyBytesInFlight.",
+		}),
 		UsageEstimated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infergate_usage_estimated_total",
 			Help: "Settlements that used an estimate because the engine reported no usage, by reason.",
@@ -58,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.Responses, m.Decision, m.InFlight, m.Tokens, m.CostUSD, m.ActiveStreams,
-			m.UsageEstimated)
+			m.UsageEstimated, m.BodyBytesHeld)
 	}
 	return m
 }

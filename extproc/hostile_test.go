@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -187,4 +188,64 @@ func TestGetOneModel(t *testing.T) {
 	if status, _ := get("/v1/models/llama-70b", keyInitech); status != 404 {
 		t.Errorf("a model the tenant may not call: %d, want 404", status)
 	}
+}
+
+// Bodies not routed yet hold at most spec.gateway.maxBodyBytesInFlight across the process: one that does not
+// fit is refused with 503 and retry-after as it arrives, and the bytes come back when a request is routed or
+// ends, so the next body fits again.
+func TestBodyBudgetBoundsBodiesInFlight(t *testing.T) {
+	text, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.Replace(string(text), "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1048576", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(Options{Policies: policies.NewStaticStore(snap)})
+	open := func(first []byte) (*requestState, []*extprocv3.ProcessingResponse) {
+		rs := &requestState{srv: srv, ctx: context.Background()}
+		m := postHeaders("/v1/chat/completions", keyAcme)
+		m.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: modeFullDuplex}
+		rs.handle(m)
+		return rs, rs.handle(reqBody(first, false))
+	}
+	slow, _ := open([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", 700<<10)))
+	if got := srv.bodies.held.Load(); got < 700<<10 {
+		t.Fatalf("%d bytes held for a 700 KiB body in flight", got)
+	}
+	refused, out := open(make([]byte, 400<<10))
+	if len(out) != 1 || out[0].GetImmediateResponse() == nil {
+		t.Fatalf("a body past the budget was not refused: %v", out)
+	}
+	ir := out[0].GetImmediateResponse()
+	if ir.GetStatus().GetCode() != 503 || !strings.Contains(string(ir.GetBody()), "request_bodies_in_flight") ||
+		!hasHeader(ir.GetHeaders(), "retry-after") {
+		t.Errorf("refusal %d %s, want 503 request_bodies_in_flight with retry-after", ir.GetStatus().GetCode(), ir.GetBody())
+	}
+	refused.close()
+	slow.handle(reqBody([]byte(`"}]}`), true)) // the slow body completes and is routed
+	slow.sent()
+	if got := srv.bodies.held.Load(); got != 0 {
+		t.Errorf("%d bytes still held once the request was routed", got)
+	}
+	slow.close()
+	if next, out := open(make([]byte, 400<<10)); len(out) != 0 {
+		t.Errorf("a body that fits again was answered %v", out)
+	} else {
+		next.close()
+	}
+	if got := srv.bodies.held.Load(); got != 0 {
+		t.Errorf("%d bytes held after every stream ended", got)
+	}
+}
+
+func hasHeader(m *extprocv3.HeaderMutation, name string) bool {
+	for _, h := range m.GetSetHeaders() {
+		if h.GetHeader().GetKey() == name {
+			return true
+		}
+	}
+	return false
 }

@@ -51,6 +51,7 @@ type requestState struct {
 	strip     []string // client-supplied routing headers to remove
 	source    string   // the client's IP, when Envoy sends the source.address attribute
 	body      []byte
+	held      int64 // body bytes taken from the server's body budget
 	limit     int64
 	decided   bool
 
@@ -305,6 +306,9 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	if int64(len(rs.body))+int64(len(b.GetBody())) > rs.limit {
 		return rs.reject(openai.BodyTooLarge(rs.limit))
 	}
+	if !rs.holdBody(int64(len(b.GetBody()))) {
+		return rs.reject(openai.BodiesInFlight())
+	}
 	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		rs.body = b.GetBody() // the whole body in one message: use it in place
 	} else {
@@ -362,6 +366,11 @@ func (rs *requestState) sent() {
 // releaseBody lets go of the request body: a request streams its answer for as long as it takes, and the
 // body it was routed on must not stay in memory all that time.
 func (rs *requestState) releaseBody() {
+	if rs.held > 0 {
+		rs.srv.bodies.give(rs.held)
+		rs.srv.metrics.BodyBytesHeld.Sub(float64(rs.held))
+		rs.held = 0
+	}
 	rs.body = nil
 	if rs.pooledBody != nil {
 		sharedBufferPool.Put(rs.pooledBody)
@@ -378,6 +387,19 @@ func (rs *requestState) close() {
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
 	rs.releaseBody()
+}
+
+// holdBody takes n bytes of a body that arrived from the server's body budget.
+func (rs *requestState) holdBody(n int64) bool {
+	if n == 0 {
+		return true
+	}
+	if !rs.srv.bodies.take(n, rs.snap.Gateway().MaxBodyBytesInFlight) {
+		return false
+	}
+	rs.held += n
+	rs.srv.metrics.BodyBytesHeld.Add(float64(n))
+	return true
 }
 
 // appendBody collects a body that arrives in frames in buffers from the shared pool: memory follows the

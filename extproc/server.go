@@ -45,6 +45,7 @@ type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	opts     Options
 	auth     *authGuard
+	bodies   bodyBudget
 	director *director.Director
 	metrics  *director.Metrics // the director's series, which the protocol stage shares
 }

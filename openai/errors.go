@@ -120,6 +120,14 @@ func NoCapacity(model string) *Error {
 		Message: fmt.Sprintf("No capacity is available for the model `%s`; please try again later.", model)}
 }
 
+// BodiesInFlight is a 503 for a request body that arrives while the gateway holds as many bytes of bodies not
+// yet routed as it may: the client should retry shortly.
+func BodiesInFlight() *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: TypeServiceUnavailable, Code: "request_bodies_in_flight",
+		Header:  map[string]string{"retry-after": "1"},
+		Message: "The gateway is holding as many request bodies as it may; please try again shortly."}
+}
+
 // Overloaded is a 429 when every replica of a model is saturated and no fallback may take the overflow: the
 // client should retry after retry (when the admission queue measured how long it takes to drain; 0: shortly).
 func Overloaded(model string, retry time.Duration) *Error {

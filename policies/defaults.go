@@ -19,6 +19,9 @@ func applyDefaults(pol *Policy) {
 	if g.MaxRequestBodyBytes == 0 {
 		g.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
 	}
+	if g.MaxBodyBytesInFlight == 0 {
+		g.MaxBodyBytesInFlight = max(DefaultMaxBodyBytesInFlight, g.MaxRequestBodyBytes)
+	}
 	if g.MaxEndpointsPerDecision == 0 {
 		g.MaxEndpointsPerDecision = DefaultMaxEndpointsPerDecision
 	}

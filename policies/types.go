@@ -50,6 +50,10 @@ type Spec struct {
 type Gateway struct {
 	// MaxRequestBodyBytes bounds what the processor buffers per request; larger bodies get a 413.
 	MaxRequestBodyBytes int64 `yaml:"maxRequestBodyBytes,omitempty" json:"maxRequestBodyBytes,omitempty" jsonschema:"minimum=1024"`
+	// MaxBodyBytesInFlight bounds the request bodies the processor holds at once, across every request it has
+	// not routed yet: past it a body is refused with 503 and retry-after as it arrives, so bodies sent faster
+	// than they are routed cannot grow the process past its memory limit. At least maxRequestBodyBytes.
+	MaxBodyBytesInFlight int64 `yaml:"maxBodyBytesInFlight,omitempty" json:"maxBodyBytesInFlight,omitempty" jsonschema:"minimum=1024"`
 	// MaxEndpointsPerDecision bounds the x-gateway-destination-endpoint list (chosen endpoint plus retry fallbacks).
 	MaxEndpointsPerDecision int `yaml:"maxEndpointsPerDecision,omitempty" json:"maxEndpointsPerDecision,omitempty" jsonschema:"minimum=1,maximum=16"`
 	// DefaultMaxTokens is the output bound for requests that set no max_tokens: admission reserves it and the
@@ -79,6 +83,7 @@ const (
 // Defaults for Gateway fields left at zero.
 const (
 	DefaultMaxRequestBodyBytes     = 4 << 20
+	DefaultMaxBodyBytesInFlight    = 128 << 20
 	DefaultMaxEndpointsPerDecision = 3
 	DefaultMaxTokens               = 256
 	DefaultMaxChoices              = 16

@@ -369,6 +369,14 @@ func (v *validator) gateway(g *Gateway) {
 	if g.MaxRequestBodyBytes != 0 && (g.MaxRequestBodyBytes < 1024 || g.MaxRequestBodyBytes > 64<<20) {
 		v.fail(append(base, "maxRequestBodyBytes"), "must be between 1024 and %d, got %d", 64<<20, g.MaxRequestBodyBytes)
 	}
+	bodyLimit := g.MaxRequestBodyBytes
+	if bodyLimit == 0 {
+		bodyLimit = DefaultMaxRequestBodyBytes
+	}
+	if g.MaxBodyBytesInFlight != 0 && (g.MaxBodyBytesInFlight < bodyLimit || g.MaxBodyBytesInFlight > 16<<30) {
+		v.fail(append(base, "maxBodyBytesInFlight"), "must be at least maxRequestBodyBytes (%d) and at most %d, got %d",
+			bodyLimit, int64(16<<30), g.MaxBodyBytesInFlight)
+	}
 	if g.MaxEndpointsPerDecision < 0 || g.MaxEndpointsPerDecision > 16 {
 		v.fail(append(base, "maxEndpointsPerDecision"), "must be between 1 and 16, got %d", g.MaxEndpointsPerDecision)
 	}
