@@ -8,15 +8,15 @@ import (
 // decision latency measured here (from request headers to the routing answer, body streaming included) is
 // the only place an operator can see what the gateway adds.
 type Metrics struct {
-	Requests       *prometheus.CounterVec   // by outcome: routed, models_list, or the error code of a rejection
-	Responses      *prometheus.CounterVec   // by result: completed, upstream_error, aborted
-	Decision       *prometheus.HistogramVec // seconds from request headers to routing decision, by body mode
-	InFlight       prometheus.Gauge
-	Tokens         *prometheus.CounterVec // by tenant, model, kind (prompt, completion, cached)
-	CostUSD        *prometheus.CounterVec // by tenant, model
-	ActiveStreams  prometheus.Gauge
+	Requests      *prometheus.CounterVec   // by outcome: routed, models_list, or the error code of a rejection
+	Responses     *prometheus.CounterVec   // by result: completed, upstream_error, aborted
+	Decision      *prometheus.HistogramVec // seconds from request headers to routing decision, by body mode
+	InFlight      prometheus.Gauge
+	Tokens        *prometheus.CounterVec // by tenant, model, kind (prompt, completion, cached)
+	CostUSD       *prometheus.CounterVec // by tenant, model
+	ActiveStreams prometheus.Gauge
 	// BodyBytesHeld is what request bodies not routed yet hold (extproc's body budget).
-	BodyBytesHeld prometheus.Gauge
+	BodyBytesHeld  prometheus.Gauge
 	UsageEstimated *prometheus.CounterVec // settlements without engine-reported usage, by reason
 }
 
