@@ -3,6 +3,8 @@ package capacity
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -152,4 +154,21 @@ func FuzzParseWorkload(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A workload or an architecture config that never ends (a device, a pipe) is refused at its bound instead of
+// read until the process is killed.
+func TestEndlessFilesAreRefusedAtTheirBound(t *testing.T) {
+	dir := t.TempDir()
+	workload := filepath.Join(dir, "workload.yaml")
+	src := "models:\n- model: m\n  architecture: {config: /dev/zero}\n  requestsPerSecond: 1\n  inputTokens: {mean: 10}\n  outputTokens: {mean: 10}\n"
+	if err := os.WriteFile(workload, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadWorkload(workload); err == nil || !strings.Contains(err.Error(), "over 1048576 bytes") {
+		t.Errorf("config /dev/zero: %v, want refused at its bound", err)
+	}
+	if _, _, err := LoadWorkload("/dev/zero"); err == nil || !strings.Contains(err.Error(), "over 1048576 bytes") {
+		t.Errorf("workload /dev/zero: %v, want refused at its bound", err)
+	}
 }

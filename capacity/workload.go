@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,9 +71,27 @@ const (
 	maxWorkloadBytes            = 1 << 20
 )
 
+// readAtMost reads a file the operator named, refusing one larger than limit without reading past it: a
+// device or a pipe ("/dev/zero") must not grow the process until it is killed.
+func readAtMost(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: over %d bytes", path, limit)
+	}
+	return b, nil
+}
+
 // LoadWorkload reads and checks a workload file; every problem is reported with its line.
 func LoadWorkload(path string) (*Workload, map[string]Architecture, error) {
-	b, err := os.ReadFile(path)
+	b, err := readAtMost(path, maxWorkloadBytes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -117,7 +136,7 @@ func (s ArchSource) resolve(dir string) (Architecture, error) {
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(dir, path)
 		}
-		b, err := os.ReadFile(path)
+		b, err := readAtMost(path, maxConfigBytes)
 		if err != nil {
 			return Architecture{}, err
 		}

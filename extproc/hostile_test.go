@@ -190,9 +190,9 @@ func TestGetOneModel(t *testing.T) {
 	}
 }
 
-// Bodies not routed yet hold at most spec.gateway.maxBodyBytesInFlight across the process: one that does not
-// fit is refused with 503 and retry-after as it arrives, and the bytes come back when a request is routed or
-// ends, so the next body fits again.
+// Bodies not routed yet hold at most spec.gateway.maxBodyBytesInFlight across the process (large ones three
+// quarters of it): one that does not fit is refused with 503 and retry-after as it arrives, a small body still
+// fits where a large one does not, and the bytes come back when a request is routed or ends.
 func TestBodyBudgetBoundsBodiesInFlight(t *testing.T) {
 	text, err := os.ReadFile("testdata/policy.yaml")
 	if err != nil {
@@ -211,11 +211,11 @@ func TestBodyBudgetBoundsBodiesInFlight(t *testing.T) {
 		rs.handle(m)
 		return rs, rs.handle(reqBody(first, false))
 	}
-	slow, _ := open([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", 700<<10)))
-	if got := srv.bodies.held.Load(); got < 700<<10 {
-		t.Fatalf("%d bytes held for a 700 KiB body in flight", got)
+	slow, _ := open([]byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", 600<<10)))
+	if got := srv.bodies.held.Load(); got < 600<<10 {
+		t.Fatalf("%d bytes held for a 600 KiB body in flight", got)
 	}
-	refused, out := open(make([]byte, 400<<10))
+	refused, out := open(make([]byte, 200<<10)) // 800 KiB would fit the budget, not the large bodies' 768 KiB
 	if len(out) != 1 || out[0].GetImmediateResponse() == nil {
 		t.Fatalf("a body past the budget was not refused: %v", out)
 	}
@@ -225,13 +225,18 @@ func TestBodyBudgetBoundsBodiesInFlight(t *testing.T) {
 		t.Errorf("refusal %d %s, want 503 request_bodies_in_flight with retry-after", ir.GetStatus().GetCode(), ir.GetBody())
 	}
 	refused.close()
+	if small, out := open([]byte(`{"model":"qwen2.5-7b",`)); len(out) != 0 {
+		t.Errorf("a small body was refused beside a large one: %v", out)
+	} else {
+		small.close()
+	}
 	slow.handle(reqBody([]byte(`"}]}`), true)) // the slow body completes and is routed
 	slow.sent()
 	if got := srv.bodies.held.Load(); got != 0 {
 		t.Errorf("%d bytes still held once the request was routed", got)
 	}
 	slow.close()
-	if next, out := open(make([]byte, 400<<10)); len(out) != 0 {
+	if next, out := open(make([]byte, 700<<10)); len(out) != 0 {
 		t.Errorf("a body that fits again was answered %v", out)
 	} else {
 		next.close()

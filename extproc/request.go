@@ -394,7 +394,7 @@ func (rs *requestState) holdBody(n int64) bool {
 	if n == 0 {
 		return true
 	}
-	if !rs.srv.bodies.take(n, rs.snap.Gateway().MaxBodyBytesInFlight) {
+	if !rs.srv.bodies.take(n, rs.held+n, rs.snap.Gateway().MaxBodyBytesInFlight) {
 		return false
 	}
 	rs.held += n
