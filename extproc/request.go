@@ -177,7 +177,7 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		return rs.answerModels(hdr)
 	}
 	// Inference requests only: a models list is no GenAI operation.
-	rs.trace = rs.srv.opts.Tracing.Begin(rs.traceparent, rs.tracestate, rs.endpoint, rs.started)
+	rs.trace = rs.srv.opts.Tracing.Begin(rs.traceparent, rs.tracestate, rs.source, rs.endpoint, rs.started)
 	if hdr.method != http.MethodPost {
 		return rs.reject(openai.MethodNotAllowed(hdr.method, hdr.path))
 	}

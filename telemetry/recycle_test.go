@@ -39,7 +39,7 @@ func endMany(t *testing.T, tr *Tracing, n int) {
 	t.Helper()
 	started := time.Unix(5000, 0)
 	for i := range n {
-		r := tr.Begin("", "", openai.EndpointChat, started)
+		r := tr.Begin("", "", "", openai.EndpointChat, started)
 		r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK,
 			RequestID: fmt.Sprintf("r%d", i), Endpoint: "10.0.0.1:8000", Status: 200},
 			Marks{Routed: started.Add(time.Millisecond), FirstToken: started.Add(2 * time.Millisecond), Ended: started.Add(time.Second)})

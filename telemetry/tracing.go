@@ -40,6 +40,15 @@ type Tracing struct {
 	scope    instrumentation.Scope
 	// recycle reuses spans' attribute and event storage after export (see ExportCopies).
 	recycle bool
+	client  ClientContext
+}
+
+// WithClientContext sets whose trace context counts (by default every client's) and returns t.
+func (t *Tracing) WithClientContext(c ClientContext) *Tracing {
+	if t != nil {
+		t.client = c
+	}
+	return t
 }
 
 // exportBatch is how many spans one export carries: small batches keep fewer ended spans alive between exports,
@@ -146,7 +155,8 @@ func (c *carrier) Keys() []string { return []string{"traceparent", "tracestate"}
 // *Request traces nothing.
 type Request struct {
 	t        *Tracing
-	parent   trace.SpanContext // the client's, when its traceparent is valid
+	parent   trace.SpanContext // the client's, when its traceparent is valid and honoured
+	link     trace.SpanContext // the client's, when it is ignored
 	op       openai.Endpoint
 	started  time.Time
 	traceID  trace.TraceID
@@ -156,16 +166,20 @@ type Request struct {
 	ended    bool
 }
 
-// Begin starts following a request that arrived at started; nil (which traces nothing) when t is nil, so that
-// a gateway without tracing carries no trace state per request.
-func (t *Tracing) Begin(traceparent, tracestate string, ep openai.Endpoint, started time.Time) *Request {
+// Begin starts following a request from source (its address, "" when unknown) that arrived at started; nil
+// (which traces nothing) when t is nil, so that a gateway without tracing carries no trace state per request.
+func (t *Tracing) Begin(traceparent, tracestate, source string, ep openai.Endpoint, started time.Time) *Request {
 	if t == nil {
 		return nil
 	}
 	r := &Request{t: t, op: ep, started: started}
 	if traceparent != "" {
 		ctx := propagation.TraceContext{}.Extract(context.Background(), &carrier{traceparent, tracestate})
-		r.parent = trace.SpanContextFromContext(ctx)
+		if sc := trace.SpanContextFromContext(ctx); t.client.honours(source) {
+			r.parent = sc
+		} else {
+			r.link = sc
+		}
 	}
 	return r
 }
@@ -243,12 +257,21 @@ func (r *Request) span(name string, attrs int) (tracetest.SpanStub, bool) {
 		SpanContext: trace.NewSpanContext(trace.SpanContextConfig{TraceID: r.traceID, SpanID: r.spanID,
 			TraceFlags: trace.FlagsSampled, TraceState: r.sampling.Tracestate}),
 		Parent:               r.parent,
+		Links:                r.links(),
 		SpanKind:             trace.SpanKindClient,
 		StartTime:            r.started,
 		Attributes:           r.t.newAttrs(attrs),
 		Resource:             r.t.resource,
 		InstrumentationScope: r.t.scope,
 	}, true
+}
+
+// links links the span to the client's context when that was ignored.
+func (r *Request) links() []sdktrace.Link {
+	if !r.link.IsValid() {
+		return nil
+	}
+	return []sdktrace.Link{{SpanContext: r.link}}
 }
 
 // emit ends the span at ended, failed with code unless code is empty.

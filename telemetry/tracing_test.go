@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/infergate/infergate/director"
@@ -44,13 +45,13 @@ func TestRequestSpanKeepsTheIDsSentUpstream(t *testing.T) {
 		r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK},
 			Marks{Ended: started.Add(time.Second)})
 	}
-	root := tr.Begin("", "", openai.EndpointChat, started)
+	root := tr.Begin("", "", "", openai.EndpointChat, started)
 	tp, _ := root.Upstream()
 	end(root)
-	child := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v", openai.EndpointChat, started)
+	child := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v", "", openai.EndpointChat, started)
 	ctp, cts := child.Upstream()
 	end(child)
-	dropped := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", "", openai.EndpointChat, started)
+	dropped := tr.Begin("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", "", "", openai.EndpointChat, started)
 	if dtp, _ := dropped.Upstream(); dtp != "" || dropped.TraceID() != "" {
 		t.Errorf("an unsampled parent's request sent %q upstream", dtp)
 	}
@@ -80,3 +81,60 @@ func TestRequestSpanKeepsTheIDsSentUpstream(t *testing.T) {
 type keep struct{ *tracetest.InMemoryExporter }
 
 func (keep) Shutdown(context.Context) error { return nil }
+
+// Whose trace context counts is the operator's choice: honoured, a client's sampled flag decides its requests'
+// sampling; ignored, the sampler alone decides and the client's context is only linked; trusted, it counts
+// from the trusted addresses only.
+func TestClientTraceContextPolicy(t *testing.T) {
+	const sampledParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	trusted, err := ParseClientContext(ClientContextTrusted, "10.0.0.0/8, 192.0.2.7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignore, _ := ParseClientContext(ClientContextIgnore, "")
+	honour, _ := ParseClientContext("", "")
+	tests := []struct {
+		name        string
+		policy      ClientContext
+		source      string
+		wantSampled bool
+	}{
+		{"honoured: the client's flag samples", honour, "203.0.113.9", true},
+		{"ignored: the sampler alone decides", ignore, "203.0.113.9", false},
+		{"trusted source", trusted, "10.1.2.3", true},
+		{"trusted single address", trusted, "192.0.2.7", true},
+		{"untrusted source", trusted, "203.0.113.9", false},
+		{"unknown source", trusted, "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := tracetest.NewInMemoryExporter()
+			// parentbased over a sampler that samples no root: only a honoured, sampled parent is traced.
+			tr := NewTracing(keep{mem}, sdktrace.ParentBased(sdktrace.NeverSample()), nil).WithClientContext(tc.policy)
+			r := tr.Begin(sampledParent, "", tc.source, openai.EndpointChat, time.Unix(5000, 0))
+			tp, _ := r.Upstream()
+			if sampled := tp != ""; sampled != tc.wantSampled {
+				t.Errorf("sampled %v, want %v", sampled, tc.wantSampled)
+			}
+		})
+	}
+	// Ignored but sampled by the sampler: a trace of its own, linked to the client's.
+	mem := tracetest.NewInMemoryExporter()
+	tr := NewTracing(keep{mem}, sdktrace.AlwaysSample(), nil).WithClientContext(ignore)
+	r := tr.Begin(sampledParent, "", "203.0.113.9", openai.EndpointChat, time.Unix(5000, 0))
+	r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK},
+		Marks{Ended: time.Unix(5001, 0)})
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := mem.GetSpans()
+	if len(spans) != 1 || spans[0].Parent.IsValid() || spans[0].SpanContext.TraceID().String() == "4bf92f3577b34da6a3ce929d0e0e4736" ||
+		len(spans[0].Links) != 1 || spans[0].Links[0].SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("ignored context: spans %+v, want a root span linked to the client's", spans)
+	}
+	for _, bad := range [][2]string{{"sometimes", ""}, {ClientContextTrusted, ""}, {ClientContextTrusted, "not-an-address"}} {
+		if _, err := ParseClientContext(bad[0], bad[1]); err == nil {
+			t.Errorf("ParseClientContext(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}

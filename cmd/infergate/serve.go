@@ -61,6 +61,8 @@ type serveConfig struct {
 	auditLog       string
 	auditMaxBytes  int64
 	kubeconfig     string
+	traceClient    string
+	traceTrusted   string
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
@@ -85,6 +87,8 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&cfg.auditLog, "audit-log", "", "audit log of settled requests (JSON lines with digests, never text or keys): a folder of per-tenant files, or - for standard output; empty disables it")
+	fs.StringVar(&cfg.traceClient, "client-trace-context", telemetry.ClientContextHonour, "whose traceparent makes a request's span its child and, under a parentbased_ sampler, decides its sampling: honour (every client's), ignore (none: the sampler alone decides, the client's context is linked), trusted (only from --trace-trusted-sources)")
+	fs.StringVar(&cfg.traceTrusted, "trace-trusted-sources", "", "comma-separated addresses or CIDR prefixes (Envoy's source.address) whose traceparent counts under --client-trace-context=trusted")
 	fs.Int64Var(&cfg.auditMaxBytes, "audit-max-file-bytes", 64<<20, "size at which a tenant's audit file is rotated; rotated files are kept per the policy's audit retention")
 	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
@@ -133,10 +137,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
 	}
 	gc.AuditLog, gc.AuditMaxFileBytes, gc.Kubeconfig = cfg.auditLog, cfg.auditMaxBytes, cfg.kubeconfig
+	clientContext, err := telemetry.ParseClientContext(cfg.traceClient, cfg.traceTrusted)
+	if err != nil {
+		return err
+	}
 	tracing, err := telemetry.TracingFromEnv(ctx, buildVersion())
 	if err != nil {
 		return err
 	}
+	tracing = tracing.WithClientContext(clientContext)
 	if tracing != nil {
 		log.Info("traces exported over OTLP", "endpoint", cmp.Or(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
 			"sampler", cmp.Or(os.Getenv("OTEL_TRACES_SAMPLER"), "parentbased_always_on"), "sampler_arg", os.Getenv("OTEL_TRACES_SAMPLER_ARG"))
