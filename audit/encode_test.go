@@ -25,7 +25,7 @@ func TestAppendLineIsEncodingJSON(t *testing.T) {
 		{},
 		{Time: time.Date(2026, 12, 1, 10, 30, 0, 123456789, time.FixedZone("x", 3600)), RequestID: "r-1", TraceID: "abc",
 			Tenant: "acme", Tier: "enterprise", Model: "llama", Pool: "fallback/together", Endpoint: "10.0.0.1:8000",
-			PromptSHA256: "aa", OutputSHA256: "bb", PromptTokens: 1 << 40, CachedTokens: 7, CompletionTokens: -1,
+			PromptDigest: "aa", OutputDigest: "bb", PromptTokens: 1 << 40, CachedTokens: 7, CompletionTokens: -1,
 			CostUSD: 0.000123, TTFTMillis: 12.5, E2EMillis: 1e22, Status: 429, Outcome: "quota", Good: true},
 		{RequestID: "quote\" back\\ nl\n tab\t cr\r bell\x07 del\x7f <html>&", Tenant: "bad\xff\xfeutf8", Model: "é\u2028\u2029😀",
 			CostUSD: 1e-9, TTFTMillis: -0.0000001, E2EMillis: 123456789.25},

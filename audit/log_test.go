@@ -22,7 +22,7 @@ func TestOutMode(t *testing.T) {
 	paris := time.FixedZone("CET", 3600)
 	l.Write(Record{
 		Time: time.Date(2026, 12, 1, 11, 30, 0, 5, paris), RequestID: "r1", TraceID: "t1", Tenant: "acme",
-		Tier: "gold", Model: "m", Pool: "p", Endpoint: "10.0.0.1:8000", PromptSHA256: "aa", OutputSHA256: "bb",
+		Tier: "gold", Model: "m", Pool: "p", Endpoint: "10.0.0.1:8000", PromptDigest: "aa", OutputDigest: "bb",
 		PromptTokens: 10, CachedTokens: 4, CompletionTokens: 3, CostUSD: 0.5, TTFTMillis: 12.5, E2EMillis: 40,
 		Status: 200, Outcome: "ok", Good: true,
 	})
@@ -34,7 +34,7 @@ func TestOutMode(t *testing.T) {
 	lines := strings.SplitAfter(out.String(), "\n")
 	want := []string{
 		`{"time":"2026-12-01T10:30:00.000000005Z","request_id":"r1","trace_id":"t1","tenant":"acme","tier":"gold",` +
-			`"model":"m","pool":"p","endpoint":"10.0.0.1:8000","prompt_sha256":"aa","output_sha256":"bb",` +
+			`"model":"m","pool":"p","endpoint":"10.0.0.1:8000","prompt_hmac":"aa","output_hmac":"bb",` +
 			`"prompt_tokens":10,"cached_tokens":4,"completion_tokens":3,"cost_usd":0.5,"ttft_ms":12.5,"e2e_ms":40,` +
 			`"status":200,"outcome":"ok","good":true}` + "\n",
 		`{"time":"2026-12-01T10:30:00.123Z","request_id":"r2","tenant":"../other","model":"m","prompt_tokens":0,` +
@@ -213,7 +213,7 @@ func TestWriteErrorsCountedAndRateLimited(t *testing.T) {
 	const n = 5
 	for i := range n {
 		r := rec("a", i)
-		r.PromptSHA256 = "feedface"
+		r.PromptDigest = "feedface"
 		l.Write(r)
 		wait.For(t, "the write error", func() bool { return testutil.ToFloat64(l.m.errors) >= float64(i+1) })
 	}

@@ -17,9 +17,11 @@ type Record struct {
 	Model    string `json:"model"`
 	Pool     string `json:"pool,omitempty"`
 	Endpoint string `json:"endpoint,omitempty"`
-	// PromptSHA256 and OutputSHA256 are lower-case hex SHA-256 digests of the prompt and output text.
-	PromptSHA256     string `json:"prompt_sha256,omitempty"`
-	OutputSHA256     string `json:"output_sha256,omitempty"`
+	// PromptDigest and OutputDigest are lower-case hex HMAC-SHA256 digests of the prompt field as sent and of
+	// the output text, under the key DigestKey names (see DigestKey).
+	PromptDigest     string `json:"prompt_hmac,omitempty"`
+	OutputDigest     string `json:"output_hmac,omitempty"`
+	DigestKey        string `json:"digest_key,omitempty"`
 	PromptTokens     int64  `json:"prompt_tokens"`
 	CachedTokens     int64  `json:"cached_tokens"`
 	CompletionTokens int64  `json:"completion_tokens"`

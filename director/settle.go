@@ -39,9 +39,10 @@ type Settlement struct {
 	Good    bool
 	// PrefixShare is the share of the prompt the picker expected the chosen endpoint to hold in KV cache.
 	PrefixShare float64
-	// PromptSHA256 and OutputSHA256 are hex digests of the prompt field as sent and of the generated text,
-	// when the protocol stage computed them (for the audit log); TraceID names the request's trace.
-	PromptSHA256, OutputSHA256, TraceID string
+	// PromptDigest and OutputDigest are keyed hex digests (HMAC-SHA256) of the prompt field as sent and of the
+	// generated text, when the protocol stage computed them (for the audit log), under the key DigestKey
+	// names; TraceID names the request's trace.
+	PromptDigest, OutputDigest, DigestKey, TraceID string
 	// Arm is the rollout arm the request took (picker.ArmCandidate, picker.ArmBaseline), "" without a rollout;
 	// ArmChosen says a tester chose it (x-infergate-rollout), so the gates leave the request out.
 	Arm       string
@@ -102,8 +103,8 @@ type Outcome struct {
 	FirstContent, LastContent, Ended time.Time
 	MaxGap                           time.Duration
 	Chunked                          bool // see Timing.Chunked
-	// The digests and trace id, when the protocol stage has them (see Settlement).
-	PromptSHA256, OutputSHA256, TraceID string
+	// The digests, their key and the trace id, when the protocol stage has them (see Settlement).
+	PromptDigest, OutputDigest, DigestKey, TraceID string
 }
 
 // Settle accounts for a routed request once — later calls return the zero Settlement: the engine's usage
@@ -148,7 +149,7 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 		// waiting request, and counting it again would shorten every wait by it.
 		d.starts.observe(model.Name, o.FirstContent.Sub(rt.placed))
 	}
-	st.PromptSHA256, st.OutputSHA256, st.TraceID = o.PromptSHA256, o.OutputSHA256, o.TraceID
+	st.PromptDigest, st.OutputDigest, st.DigestKey, st.TraceID = o.PromptDigest, o.OutputDigest, o.DigestKey, o.TraceID
 	if est := rt.Decision.EstimatedPromptTokens; est > 0 {
 		st.PrefixShare = min(1, float64(rt.Decision.ExpectedCachedTokens)/float64(est))
 	}

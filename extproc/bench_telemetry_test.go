@@ -34,7 +34,7 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 	b.Cleanup(func() { _ = alog.Close() })
 	servers := map[string]*Server{
 		"off": New(Options{Policies: policies.NewStaticStore(snap)}),
-		"on": newServer(policies.NewStaticStore(snap), config{Options: Options{Tracing: tracing, Digests: true},
+		"on": newServer(policies.NewStaticStore(snap), config{Options: Options{Tracing: tracing, DigestKey: testDigestKey},
 			Director: director.Options{Observers: []director.SettleObserver{telemetry.NewMetrics(nil), alog}}}),
 	}
 	for _, size := range []int{2 << 10, 32 << 10} {

@@ -89,7 +89,7 @@ type requestState struct {
 	traceparent, tracestate string
 	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
-	output                  hash.Hash // the generated text's digest, with Options.Digests
+	output                  hash.Hash // the generated text's digest, with Options.DigestKey
 	promptDigest            string    // the prompt's, taken as the request is routed
 }
 

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/telemetry"
@@ -33,9 +34,9 @@ type Options struct {
 	Logger   *slog.Logger
 	// Tracing, when set, gives every authenticated request a span and passes its context to the engine.
 	Tracing *telemetry.Tracing
-	// Digests makes settlements carry sha256 digests of the prompt and of the generated text (for the audit
-	// log); they cost a parse of the body after the response.
-	Digests bool
+	// DigestKey, when set, makes settlements carry digests of the prompt and of the generated text under it (for
+	// the audit log).
+	DigestKey *audit.DigestKey
 	// Now replaces the clock of request timing and of the failed-authentication limit (tests).
 	Now func() time.Time
 }

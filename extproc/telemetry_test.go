@@ -3,6 +3,7 @@ package extproc
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 
+	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/telemetry"
@@ -59,7 +61,7 @@ func TestResponseTimingByMode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newHarnessWith(t, snap, config{Options: Options{Now: clock.now, Digests: true}})
+			h := newHarnessWith(t, snap, config{Options: Options{Now: clock.now, DigestKey: testDigestKey}})
 			s := h.open(t, modeFullDuplex, tc.mode)
 			body := `{"model":"qwen2.5-7b","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 			s.send(postHeaders("/v1/chat/completions", keyAcme))
@@ -92,10 +94,10 @@ func TestResponseTimingByMode(t *testing.T) {
 			if st.Timing != tc.want {
 				t.Errorf("timing %+v, want %+v", st.Timing, tc.want)
 			}
-			prompt := sha256.Sum256([]byte(`[{"role":"user","content":"hi"}]`))
-			output := sha256.Sum256([]byte("Hello!"))
-			if st.PromptSHA256 != hex.EncodeToString(prompt[:]) || st.OutputSHA256 != hex.EncodeToString(output[:]) {
-				t.Errorf("digests %s / %s, want the prompt's and \"Hello!\"'s", st.PromptSHA256, st.OutputSHA256)
+			prompt, output := keyedDigest(`[{"role":"user","content":"hi"}]`), keyedDigest("Hello!")
+			if st.PromptDigest != prompt || st.OutputDigest != output || st.DigestKey != testDigestKey.ID {
+				t.Errorf("digests %s / %s under %q, want the prompt's and \"Hello!\"'s under %q", st.PromptDigest,
+					st.OutputDigest, st.DigestKey, testDigestKey.ID)
 			}
 		})
 	}
@@ -302,7 +304,7 @@ func TestStreamIsByteIdenticalWithTelemetry(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = tracing.Shutdown(context.Background()) })
 	off := newHarnessWith(t, snap, config{})
-	on := newHarnessWith(t, snap, config{Options: Options{Digests: true, Tracing: tracing},
+	on := newHarnessWith(t, snap, config{Options: Options{DigestKey: testDigestKey, Tracing: tracing},
 		Director: director.Options{Observers: []director.SettleObserver{telemetry.NewMetrics(nil)}}})
 	for _, mode := range []bodyMode{modeStreamed, modeFullDuplex} {
 		for _, cuts := range [][]int{{}, {7}, {100, 101, 102}, {len(sse) - 30}} {
@@ -329,4 +331,15 @@ func TestStreamIsByteIdenticalWithTelemetry(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testDigestKey keys the digests in tests.
+var testDigestKey, _ = audit.NewDigestKey([]byte("a test key of thirty-two bytes or more"))
+
+// keyedDigest is what the audit log's digest of text must be: HMAC-SHA256 under testDigestKey, computed here
+// with the standard library rather than by the code under test.
+func keyedDigest(text string) string {
+	mac := hmac.New(sha256.New, []byte("a test key of thirty-two bytes or more"))
+	mac.Write([]byte(text))
+	return hex.EncodeToString(mac.Sum(nil))
 }

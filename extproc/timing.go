@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"time"
 
@@ -47,8 +46,8 @@ func chunked(mode bodyMode) bool {
 
 // startOutputDigest prepares the digest of the generated text, when settlements carry digests.
 func (rs *requestState) startOutputDigest() {
-	if rs.srv.opts.Digests && rs.output == nil {
-		rs.output = sha256.New()
+	if rs.srv.opts.DigestKey != nil && rs.output == nil {
+		rs.output = rs.srv.opts.DigestKey.New()
 		if rs.sse != nil {
 			rs.sse.Text = rs.output
 		}
@@ -84,7 +83,7 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 			o.OutputTextBytes = int64(n)
 		}
 	}
-	if rs.srv.opts.Digests {
+	if rs.srv.opts.DigestKey != nil {
 		rs.digests(&o)
 	}
 	return o
@@ -93,20 +92,19 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 // digestPrompt takes the digest of the prompt field's bytes as the client sent them, while the request still
 // holds its body.
 func (rs *requestState) digestPrompt(prompt []byte) {
-	if rs.srv.opts.Digests && len(prompt) > 0 {
-		sum := sha256.Sum256(prompt)
-		rs.promptDigest = hex.EncodeToString(sum[:])
+	if k := rs.srv.opts.DigestKey; k != nil && len(prompt) > 0 {
+		rs.promptDigest = k.Digest(prompt)
 	}
 }
 
 // digests hands the settlement the prompt's digest and takes the generated text's.
 func (rs *requestState) digests(o *director.Outcome) {
-	o.PromptSHA256 = rs.promptDigest
+	o.PromptDigest, o.DigestKey = rs.promptDigest, rs.srv.opts.DigestKey.ID
 	if rs.output == nil && rs.respBody != nil && rs.endpoint != openai.EndpointEmbeddings {
-		rs.output = sha256.New()
+		rs.output = rs.srv.opts.DigestKey.New()
 		openai.OutputText(rs.respBody, rs.output)
 	}
 	if rs.output != nil && o.Status < 400 && o.Status != 0 {
-		o.OutputSHA256 = hex.EncodeToString(rs.output.Sum(nil))
+		o.OutputDigest = hex.EncodeToString(rs.output.Sum(nil))
 	}
 }

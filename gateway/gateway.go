@@ -65,6 +65,9 @@ type Config struct {
 	// files rotated at AuditMaxFileBytes (default 64 MiB) and kept per the policy's audit retention.
 	AuditLog          string
 	AuditMaxFileBytes int64
+	// AuditKeyFile holds the key the audit log's digests are made under (see audit.DigestKey); empty: a random
+	// key for this process, whose digests no one can check once it ends.
+	AuditKeyFile string
 	// AuditOut replaces standard output for AuditLog "-" (tests).
 	AuditOut io.Writer
 	// RolloutInterval is how often rollouts' gates are judged and their shared state read (default 1 s).
@@ -134,7 +137,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	engines := g.scraper(ctx, c, queue)
 	inflight := &fleet.InFlight{}
 	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
-	auditLog, err := g.auditLog(c)
+	auditLog, digestKey, err := g.auditLog(c)
 	if err != nil {
 		g.Close()
 		return nil, err
@@ -145,7 +148,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
 		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Director: dir, Logger: log, Tracing: c.Tracing,
-		Digests: auditLog != nil})
+		DigestKey: digestKey})
 	state := rolloutFleet{state: scrapedFleet(engines), shares: g.Rollouts}
 	g.XDS = xds.NewServer(log)
 	g.XDS.AllowSecrets(c.SecretNodes...)
@@ -267,10 +270,19 @@ func (g *Gateway) Close() {
 	}
 }
 
-// auditLog opens the audit log when the configuration asks for one (nil otherwise).
-func (g *Gateway) auditLog(c Config) (*audit.Log, error) {
+// auditLog opens the audit log and loads its digest key when the configuration asks for one (nil otherwise).
+func (g *Gateway) auditLog(c Config) (*audit.Log, *audit.DigestKey, error) {
 	if c.AuditLog == "" {
-		return nil, nil
+		return nil, nil, nil
+	}
+	key := audit.EphemeralDigestKey()
+	if c.AuditKeyFile != "" {
+		var err error
+		if key, err = audit.LoadDigestKey(c.AuditKeyFile); err != nil {
+			return nil, nil, fmt.Errorf("audit digest key: %w", err)
+		}
+	} else {
+		g.log.Warn("audit log digests are keyed with a random key of this process: no one can check them once it ends; set --audit-key-file")
 	}
 	o := audit.Options{MaxFileBytes: c.AuditMaxFileBytes, Registerer: g.Registry, Logger: g.log,
 		Retention: func(tenant string) time.Duration { return g.Policies.Current().AuditRetention(tenant) }}
@@ -281,11 +293,11 @@ func (g *Gateway) auditLog(c Config) (*audit.Log, error) {
 	}
 	a, err := audit.New(o)
 	if err != nil {
-		return nil, fmt.Errorf("audit log: %w", err)
+		return nil, nil, fmt.Errorf("audit log: %w", err)
 	}
 	g.Audit = a
-	g.log.Info("audit log on", "to", c.AuditLog)
-	return a, nil
+	g.log.Info("audit log on", "to", c.AuditLog, "digest_key", key.ID)
+	return a, key, nil
 }
 
 // observers are the settle observers: the goodput metrics, the autoscaling signal, the rollouts' gates, the

@@ -28,6 +28,7 @@ Usage:
   infergate validate FILE...              check policy files; print every problem with file:line
   infergate schema                        print the policy JSON Schema (for editors)
   infergate hash-key [KEY]                print the sha256 form of an API key for a policy (reads stdin without KEY)
+  infergate digest --key-file KEY [FILE]  the audit log's digest of a prompt or output (FILE, or stdin) under a key
   infergate plan --policy FILE --workload FILE
                                           replicas, KV cache and cost per pool for a load (--live ADDR: a running fleet)
   infergate rollout status|pause|resume|abort|promote [MODEL]
@@ -56,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdSchema(stdout, stderr)
 	case "hash-key":
 		return cmdHashKey(args[1:], stdout, stderr)
+	case "digest":
+		return cmdDigest(args[1:], stdout, stderr)
 	case "rollout":
 		return cmdRollout(args[1:], stdout, stderr)
 	case "plan":

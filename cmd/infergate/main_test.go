@@ -4,9 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -262,5 +267,42 @@ func TestServeRefusesInvalidPolicy(t *testing.T) {
 		"--extproc-addr", "127.0.0.1:0", "--metrics-addr", "", "--admin-addr", ""}, io.Discard, &errOut)
 	if code != 1 || !strings.Contains(errOut.String(), "many-problems.yaml:5:") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
+	}
+}
+
+// An auditor holding the key gets the audit log's digest of a text: the HMAC-SHA256 under the key, named by
+// the key's id, for the bytes exactly as given.
+func TestDigestCommand(t *testing.T) {
+	dir := t.TempDir()
+	keyFile, text := filepath.Join(dir, "key"), filepath.Join(dir, "prompt.json")
+	secret := "an auditor's copy of the digest key, 32+ bytes"
+	if err := os.WriteFile(keyFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prompt := `[{"role":"user","content":"yes"}]`
+	if err := os.WriteFile(text, []byte(prompt), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(prompt))
+	id := sha256.Sum256([]byte(secret))
+	want := fmt.Sprintf("digest_key %x\nhmac %x\n", id[:8], mac.Sum(nil))
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"digest", "--key-file", keyFile, text}, &out, io.Discard); code != 0 || out.String() != want {
+		t.Errorf("digest of a file: exit %d, %q, want %q", code, out.String(), want)
+	}
+	stdinReader = strings.NewReader(prompt)
+	out.Reset()
+	if code := run(context.Background(), []string{"digest", "--key-file", keyFile}, &out, io.Discard); code != 0 || out.String() != want {
+		t.Errorf("digest of stdin: exit %d, %q", code, out.String())
+	}
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("guessable"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	if code := run(context.Background(), []string{"digest", "--key-file", short, text}, io.Discard, &errOut); code != 1 ||
+		!strings.Contains(errOut.String(), "at least 32 bytes") {
+		t.Errorf("a short key: exit %d, %s", code, errOut.String())
 	}
 }

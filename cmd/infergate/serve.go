@@ -60,6 +60,7 @@ type serveConfig struct {
 	instanceID     string
 	auditLog       string
 	auditMaxBytes  int64
+	auditKeyFile   string
 	kubeconfig     string
 	traceClient    string
 	traceTrusted   string
@@ -89,6 +90,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.auditLog, "audit-log", "", "audit log of settled requests (JSON lines with digests, never text or keys): a folder of per-tenant files, or - for standard output; empty disables it")
 	fs.StringVar(&cfg.traceClient, "client-trace-context", telemetry.ClientContextHonour, "whose traceparent makes a request's span its child and, under a parentbased_ sampler, decides its sampling: honour (every client's), ignore (none: the sampler alone decides, the client's context is linked), trusted (only from --trace-trusted-sources)")
 	fs.StringVar(&cfg.traceTrusted, "trace-trusted-sources", "", "comma-separated addresses or CIDR prefixes (Envoy's source.address) whose traceparent counts under --client-trace-context=trusted")
+	fs.StringVar(&cfg.auditKeyFile, "audit-key-file", "", "file holding the key (32 bytes or more, e.g. a mounted Secret) the audit log's prompt and output digests are HMACs under; empty: a random key per process, whose digests no one can check once it ends")
 	fs.Int64Var(&cfg.auditMaxBytes, "audit-max-file-bytes", 64<<20, "size at which a tenant's audit file is rotated; rotated files are kept per the policy's audit retention")
 	fs.DurationVar(&cfg.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often engines' /metrics are read for load and saturation; 0 disables (routing then uses in-flight counts only)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open streams may finish before they are cut")
@@ -136,7 +138,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
 	}
-	gc.AuditLog, gc.AuditMaxFileBytes, gc.Kubeconfig = cfg.auditLog, cfg.auditMaxBytes, cfg.kubeconfig
+	gc.AuditLog, gc.AuditMaxFileBytes, gc.AuditKeyFile, gc.Kubeconfig = cfg.auditLog, cfg.auditMaxBytes, cfg.auditKeyFile, cfg.kubeconfig
 	clientContext, err := telemetry.ParseClientContext(cfg.traceClient, cfg.traceTrusted)
 	if err != nil {
 		return err

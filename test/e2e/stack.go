@@ -72,9 +72,10 @@ type Options struct {
 	XDSAddr string
 	// ManagedCADir, when set, receives each managed API's certificate as <name>-ca.pem, for a policy's caFile.
 	ManagedCADir string
-	// RedisAddrs enforce quotas in Redis; AuditLog and Tracing are gateway.Config's.
-	RedisAddrs []string
-	AuditLog   string
+	// RedisAddrs enforce quotas in Redis; AuditLog, AuditKeyFile and Tracing are gateway.Config's.
+	RedisAddrs   []string
+	AuditLog     string
+	AuditKeyFile string
 	Tracing    *telemetry.Tracing
 	// RolloutInterval is gateway.Config's (default 1 s).
 	RolloutInterval time.Duration
@@ -168,7 +169,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if o.ExtprocAddr == "" {
 		// The production graph, as infergate serve builds it.
 		cfg := st.replicaConfig(ecfg)
-		cfg.AuditLog, cfg.Tracing = o.AuditLog, o.Tracing
+		cfg.AuditLog, cfg.AuditKeyFile, cfg.Tracing = o.AuditLog, o.AuditKeyFile, o.Tracing
 		cfg.OnSettle = func(s director.Settlement) {
 			select {
 			case st.Settled <- s:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -37,10 +38,15 @@ func telemetryStack(t *testing.T, envoyFile string) (*Stack, string) {
 	}
 	redis := redistest.Start(t)
 	auditDir := t.TempDir()
+	keyFile := filepath.Join(t.TempDir(), "audit-key")
+	if err := os.WriteFile(keyFile, []byte(auditKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	st, err := Start(ctx, Options{Root: root, EnvoyFile: envoyFile, PolicyFile: "examples/quickstart/policy.yaml",
-		FleetFile: "examples/quickstart/fleet.yaml", FreePorts: true, RedisAddrs: []string{redis.Addr}, AuditLog: auditDir})
+		FleetFile: "examples/quickstart/fleet.yaml", FreePorts: true, RedisAddrs: []string{redis.Addr}, AuditLog: auditDir,
+		AuditKeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,9 +135,8 @@ func TestGoodputTelemetryEndToEnd(t *testing.T) {
 			wantPrompt := compactDigest(t, prompt)
 			for i, out := range []string{streamed.String(), whole.Choices[0].Message.Content} {
 				r := records[i]
-				sum := sha256.Sum256([]byte(out))
-				if r.PromptSHA256 != wantPrompt || r.OutputSHA256 != hex.EncodeToString(sum[:]) {
-					t.Errorf("record %d digests %s / %s, want %s / %x", i, r.PromptSHA256, r.OutputSHA256, wantPrompt, sum)
+				if want := keyed([]byte(out)); r.PromptDigest != wantPrompt || r.OutputDigest != want || r.DigestKey == "" {
+					t.Errorf("record %d digests %s / %s under %q, want %s / %s", i, r.PromptDigest, r.OutputDigest, r.DigestKey, wantPrompt, want)
 				}
 				if r.Tenant != "acme" || r.Model != qwen || r.Outcome != "ok" || r.CompletionTokens == 0 || r.E2EMillis <= 0 {
 					t.Errorf("record %d: %+v", i, r)
@@ -145,15 +150,25 @@ func TestGoodputTelemetryEndToEnd(t *testing.T) {
 	}
 }
 
-// compactDigest is the sha256 of JSON without insignificant whitespace: the prompt field as the client sent it.
+// auditKey is the audit digest key the stack is given.
+const auditKey = "an e2e audit key, thirty-two bytes or more"
+
+// keyed is the HMAC-SHA256 of b under auditKey, as an auditor computes it.
+func keyed(b []byte) string {
+	mac := hmac.New(sha256.New, []byte(auditKey))
+	mac.Write(b)
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// compactDigest is the keyed digest of JSON without insignificant whitespace: the prompt field as the client
+// sent it.
 func compactDigest(t *testing.T, js []byte) string {
 	t.Helper()
 	var b bytes.Buffer
 	if err := json.Compact(&b, js); err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(b.Bytes())
-	return hex.EncodeToString(sum[:])
+	return keyed(b.Bytes())
 }
 
 // auditLines waits until the file holds n lines (the writer is asynchronous) and decodes them.

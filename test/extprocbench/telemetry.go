@@ -42,7 +42,7 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 		log.Fatal(err)
 	}
 	defer alog.Close()
-	on, stopOn := startProcessor(withObservers(snap, extproc.Options{Tracing: tracing, Digests: true},
+	on, stopOn := startProcessor(withObservers(snap, extproc.Options{Tracing: tracing, DigestKey: audit.EphemeralDigestKey()},
 		telemetry.NewMetrics(reg), alog))
 	defer stopOn()
 	// The same without the audit log, whose prompt digest (SHA-256 over the whole prompt) is most of the cost.
