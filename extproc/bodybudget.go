@@ -1,6 +1,12 @@
 package extproc
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+)
 
 // bodyBudget counts the request-body bytes the process holds for requests it has not routed yet. Each body
 // is parsed in place (openai/scan.go), so what a body costs is its bytes; the budget bounds their sum, so
@@ -31,3 +37,34 @@ func (b *bodyBudget) take(n, total, limit int64) bool {
 
 // give returns n bytes.
 func (b *bodyBudget) give(n int64) { b.held.Add(-n) }
+
+// receiveGate holds back the bodies of large BUFFERED requests until there is room to take them: after their
+// headers are answered, their stream is not read until the gate admits their declared length, so the bytes
+// wait in Envoy (gRPC flow control stops it at one window per stream) instead of in this process, and the
+// large bodies being received and parsed at once are few enough to leave the CPU to ordinary requests.
+type receiveGate struct {
+	sem      *semaphore.Weighted
+	capacity int64
+}
+
+func newReceiveGate(capacity int64) receiveGate {
+	return receiveGate{sem: semaphore.NewWeighted(capacity), capacity: capacity}
+}
+
+// wait admits n bytes (at most the gate's capacity, which a body larger than that takes whole) within timeout
+// (0: until ctx ends), and returns what it admitted: 0 when it did not.
+func (g receiveGate) wait(ctx context.Context, n int64, timeout time.Duration) int64 {
+	n = min(n, g.capacity)
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	if g.sem.Acquire(ctx, n) != nil {
+		return 0
+	}
+	return n
+}
+
+// done gives n admitted bytes back.
+func (g receiveGate) done(n int64) { g.sem.Release(n) }

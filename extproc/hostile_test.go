@@ -254,3 +254,53 @@ func hasHeader(m *extprocv3.HeaderMutation, name string) bool {
 	}
 	return false
 }
+
+// A large BUFFERED body is not read until the receive gate admits it: while another holds the gate its stream
+// waits (the bytes stay in Envoy), and one that cannot be admitted before Envoy's message timeout is refused
+// with 503 and retry-after; once the first is routed the next is admitted.
+func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
+	text, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gate holds the largest body (1 MiB here); a waiting body may wait 50 ms (the message timeout less its margin).
+	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 300ms}\n", 1)
+	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, snap, config{})
+	body := func(n int) []byte {
+		return []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", n-64) + `"}]}`)
+	}
+	large := body(900 << 10)
+	start := func(b []byte) *stream {
+		s := h.open(t, modeBuffered, modeNone)
+		s.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(b))))
+		if r := s.recv(); r.GetRequestHeaders() == nil {
+			t.Fatalf("headers not answered: %v", r)
+		}
+		return s
+	}
+	first := start(large)  // admitted: its stream is read on
+	second := start(large) // waits at the gate, and cannot be admitted in time
+	r := second.recv()
+	ir := r.GetImmediateResponse()
+	if ir.GetStatus().GetCode() != 503 || !strings.Contains(string(ir.GetBody()), "request_bodies_in_flight") || !hasHeader(ir.GetHeaders(), "retry-after") {
+		t.Fatalf("a large body past the gate: %v, want 503 request_bodies_in_flight with retry-after", r)
+	}
+	first.send(reqBody(large, true))
+	if r := first.recv(); r.GetRequestBody() == nil {
+		t.Fatalf("the admitted body was not routed: %v", r)
+	}
+	third := start(large) // the first was routed: room again
+	third.send(reqBody(large, true))
+	if r := third.recv(); r.GetRequestBody() == nil {
+		t.Fatalf("a large body after the first was routed: %v", r)
+	}
+	// Ordinary bodies never wait at the gate.
+	if _, r := post(t, h, keyAcme, chatBody, modeNone); r.GetRequestBody() == nil {
+		t.Fatalf("an ordinary body was not routed: %v", r)
+	}
+}

@@ -52,6 +52,9 @@ type requestState struct {
 	source    string   // the client's IP, when Envoy sends the source.address attribute
 	body      []byte
 	held      int64 // body bytes taken from the server's body budget
+	awaitBody int64 // a large BUFFERED body's declared length, to admit through the receive gate before reading on
+	admitted  int64 // what the receive gate admitted, given back with the body
+	finishing *extprocv3.ProcessingResponse // an immediate response decided between messages
 	limit     int64
 	decided   bool
 
@@ -199,6 +202,9 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy sends the body only after this answer; the routing headers follow in the body answer.
+		if rs.declaredLen > largeBodyBytes {
+			rs.awaitBody = rs.declaredLen
+		}
 		return rs.reqHeadersAnswer.build(rs.removals(nil))
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		return nil // answered once the whole body has been read
@@ -366,6 +372,10 @@ func (rs *requestState) sent() {
 // releaseBody lets go of the request body: a request streams its answer for as long as it takes, and the
 // body it was routed on must not stay in memory all that time.
 func (rs *requestState) releaseBody() {
+	if rs.admitted > 0 {
+		rs.srv.receive.done(rs.admitted)
+		rs.admitted = 0
+	}
 	if rs.held > 0 {
 		rs.srv.bodies.give(rs.held)
 		rs.srv.metrics.BodyBytesHeld.Sub(float64(rs.held))
@@ -387,6 +397,20 @@ func (rs *requestState) close() {
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
 	rs.releaseBody()
+}
+
+// admitBody waits, before the stream is read on, until the receive gate admits a large BUFFERED body, within
+// the time Envoy gives the body's answer; a body not admitted by then is refused with 503 and retry-after.
+func (rs *requestState) admitBody() {
+	n := rs.awaitBody
+	rs.awaitBody = 0
+	if rs.admitted = rs.srv.receive.wait(rs.ctx, n, rs.maxQueueWait()); rs.admitted > 0 {
+		return
+	}
+	if rs.ctx.Err() != nil {
+		return // the stream ended while it waited
+	}
+	rs.finishing = rs.reject(openai.BodiesInFlight())[0]
 }
 
 // holdBody takes n bytes of a body that arrived from the server's body budget.

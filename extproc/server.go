@@ -47,6 +47,7 @@ type Server struct {
 	opts     Options
 	auth     *authGuard
 	bodies   bodyBudget
+	receive  receiveGate
 	director *director.Director
 	metrics  *director.Metrics // the director's series, which the protocol stage shares
 }
@@ -63,7 +64,11 @@ func New(opts Options) *Server {
 	if d == nil {
 		d = director.New(director.Options{Policies: opts.Policies, Logger: opts.Logger, Now: opts.Now})
 	}
-	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics()}
+	// A quarter of the budget for bodies in flight, and room for the largest body, as the policy sets them at
+	// start, for the large bodies being received at once.
+	g := opts.Policies.Current().Gateway()
+	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics(),
+		receive: newReceiveGate(max(g.MaxBodyBytesInFlight/4, g.MaxRequestBodyBytes))}
 }
 
 // HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.
@@ -92,9 +97,10 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		// Envoy multiplexes one stream per HTTP request on few connections; do not cap streams at 100.
 		grpc.MaxConcurrentStreams(1 << 20),
-		// Let Envoy send a whole prompt without waiting for window updates: with grpc-go's 64 KiB starting
-		// window a 256 KiB body costs several round trips before BDP probing catches up.
-		grpc.InitialWindowSize(4 << 20),
+		// Let Envoy send an ordinary prompt without waiting for window updates (with grpc-go's 64 KiB starting
+		// window a 256 KiB body costs several round trips before BDP probing catches up), yet hold a large body
+		// the receive gate has not admitted to half a MiB in this process (receiveGate).
+		grpc.InitialWindowSize(512 << 10),
 		grpc.InitialConnWindowSize(64 << 20),
 		// Body-sized messages: see BufferPool.
 		experimental.BufferPool(sharedBufferPool),
@@ -134,8 +140,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 		}
 		rs.sent()
+		if !rs.finished && rs.awaitBody > 0 {
+			rs.admitBody()
+		}
 		if rs.finished {
 			// An immediate response ends processing; closing the stream with OK tells Envoy we are done.
+			if rs.finishing != nil {
+				return stream.Send(rs.finishing)
+			}
 			return nil
 		}
 	}

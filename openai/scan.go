@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
 )
 
 // MaxJSONDepth bounds how deeply objects and arrays may nest in a body the gateway parses. Real requests
@@ -20,6 +21,9 @@ type scanError struct {
 }
 
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
+
+// yieldEvery is how many bytes scanBody walks before it yields the CPU to other goroutines.
+const yieldEvery = 256 << 10
 
 // scanState is what the grammar allows next.
 type scanState uint8
@@ -62,7 +66,13 @@ func scanBody(b []byte, maxDepth int, idx *bodyIndex) error {
 	var open containers
 	depth, state := 0, wantValue
 	field, fieldStart := -1, 0 // the indexed top-level field whose value comes or is being read
+	nextYield := yieldEvery
 	for i := 0; ; {
+		if i >= nextYield {
+			// A large body takes milliseconds to scan: let the ordinary requests waiting for this CPU go first.
+			runtime.Gosched()
+			nextYield = i + yieldEvery
+		}
 		i = skipSpace(b, i)
 		if i >= len(b) {
 			if state != wantNothing {
@@ -146,7 +156,13 @@ func scanBody(b []byte, maxDepth int, idx *bodyIndex) error {
 				}
 				i = end + 1
 			default:
-				end, err := scanScalar(b, i)
+				var end int
+				var err error
+				if c == '-' || isDigit(c) { // numbers first: they are what long arrays hold
+					end, err = scanNumber(b, i)
+				} else {
+					end, err = scanLiteralOrNumber(b, i)
+				}
 				if err != nil {
 					return err
 				}

@@ -313,7 +313,7 @@ func (b *bench) start(ctx context.Context) (*gateway, error) {
 		lis.Close() // bound and released: on loopback the race is harmless
 	}
 	args := []string{b.bin, "serve", "--policy", b.policy, "--extproc-addr", addrs[0], "--xds-addr", "",
-		"--metrics-addr", addrs[1], "--admin-addr", "", "--scrape-interval", "0", "--log-level", "warn"}
+		"--metrics-addr", addrs[1], "--admin-addr", "", "--scrape-interval", "0", "--log-level", "error"}
 	if b.gatewayCPU != "" {
 		args = append([]string{"taskset", "-c", b.gatewayCPU}, args...)
 	}
