@@ -51,9 +51,9 @@ type requestState struct {
 	strip     []string // client-supplied routing headers to remove
 	source    string   // the client's IP, when Envoy sends the source.address attribute
 	body      []byte
-	held      int64 // body bytes taken from the server's body budget
-	awaitBody int64 // a large BUFFERED body's declared length, to admit through the receive gate before reading on
-	admitted  int64 // what the receive gate admitted, given back with the body
+	held      int64                         // body bytes taken from the server's body budget
+	awaitBody int64                         // a large BUFFERED body's declared length, to admit through the receive gate before reading on
+	admitted  int64                         // what the receive gate admitted, given back with the body
 	finishing *extprocv3.ProcessingResponse // an immediate response decided between messages
 	limit     int64
 	decided   bool

@@ -76,7 +76,7 @@ type Options struct {
 	RedisAddrs   []string
 	AuditLog     string
 	AuditKeyFile string
-	Tracing    *telemetry.Tracing
+	Tracing      *telemetry.Tracing
 	// RolloutInterval is gateway.Config's (default 1 s).
 	RolloutInterval time.Duration
 	// Kubernetes is gateway.Config's: the API pools naming a Service are discovered from (a fake clientset).
