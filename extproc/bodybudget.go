@@ -41,7 +41,9 @@ func (b *bodyBudget) give(n int64) { b.held.Add(-n) }
 // receiveGate holds back the bodies of large BUFFERED requests until there is room to take them: after their
 // headers are answered, their stream is not read until the gate admits their declared length, so the bytes
 // wait in Envoy (gRPC flow control stops it at one window per stream) instead of in this process, and the
-// large bodies being received and parsed at once are few enough to leave the CPU to ordinary requests.
+// large bodies being received and parsed at once are few enough to leave the CPU to ordinary requests. An
+// admission lapses if its body has not arrived within the wait a body is allowed: a client that trickles its
+// body into Envoy holds the gate no longer than that.
 type receiveGate struct {
 	sem      *semaphore.Weighted
 	capacity int64
@@ -66,5 +68,38 @@ func (g receiveGate) wait(ctx context.Context, n int64, timeout time.Duration) i
 	return n
 }
 
-// done gives n admitted bytes back.
-func (g receiveGate) done(n int64) { g.sem.Release(n) }
+// admission is bytes the gate admitted, given back once: when the body has been handled, or when it lapses.
+type admission struct {
+	gate  receiveGate
+	n     int64
+	given atomic.Bool
+	lapse *time.Timer
+}
+
+// admit waits for n bytes as wait does and returns the admission, nil when there was none; it lapses after
+// lapse (0: never).
+func (g receiveGate) admit(ctx context.Context, n int64, timeout, lapse time.Duration) *admission {
+	got := g.wait(ctx, n, timeout)
+	if got == 0 {
+		return nil
+	}
+	a := &admission{gate: g, n: got}
+	if lapse > 0 {
+		a.lapse = time.AfterFunc(lapse, a.giveBack)
+	}
+	return a
+}
+
+// arrived stops the lapse: the body is here, and holds its admission until it is handled.
+func (a *admission) arrived() {
+	if a != nil && a.lapse != nil {
+		a.lapse.Stop()
+	}
+}
+
+// giveBack returns the bytes, once.
+func (a *admission) giveBack() {
+	if a != nil && a.given.CompareAndSwap(false, true) {
+		a.gate.sem.Release(a.n)
+	}
+}

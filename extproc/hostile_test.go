@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -302,5 +303,20 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 	// Ordinary bodies never wait at the gate.
 	if _, r := post(t, h, keyAcme, chatBody, modeNone); r.GetRequestBody() == nil {
 		t.Fatalf("an ordinary body was not routed: %v", r)
+	}
+	// A body that never comes (a client trickling it into Envoy) holds the gate a message timeout past the
+	// longest wait, no longer: after that the next large body is admitted and routed.
+	_ = start(large)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := start(large)
+		s.send(reqBody(large, true))
+		r := s.recv()
+		if r.GetRequestBody() != nil {
+			break
+		}
+		if r.GetImmediateResponse().GetStatus().GetCode() != 503 || time.Now().After(deadline) {
+			t.Fatalf("behind a body that never came: %v", r)
+		}
 	}
 }

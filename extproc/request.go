@@ -53,7 +53,7 @@ type requestState struct {
 	body      []byte
 	held      int64                         // body bytes taken from the server's body budget
 	awaitBody int64                         // a large BUFFERED body's declared length, to admit through the receive gate before reading on
-	admitted  int64                         // what the receive gate admitted, given back with the body
+	admitted  *admission                    // what the receive gate admitted, given back with the body
 	finishing *extprocv3.ProcessingResponse // an immediate response decided between messages
 	limit     int64
 	decided   bool
@@ -312,6 +312,7 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	if int64(len(rs.body))+int64(len(b.GetBody())) > rs.limit {
 		return rs.reject(openai.BodyTooLarge(rs.limit))
 	}
+	rs.admitted.arrived()
 	if !rs.holdBody(int64(len(b.GetBody()))) {
 		return rs.reject(openai.BodiesInFlight())
 	}
@@ -372,10 +373,8 @@ func (rs *requestState) sent() {
 // releaseBody lets go of the request body: a request streams its answer for as long as it takes, and the
 // body it was routed on must not stay in memory all that time.
 func (rs *requestState) releaseBody() {
-	if rs.admitted > 0 {
-		rs.srv.receive.done(rs.admitted)
-		rs.admitted = 0
-	}
+	rs.admitted.giveBack()
+	rs.admitted = nil
 	if rs.held > 0 {
 		rs.srv.bodies.give(rs.held)
 		rs.srv.metrics.BodyBytesHeld.Sub(float64(rs.held))
@@ -404,7 +403,11 @@ func (rs *requestState) close() {
 func (rs *requestState) admitBody() {
 	n := rs.awaitBody
 	rs.awaitBody = 0
-	if rs.admitted = rs.srv.receive.wait(rs.ctx, n, rs.maxQueueWait()); rs.admitted > 0 {
+	// The admission lapses a message timeout after the longest wait: by then Envoy has the whole body of any
+	// client that is not trickling it.
+	wait := rs.maxQueueWait()
+	lapse := wait + rs.snap.Admission().BufferedMessageTimeout
+	if rs.admitted = rs.srv.receive.admit(rs.ctx, n, wait, lapse); rs.admitted != nil {
 		return
 	}
 	if rs.ctx.Err() != nil {

@@ -64,11 +64,11 @@ func New(opts Options) *Server {
 	if d == nil {
 		d = director.New(director.Options{Policies: opts.Policies, Logger: opts.Logger, Now: opts.Now})
 	}
-	// A quarter of the budget for bodies in flight, and room for the largest body, as the policy sets them at
-	// start, for the large bodies being received at once.
+	// The large bodies received and parsed at once: room for the largest, or a sixteenth of the budget for
+	// bodies in flight, as the policy sets them at start (see BENCHMARKS.md, "Hostile bodies").
 	g := opts.Policies.Current().Gateway()
 	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics(),
-		receive: newReceiveGate(max(g.MaxBodyBytesInFlight/4, g.MaxRequestBodyBytes))}
+		receive: newReceiveGate(max(g.MaxBodyBytesInFlight/16, g.MaxRequestBodyBytes))}
 }
 
 // HealthServices are the gRPC health service names the Gateway API Inference Extension protocol requires.

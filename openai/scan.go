@@ -22,8 +22,8 @@ type scanError struct {
 
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
 
-// yieldEvery is how many bytes scanBody walks before it yields the CPU to other goroutines.
-const yieldEvery = 256 << 10
+// yieldEvery is how many bytes scanBody walks before it yields the CPU to other goroutines (about 0.2 ms).
+const yieldEvery = 64 << 10
 
 // scanState is what the grammar allows next.
 type scanState uint8
