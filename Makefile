@@ -35,6 +35,10 @@ bench: ## decision latency over loopback gRPC (table for BENCHMARKS.md) and Go m
 	$(GO) run ./test/extprocbench -runs 5
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
+.PHONY: bench-bodies
+bench-bodies: ## hostile 4 MiB bodies against infergate serve on one CPU: peak RSS and ordinary requests' decision latency (≈ 2 min; table for RELIABILITY.md)
+	$(GO) run ./test/bodybench -runs 3
+
 .PHONY: bench-admission
 bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO, and with the gateways starved of CPU (≈ 20 min; table for BENCHMARKS.md)
 	$(GO) run ./test/admissionbench -runs 3

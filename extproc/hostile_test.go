@@ -320,3 +320,35 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 		}
 	}
 }
+
+// In FULL_DUPLEX_STREAMED mode a large body's chunks are not read until the gate admits it, with or without a
+// declared length; one not admitted in a message timeout is refused with 503.
+func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
+	text, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 400ms}\n", 1)
+	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, snap, config{})
+	large := []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", 900<<10) + `"}]}`)
+	first := h.open(t, modeFullDuplex, modeNone)
+	first.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(large))))
+	first.send(reqBody(large[:100<<10], false)) // read once admitted
+	// Without a declared length: admitted as the largest body once past 64 KiB, which the first leaves no room for.
+	second := h.open(t, modeFullDuplex, modeNone)
+	second.send(postHeaders("/v1/chat/completions", keyAcme))
+	second.send(reqBody(large[:100<<10], false))
+	r := second.recv()
+	if ir := r.GetImmediateResponse(); ir.GetStatus().GetCode() != 503 || !strings.Contains(string(ir.GetBody()), "request_bodies_in_flight") {
+		t.Fatalf("a streamed body past the gate: %v, want 503 request_bodies_in_flight", r)
+	}
+	first.send(reqBody(large[100<<10:], true))
+	if r := first.recv(); r.GetRequestHeaders() == nil {
+		t.Fatalf("the admitted streamed body was not routed: %v", r)
+	}
+}

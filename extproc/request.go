@@ -207,6 +207,9 @@ func (rs *requestState) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pr
 		}
 		return rs.reqHeadersAnswer.build(rs.removals(nil))
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if rs.declaredLen > largeBodyBytes {
+			rs.awaitBody = rs.declaredLen
+		}
 		return nil // answered once the whole body has been read
 	default:
 		return rs.reject(openai.Internal(
@@ -324,6 +327,9 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	switch rs.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		if !b.GetEndOfStream() {
+			if rs.admitted == nil && rs.declaredLen < 0 && len(rs.body) > largeBodyBytes {
+				rs.awaitBody = rs.limit // no declared length: admitted as the largest body once it is large
+			}
 			return nil
 		}
 		if rs.declaredLen >= 0 && int64(len(rs.body)) != rs.declaredLen {
@@ -398,15 +404,20 @@ func (rs *requestState) close() {
 	rs.releaseBody()
 }
 
-// admitBody waits, before the stream is read on, until the receive gate admits a large BUFFERED body, within
-// the time Envoy gives the body's answer; a body not admitted by then is refused with 503 and retry-after.
+// admitBody waits, before the stream is read on, until the receive gate admits a large body: in BUFFERED mode
+// within the time Envoy gives the body's answer, in FULL_DUPLEX_STREAMED within one message timeout; a body
+// not admitted by then is refused with 503 and retry-after.
 func (rs *requestState) admitBody() {
 	n := rs.awaitBody
 	rs.awaitBody = 0
 	// The admission lapses a message timeout after the longest wait: by then Envoy has the whole body of any
 	// client that is not trickling it.
+	timeout := rs.snap.Admission().BufferedMessageTimeout
 	wait := rs.maxQueueWait()
-	lapse := wait + rs.snap.Admission().BufferedMessageTimeout
+	if wait <= 0 {
+		wait = timeout
+	}
+	lapse := wait + timeout
 	if rs.admitted = rs.srv.receive.admit(rs.ctx, n, wait, lapse); rs.admitted != nil {
 		return
 	}
@@ -434,7 +445,11 @@ func (rs *requestState) holdBody(n int64) bool {
 // finished request's buffer serves the next one.
 func (rs *requestState) appendBody(chunk []byte) {
 	if need := len(rs.body) + len(chunk); need > cap(rs.body) {
-		nb := sharedBufferPool.Get(max(need, 2*len(rs.body)))
+		size := max(need, 2*len(rs.body))
+		if rs.admitted != nil && rs.declaredLen > int64(size) {
+			size = int(rs.declaredLen) // admitted: room for the whole body at once, not grown by copies
+		}
+		nb := sharedBufferPool.Get(size)
 		grown := (*nb)[:len(rs.body)]
 		copy(grown, rs.body)
 		if rs.pooledBody != nil {

@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 )
 
 func main() {
@@ -26,6 +28,8 @@ func main() {
 	hostile := flag.Int("hostile", 64, "hostile clients, each with one body in flight at a time")
 	bodyMiB := flag.Int("body-mib", 4, "size of a hostile body in MiB (the policy's maxRequestBodyBytes is raised to fit)")
 	loaded := flag.Duration("loaded", 10*time.Second, "how long the hostile clients send")
+	modes := flag.String("modes", "FULL_DUPLEX_STREAMED,BUFFERED", "request body modes to measure (the shipped Envoy configs use FULL_DUPLEX_STREAMED)")
+	chunk := flag.Int("chunk", 16384, "body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
 	unloaded := flag.Duration("unloaded", 5*time.Second, "how long the ordinary requests are measured alone first")
 	flag.Parse()
 	log.SetFlags(0)
@@ -44,20 +48,28 @@ func main() {
 	}
 	fmt.Printf("infergate serve on CPU %s (GOMAXPROCS %d there), clients on the others; %d hostile clients × %d MiB bodies for %s; %s\n\n",
 		b.gatewayCPU, 1, *hostile, *bodyMiB, *loaded, runtime.Version())
-	fmt.Println("| run | peak RSS | hostile answered/s | hostile answers | ordinary p50 unloaded | p99 unloaded | p50 under attack | p99 under attack | p99 ratio | ordinary errors | alive |")
-	fmt.Println("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Println("| body mode | run | peak RSS | hostile answered/s | hostile answers | ordinary p50 unloaded | p99 unloaded | p50 under attack | p99 under attack | p99 ratio | ordinary errors | alive |")
+	fmt.Println("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
 	var results []runResult
-	for i := range *runs {
-		ctx, cancel := context.WithCancel(context.Background())
-		r, err := b.run(ctx, *hostile, *unloaded, *loaded)
-		cancel()
-		if err != nil {
-			log.Fatalf("run %d: %v", i+1, err)
+	b.chunk = *chunk
+	for mode := range strings.SplitSeq(*modes, ",") {
+		m, ok := filterv3.ProcessingMode_BodySendMode_value[strings.TrimSpace(mode)]
+		if !ok {
+			log.Fatalf("unknown body mode %q", mode)
 		}
-		results = append(results, r)
-		fmt.Printf("| %d | %s | %.1f | %s | %s | %s | %s | %s | %.2f | %d of %d | %v |\n", i+1, mib(r.peakRSS),
-			r.hostileRate, r.hostileAnswers, ms(r.unloaded.p50), ms(r.unloaded.p99), ms(r.loaded.p50), ms(r.loaded.p99),
-			r.p99Ratio(), r.ordinaryErrors, r.ordinaryRequests, r.alive)
+		b.mode = filterv3.ProcessingMode_BodySendMode(m)
+		for i := range *runs {
+			ctx, cancel := context.WithCancel(context.Background())
+			r, err := b.run(ctx, *hostile, *unloaded, *loaded)
+			cancel()
+			if err != nil {
+				log.Fatalf("%s run %d: %v", mode, i+1, err)
+			}
+			results = append(results, r)
+			fmt.Printf("| %s | %d | %s | %.1f | %s | %s | %s | %s | %s | %.2f | %d of %d | %v |\n", mode, i+1, mib(r.peakRSS),
+				r.hostileRate, r.hostileAnswers, ms(r.unloaded.p50), ms(r.unloaded.p99), ms(r.loaded.p50), ms(r.loaded.p99),
+				r.p99Ratio(), r.ordinaryErrors, r.ordinaryRequests, r.alive)
+		}
 	}
 	report(results)
 }

@@ -33,6 +33,8 @@ type bench struct {
 	clientCPUs  string
 	hostile     []byte
 	ordinary    []byte
+	mode        filterv3.ProcessingMode_BodySendMode
+	chunk       int // body frame size in FULL_DUPLEX_STREAMED mode
 }
 
 // The tenants of the quickstart policy the clients speak for: acme may call every model, initech only one
@@ -188,11 +190,11 @@ func (b *bench) ordinaryLoad(ctx context.Context, client extprocv3.ExternalProce
 // headers to the routing decision.
 func (b *bench) ordinaryRequest(ctx context.Context, client extprocv3.ExternalProcessorClient) (time.Duration, error) {
 	start := time.Now()
-	resp, err := exchange(ctx, client, keyGlobex, b.ordinary)
+	resp, err := b.exchange(ctx, client, keyGlobex, b.ordinary)
 	if err != nil {
 		return 0, err
 	}
-	if resp.GetRequestBody() == nil {
+	if !routed(resp) {
 		return 0, fmt.Errorf("ordinary request not routed: %d %s", resp.GetImmediateResponse().GetStatus().GetCode(),
 			resp.GetImmediateResponse().GetBody())
 	}
@@ -202,11 +204,13 @@ func (b *bench) ordinaryRequest(ctx context.Context, client extprocv3.ExternalPr
 // hostileLoop sends hostile bodies one after another until ctx ends.
 func (b *bench) hostileLoop(ctx context.Context, client extprocv3.ExternalProcessorClient, key string, counts *answerCounts) {
 	for ctx.Err() == nil {
-		resp, err := exchange(ctx, client, key, b.hostile)
+		resp, err := b.exchange(ctx, client, key, b.hostile)
 		switch {
+		case err != nil && ctx.Err() != nil:
+			counts.add("cut at the end")
 		case err != nil:
 			counts.add("error")
-		case resp.GetRequestBody() != nil:
+		case routed(resp):
 			counts.add("routed")
 		default:
 			counts.add(strconv.Itoa(int(resp.GetImmediateResponse().GetStatus().GetCode())))
@@ -214,9 +218,16 @@ func (b *bench) hostileLoop(ctx context.Context, client extprocv3.ExternalProces
 	}
 }
 
-// exchange sends request headers and the whole body as Envoy does in BUFFERED mode and returns the answer to
-// the body (or the immediate response that ended the request), then ends the stream.
-func exchange(ctx context.Context, client extprocv3.ExternalProcessorClient, key string, body []byte) (*extprocv3.ProcessingResponse, error) {
+// routed reports whether an answer is a routing decision: the body's answer in BUFFERED mode, the deferred
+// headers answer in FULL_DUPLEX_STREAMED.
+func routed(r *extprocv3.ProcessingResponse) bool {
+	return r.GetRequestBody() != nil || r.GetRequestHeaders() != nil
+}
+
+// exchange sends request headers and the body as Envoy does in the bench's mode (BUFFERED: one message after
+// the headers' answer; FULL_DUPLEX_STREAMED: frames at once) and returns the routing decision or the immediate
+// response that ended the request, then ends the stream.
+func (b *bench) exchange(ctx context.Context, client extprocv3.ExternalProcessorClient, key string, body []byte) (*extprocv3.ProcessingResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := client.Process(ctx)
@@ -229,20 +240,39 @@ func exchange(ctx context.Context, client extprocv3.ExternalProcessorClient, key
 		{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))},
 	}}
 	if err := st.Send(&extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_NONE},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: b.mode, ResponseBodyMode: filterv3.ProcessingMode_NONE},
 		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}},
 	}); err != nil {
 		return nil, err
 	}
+	if b.mode == filterv3.ProcessingMode_BUFFERED {
+		resp, err := st.Recv()
+		if err != nil || resp.GetImmediateResponse() != nil {
+			return resp, err
+		}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+			return nil, err
+		}
+		return st.Recv()
+	}
+	// FULL_DUPLEX_STREAMED: frames go out while answers may come back (a refusal ends the stream early).
+	sendErr := make(chan error, 1)
+	go func() {
+		for off := 0; off < len(body); off += b.chunk {
+			end := min(off+b.chunk, len(body))
+			if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+		sendErr <- nil
+	}()
 	resp, err := st.Recv()
-	if err != nil || resp.GetImmediateResponse() != nil {
-		return resp, err
-	}
-	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
-		return nil, err
-	}
-	return st.Recv()
+	cancel()
+	<-sendErr
+	return resp, err
 }
 
 // answerCounts counts the hostile requests' answers by kind.

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,8 +47,9 @@ func faults(names []string, f fleetsim.Faults) func(*stack, *load) error {
 
 // hostile is one request a hostile tenant sends and the status it must get.
 type hostile struct {
-	req    *http.Request
-	status int // 0: any 4xx
+	req      *http.Request
+	status   int // 0: any 4xx
+	orStatus int // another status that is right
 }
 
 // hostileRequests are what a hostile tenant with a valid key sends: clear 4xx errors, except a valid request
@@ -69,15 +72,37 @@ func hostileRequests(s *stack) []hostile {
 		{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, contract.HeaderDestination, "169.254.169.254:80",
 			contract.HeaderPool, contract.FallbackPool("managed")), status: http.StatusOK},
 	}
-	// A burst of guessed keys, below the per-source limit: every client here shares 127.0.0.1, and a source
-	// past it is refused whatever its key (extproc's own tests cover that).
-	for i := range 15 {
+	// Guessed keys past the per-source limit: every client here shares 127.0.0.1, so the guesses beyond the
+	// burst get 429 while the steady load's valid key, from the same address, goes on (the scenario's check).
+	for i := range 40 {
 		req := mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}]}`)
 		req.Header.Set("Authorization", fmt.Sprintf("Bearer sk-guess-%d", i))
-		out = append(out, hostile{req: req, status: http.StatusUnauthorized})
+		out = append(out, hostile{req: req, status: http.StatusUnauthorized, orStatus: http.StatusTooManyRequests})
+	}
+	// Then a valid key from the same address: never refused for the guesses.
+	out = append(out, hostile{req: mk(`{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4}`), status: http.StatusOK})
+	return out
+}
+
+// elementBodies are what a hostile tenant with a valid key sends to grow the gateway's memory: bodies of about
+// 3.9 MB holding two million elements in a field the gateway ignores. Each must be routed or get a clear
+// error (503 while the gateway holds as many bodies as it may, or because a prompt estimated from that many
+// bytes fits no replica).
+func elementBodies(s *stack, n int) []*http.Request {
+	body := `{"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":4,"logit_bias":[` +
+		strings.Repeat("0,", 1_950_000) + `0]}`
+	out := make([]*http.Request, n)
+	for i := range out {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+s.steadyKey)
+		req.Header.Set("Content-Type", "application/json")
+		out[i] = req
 	}
 	return out
 }
+
+// maxHostileRSS is the most resident memory infergate may reach in the hostile scenario.
+const maxHostileRSS = 512 << 20
 
 func scenarios() []scenario {
 	llama := []string{"llama-0", "llama-1"}
@@ -150,16 +175,21 @@ func scenarios() []scenario {
 					}
 					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
-					good := resp.StatusCode == h.status || (h.status == 0 && resp.StatusCode >= 400 && resp.StatusCode < 500 && len(body) > 0)
+					good := resp.StatusCode == h.status || (h.orStatus != 0 && resp.StatusCode == h.orStatus) ||
+						(h.status == 0 && resp.StatusCode >= 400 && resp.StatusCode < 500 && len(body) > 0)
 					if !good {
 						l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("hostile request %d: %d %.80s", i, resp.StatusCode, body))
 					}
 				}
+				l.hostileProblems = append(l.hostileProblems, sendElementBodies(l, elementBodies(s, 16))...)
 				return nil
 			},
 			check: func(s *stack, l *load, _ time.Time) []string {
 				if !s.gatewayAlive() {
 					return []string{"infergate died on hostile input"}
+				}
+				if rss := s.gatewayPeakRSS(); rss > maxHostileRSS {
+					l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("infergate's resident memory reached %d MiB (at most %d)", rss>>20, maxHostileRSS>>20))
 				}
 				return l.hostileProblems
 			}},
@@ -170,4 +200,31 @@ func scenarios() []scenario {
 func (s *stack) setFailMode(mode string) error {
 	s.failMode = mode
 	return s.setPolicy(s.policy(), true)
+}
+
+// sendElementBodies sends the bodies at once and reports any that got neither a routed answer nor a clear error.
+func sendElementBodies(l *load, reqs []*http.Request) []string {
+	var mu sync.Mutex
+	var problems []string
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() {
+			resp, err := l.client.Do(req)
+			if err != nil {
+				mu.Lock()
+				problems = append(problems, fmt.Sprintf("element body %d: no answer: %v", i, err))
+				mu.Unlock()
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK && !json.Valid(body) || resp.StatusCode != http.StatusOK && !strings.Contains(string(body), `"error"`) {
+				mu.Lock()
+				problems = append(problems, fmt.Sprintf("element body %d: %d %.80s", i, resp.StatusCode, body))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return problems
 }

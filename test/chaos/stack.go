@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -248,6 +249,26 @@ func (s *stack) stopGateway(sig syscall.Signal) {
 	s.mu.Unlock()
 	p.signal(sig)
 	<-p.done
+}
+
+// gatewayPeakRSS is the running infergate's peak resident memory (VmHWM), 0 when it cannot be read.
+func (s *stack) gatewayPeakRSS() int64 {
+	s.mu.Lock()
+	pid := s.gateway.cmd.Process.Pid
+	s.mu.Unlock()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				kib, _ := strconv.ParseInt(f[0], 10, 64)
+				return kib << 10
+			}
+		}
+	}
+	return 0
 }
 
 func (s *stack) gatewayAlive() bool {
