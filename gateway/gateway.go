@@ -29,6 +29,7 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/placements"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/pubsub"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/relay"
 	"github.com/infergate/infergate/rollout"
@@ -52,6 +53,9 @@ type Config struct {
 	// over pub/sub; the relay package): the engines' scrape load grows with the engines, not replicas ×
 	// engines. Without Redis or scraping it does nothing.
 	RelayScrapes bool
+	// RedisMessageKeyFile holds the key (shared by every replica, e.g. a Secret) that signs the placements and
+	// relayed readings replicas exchange over Redis; empty: unsigned, and any Redis client can forge them.
+	RedisMessageKeyFile string
 	// ScrapeInterval is how often engines' metrics are read; 0: routing on in-flight counts only.
 	ScrapeInterval time.Duration
 	// SecretNodes are the Envoy node ids that may receive managed-API keys over SDS.
@@ -134,7 +138,12 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	// Construct.
 	admit := g.quotas(ctx, c)
 	queue := admission.New(nil, admission.NewMetrics(g.Registry))
-	engines := g.scraper(ctx, c, queue)
+	sealer, err := g.messageSealer(c)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	engines := g.scraper(ctx, c, queue, sealer)
 	inflight := &fleet.InFlight{}
 	g.Registry.MustRegister(&telemetry.FleetCollector{Policies: store, Engines: engines, InFlight: inflight})
 	auditLog, digestKey, err := g.auditLog(c)
@@ -143,7 +152,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		return nil, err
 	}
 	g.Autoscaler, g.Rollouts = g.autoscaler(engines), g.rollouts(c, engines)
-	pick := g.picker(ctx, c, inflight, engines)
+	pick := g.picker(ctx, c, inflight, engines, sealer)
 	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
 		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
@@ -197,7 +206,7 @@ func (g *Gateway) quotas(ctx context.Context, c Config) director.Admission {
 // scraper reads every pool endpoint's engine metrics in its engine's dialect, refreshed when the policy
 // changes, and kicks the admission queue after each round; without scraping it returns nil (routing on
 // in-flight counts only).
-func (g *Gateway) scraper(ctx context.Context, c Config, queue *admission.Queue) picker.EngineView {
+func (g *Gateway) scraper(ctx context.Context, c Config, queue *admission.Queue, sealer *pubsub.Sealer) picker.EngineView {
 	store := g.Policies
 	g.Scraper = &fleet.Scraper{Interval: c.ScrapeInterval, OnRound: queue.KickAll}
 	g.Scraper.SetTargets(scrapeTargets(store.Current()))
@@ -205,7 +214,7 @@ func (g *Gateway) scraper(ctx context.Context, c Config, queue *admission.Queue)
 	if c.ScrapeInterval <= 0 {
 		return nil
 	}
-	g.relayScrapes(ctx, c)
+	g.relayScrapes(ctx, c, sealer)
 	go g.Scraper.Run(ctx)
 	// The first requests are not routed on no data at all (they would all find the fleet stale).
 	select {
@@ -368,6 +377,22 @@ func (g *Gateway) rollouts(c Config, engines picker.EngineView) *rollout.Control
 	return rollout.New(o)
 }
 
+// messageSealer loads the key that signs the messages replicas exchange over Redis; nil (unsigned, with a
+// warning when they exchange any) without one.
+func (g *Gateway) messageSealer(c Config) (*pubsub.Sealer, error) {
+	if c.RedisMessageKeyFile != "" {
+		s, err := pubsub.LoadSealer(c.RedisMessageKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis message key: %w", err)
+		}
+		return s, nil
+	}
+	if len(c.RedisAddrs) > 0 && (c.SharePlacements || c.RelayScrapes) {
+		g.log.Warn("placements and engine readings go between replicas over Redis unsigned: any Redis client can forge them; set --redis-message-key-file")
+	}
+	return nil, nil
+}
+
 // sharedRedis is the client of the rollouts' state and the placements' bus (the quotas keep their own), made
 // on first use; nil without Redis.
 func (g *Gateway) sharedRedis(c Config) redis.UniversalClient {
@@ -379,13 +404,13 @@ func (g *Gateway) sharedRedis(c Config) redis.UniversalClient {
 
 // relayScrapes lets the replica holding the relay lease scrape for all, when RelayScrapes is on and there is
 // Redis.
-func (g *Gateway) relayScrapes(ctx context.Context, c Config) {
+func (g *Gateway) relayScrapes(ctx context.Context, c Config, sealer *pubsub.Sealer) {
 	client := g.sharedRedis(c)
 	if !c.RelayScrapes || client == nil {
 		return
 	}
 	g.Relay = relay.New(relay.Options{Client: client, Scraper: g.Scraper, Interval: c.ScrapeInterval,
-		Metrics: relay.NewMetrics(g.Registry), Logger: g.log})
+		Metrics: relay.NewMetrics(g.Registry), Logger: g.log, Sealer: sealer})
 	g.Scraper.Relay = g.Relay
 	go g.Relay.Run(ctx)
 	g.log.Info("engine readings relayed between gateway replicas over Redis: one replica scrapes for all", "channel", relay.Channel)
@@ -394,14 +419,15 @@ func (g *Gateway) relayScrapes(ctx context.Context, c Config) {
 // picker builds the gateway's one picker: prefix affinity over the policy store, the in-flight counts and the
 // engines, publishing its placements to the other gateway replicas and learning theirs until ctx ends when
 // SharePlacements is on and there is Redis.
-func (g *Gateway) picker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView) picker.Picker {
+func (g *Gateway) picker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView, sealer *pubsub.Sealer) picker.Picker {
 	a := picker.ForStore(g.Policies, inflight, engines)
 	a.Metrics = picker.NewMetrics(g.Registry)
 	client := g.sharedRedis(c)
 	if !c.SharePlacements || client == nil {
 		return a
 	}
-	g.Placements = placements.New(placements.Options{Client: client, Metrics: placements.NewMetrics(g.Registry), Logger: g.log})
+	g.Placements = placements.New(placements.Options{Client: client, Metrics: placements.NewMetrics(g.Registry), Logger: g.log,
+		Sealer: sealer})
 	a.Placements = g.Placements
 	go g.Placements.Run(ctx, a.Learn)
 	g.log.Info("placements shared with the other gateway replicas over Redis pub/sub", "channel", placements.Channel)

@@ -23,6 +23,8 @@ type Options struct {
 	Metrics *Metrics // default: unregistered
 	Logger  *slog.Logger
 	Queue   int // default DefaultQueue
+	// Sealer signs the placements this replica publishes and opens the others'; nil: unsigned.
+	Sealer *pubsub.Sealer
 }
 
 // Bus carries placements between gateway replicas: Publish queues this replica's, Run sends them and hands
@@ -35,6 +37,7 @@ type Bus struct {
 	log     *slog.Logger
 	ready   chan struct{}
 	once    sync.Once
+	sealer  *pubsub.Sealer
 
 	warner pubsub.Warner
 }
@@ -42,7 +45,7 @@ type Bus struct {
 // New builds a Bus with a fresh random origin.
 func New(o Options) *Bus {
 	b := &Bus{client: o.Client, queue: make(chan []byte, cmp.Or(max(0, o.Queue), DefaultQueue)), metrics: o.Metrics,
-		log: o.Logger, ready: make(chan struct{})}
+		log: o.Logger, ready: make(chan struct{}), sealer: o.Sealer}
 	if b.metrics == nil {
 		b.metrics = NewMetrics(nil)
 	}
@@ -94,7 +97,7 @@ func (b *Bus) publish(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case msg := <-b.queue:
-			if err := b.client.Publish(ctx, Channel, msg).Err(); err != nil {
+			if err := b.client.Publish(ctx, Channel, b.sealer.Seal(Channel, msg)).Err(); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -108,7 +111,13 @@ func (b *Bus) publish(ctx context.Context) {
 }
 
 // receive decodes one message and hands its placements to learn, unless it is this replica's own.
-func (b *Bus) receive(payload []byte, learn func(picker.Placement) bool) {
+func (b *Bus) receive(msg []byte, learn func(picker.Placement) bool) {
+	payload, err := b.sealer.Open(Channel, msg)
+	if err != nil {
+		b.metrics.received.WithLabelValues(pubsub.Reason(err)).Inc()
+		b.warner.Warn("placement message dropped", err, "channel", Channel)
+		return
+	}
 	origin, pls, err := DecodeMessage(payload)
 	switch {
 	case err != nil:

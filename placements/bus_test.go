@@ -15,6 +15,7 @@ import (
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/pubsub"
 	"github.com/infergate/infergate/test/redistest"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -254,3 +255,78 @@ func TestChurnOverRedis(t *testing.T) {
 		t.Errorf("after %d blocks of churn on %s the second replica still expects %d cached tokens there", capacity, ep, d2.ExpectedCachedTokens)
 	}
 }
+
+// With a message key, only what a replica sealed with it is learnt: a placement any Redis client publishes
+// (unsigned, sealed with another key, or a sealed one replayed after MaxMessageAge) is dropped and counted,
+// and the conversation stays where it is.
+func TestForgedPlacementsAreDropped(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, m := testSnap(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	key := []byte("the replicas' shared message key, 32+ bytes")
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	sealer, err := pubsub.NewSealer(key, clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() replica {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = client.Close() })
+		r := replica{picker: picker.NewAffinity(&fleet.InFlight{}, nil), reg: prometheus.NewRegistry()}
+		r.picker.PolicyChanged(snap)
+		r.bus = New(Options{Client: client, Metrics: NewMetrics(r.reg), Sealer: sealer})
+		r.picker.Placements = r.bus
+		r.picker.ChurnEvery = -1
+		wg.Go(func() { r.bus.Run(ctx, r.picker.Learn) })
+		<-r.bus.Ready()
+		return r
+	}
+	a, b := start(), start()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	d := placeGroup(t, snap, m, a, b, strings.Repeat("a long shared system prompt ", 40)) // sealed: learnt
+	req := prompt(t, strings.Repeat("a long shared system prompt ", 40), "second")
+	hashes := picker.Hasher{BlockBytes: 64, MaxBlocks: 256}.Hash(nil, picker.Seed("m", ""), req.Prompt)
+	other := "10.0.0.4:1"
+	if d.Endpoints[0] == other {
+		other = "10.0.0.3:1"
+	}
+	forged := Encode(Origin{1}, picker.Placement{Endpoint: other, Capacity: 1 << 20, Hashes: hashes})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = raw.Close() })
+	otherKey, _ := pubsub.NewSealer([]byte("an attacker's key, thirty-two bytes long!!"), clock.Now)
+	stale := sealer.Seal(Channel, forged)
+	clock.Advance(pubsub.MaxMessageAge + time.Second)
+	for _, msg := range [][]byte{forged, otherKey.Seal(Channel, forged), stale} {
+		if err := raw.Publish(ctx, Channel, msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped := func() float64 {
+		n := 0.0
+		for _, r := range []string{"unsigned", "forged", "stale"} {
+			n += testutil.ToFloat64(b.bus.metrics.received.WithLabelValues(r))
+		}
+		return n
+	}
+	wait.For(t, "the three forged messages dropped", func() bool { return dropped() == 3 })
+	if learnt := testutil.ToFloat64(b.bus.metrics.received.WithLabelValues("learnt")); learnt != 1 {
+		t.Errorf("%v placements learnt, want only the sealed one", learnt)
+	}
+	got, err := b.picker.Pick(snap, picker.Input{Model: m, Request: req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Endpoints[0] != d.Endpoints[0] {
+		t.Errorf("the conversation moved from %s to %s on forged messages", d.Endpoints[0], got.Endpoints[0])
+	}
+}
+
+// testClock is a clock tests move by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *testClock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }

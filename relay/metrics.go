@@ -18,7 +18,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_fleet_relay_rounds_total",
 			Help: "Scrape rounds by how this gateway got them: relayed (another replica's readings), scraped_leader, scraped_relay_late (no relayed round for two intervals)."}, []string{"source"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_fleet_relay_messages_total",
-			Help: "Relay messages this gateway heard, by result (accepted, partial: missing engines this gateway scrapes, own, malformed)."}, []string{"result"}),
+			Help: "Relay messages this gateway heard, by result (accepted, partial: missing engines this gateway scrapes, own, malformed; with a message key: unsigned, forged, stale)."}, []string{"result"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_fleet_relay_dropped_total",
 			Help: "Rounds this gateway scraped as the relay leader but did not publish (superseded by a newer round, or Redis failed)."}),
 	}

@@ -24,6 +24,8 @@ type Options struct {
 	Interval time.Duration
 	Metrics  *Metrics // default: unregistered
 	Logger   *slog.Logger
+	// Sealer signs the rounds this replica publishes and opens the others'; nil: unsigned.
+	Sealer *pubsub.Sealer
 	// Now replaces the clock (tests).
 	Now func() time.Time
 }
@@ -151,7 +153,7 @@ func (r *Relay) publish(ctx context.Context) {
 		case rs := <-r.out:
 			msg, err := encode(r.origin, rs, r.o.Now())
 			if err == nil {
-				err = r.o.Client.Publish(ctx, Channel, msg).Err()
+				err = r.o.Client.Publish(ctx, Channel, r.o.Sealer.Seal(Channel, msg)).Err()
 			}
 			if err != nil {
 				if ctx.Err() != nil {
@@ -164,8 +166,14 @@ func (r *Relay) publish(ctx context.Context) {
 	}
 }
 
-func (r *Relay) receive(payload []byte) {
+func (r *Relay) receive(msg []byte) {
 	now := r.o.Now()
+	payload, err := r.o.Sealer.Open(Channel, msg)
+	if err != nil {
+		r.o.Metrics.received.WithLabelValues(pubsub.Reason(err)).Inc()
+		r.warner.Warn("fleet relay: message dropped", err, "channel", Channel)
+		return
+	}
 	origin, rs, err := decode(payload, now)
 	switch {
 	case err != nil:

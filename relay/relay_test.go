@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/pubsub"
 	"github.com/infergate/infergate/test/redistest"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -192,5 +193,39 @@ func TestRelayOnARealCluster(t *testing.T) {
 		wait.For(t, "the other replica to take the relayed rounds", func() bool {
 			return testutil.ToFloat64(g.relay.o.Metrics.received.WithLabelValues("accepted")) >= 5
 		})
+	}
+}
+
+// With a message key a round is believed only when a replica sealed it: an unsigned or foreign-keyed round
+// (any Redis client can publish one) is dropped and counted, and the scraper keeps its own readings.
+func TestForgedRoundsAreDropped(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	sealer, err := pubsub.NewSealer([]byte("the replicas' shared message key, 32+ bytes"), clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fleet.Scraper{Interval: interval}
+	vllm, _ := fleet.DialectFor("vllm")
+	s.SetTargets([]fleet.Target{{Addr: "10.0.0.1:8000", Dialect: vllm}})
+	r := New(Options{Scraper: s, Interval: interval, Now: clock, Sealer: sealer})
+	round, err := encode("another-replica", []fleet.Reading{{Addr: "10.0.0.1:8000", Metrics: fleet.EngineMetrics{Waiting: 999, At: now}}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker, _ := pubsub.NewSealer([]byte("an attacker's key, thirty-two bytes long!!"), clock)
+	r.receive(round)
+	r.receive(attacker.Seal(Channel, round))
+	for _, result := range []string{"unsigned", "forged"} {
+		if n := testutil.ToFloat64(r.o.Metrics.received.WithLabelValues(result)); n != 1 {
+			t.Errorf("%s rounds counted %v, want 1", result, n)
+		}
+	}
+	if n := testutil.ToFloat64(r.o.Metrics.received.WithLabelValues("accepted")); n != 0 {
+		t.Fatalf("%v forged rounds accepted", n)
+	}
+	r.receive(sealer.Seal(Channel, round))
+	if n := testutil.ToFloat64(r.o.Metrics.received.WithLabelValues("accepted")); n != 1 {
+		t.Errorf("a sealed round: accepted %v, want 1", n)
 	}
 }

@@ -64,6 +64,7 @@ type serveConfig struct {
 	kubeconfig     string
 	traceClient    string
 	traceTrusted   string
+	messageKeyFile string
 }
 
 // serveFlags declares serve's flags into cfg (deployment files are checked against them in tests).
@@ -83,6 +84,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.redisAddr, "redis-addr", "", "Redis for tenant quotas: host:port, or several comma-separated for Redis Cluster; empty disables quotas")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "treat a single --redis-addr as a Redis Cluster endpoint")
 	fs.BoolVar(&cfg.relayScrapes, "relay-scrapes", true, "with --redis-addr, let one gateway replica (a lease in Redis) scrape the engines for all and relay the readings over pub/sub; the others scrape themselves whenever the relay is two intervals late")
+	fs.StringVar(&cfg.messageKeyFile, "redis-message-key-file", "", "file holding the key (32 bytes or more, the same for every replica, e.g. a mounted Secret) that signs the placements and engine readings replicas exchange over Redis; unsigned or stale messages are then dropped and counted. Empty: unsigned, and any Redis client can forge them")
 	fs.BoolVar(&cfg.sharePlacement, "share-placements", true, "with --redis-addr, tell the other gateway replicas over Redis pub/sub where this one starts each conversation group, and learn theirs, so that many replicas keep one replica's prefix affinity")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
@@ -133,7 +135,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, SharePlacements: cfg.sharePlacement,
-		RelayScrapes:   cfg.relayScrapes,
+		RelayScrapes: cfg.relayScrapes, RedisMessageKeyFile: cfg.messageKeyFile,
 		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
