@@ -63,135 +63,166 @@ func preScan(b []byte, maxDepth int) error {
 // lies, so the fields routing reads are found in the same walk: nothing of the body is materialised, however
 // many elements it holds in fields the gateway ignores.
 func scanBody(b []byte, maxDepth int, idx *bodyIndex) error {
-	var open containers
-	depth, state := 0, wantValue
-	field, fieldStart := -1, 0 // the indexed top-level field whose value comes or is being read
+	s := scanner{b: b, maxDepth: maxDepth, idx: idx, state: wantValue, field: -1}
 	nextYield := yieldEvery
-	for i := 0; ; {
-		if i >= nextYield {
-			// A large body takes milliseconds to scan: let the ordinary requests waiting for this CPU go first.
+	for {
+		if s.i >= nextYield {
+			// A large body takes milliseconds to scan: let ordinary requests waiting for this CPU go first.
 			runtime.Gosched()
-			nextYield = i + yieldEvery
+			nextYield = s.i + yieldEvery
 		}
-		i = skipSpace(b, i)
-		if i >= len(b) {
-			if state != wantNothing {
+		s.i = skipSpace(b, s.i)
+		if s.i >= len(b) {
+			if s.state != wantNothing {
 				return &scanError{len(b), "unexpected end of JSON input", true}
 			}
 			return nil
 		}
-		c := b[i]
-		switch state {
-		case wantNothing:
-			return &scanError{i, "invalid character after the top-level value", true}
-		case wantColon:
-			if c != ':' {
-				return &scanError{i, "invalid character after an object key", true}
-			}
-			state = wantValue
-			i++
-			continue
-		case wantCommaOrEnd:
-			object := open.object(depth)
-			switch {
-			case c == ',' && object:
-				state = wantKey
-				i++
-				continue
-			case c == ',':
-				state = wantValue
-				i++
-				continue
-			case c == '}' && object, c == ']' && !object:
-				// the container closes: the value it is ends below
-			default:
-				return &scanError{i, "invalid character after a value", true}
-			}
-		case wantKey, wantKeyOrEnd:
-			if c == '}' && state == wantKeyOrEnd {
-				break // an empty object closes below
-			}
-			if c != '"' {
-				return &scanError{i, "invalid character where an object key belongs", true}
-			}
-			end, err := skipString(b, i+1)
-			if err != nil {
-				return err
-			}
-			if depth == 1 && idx != nil {
-				field = idx.fieldOf(b[i+1 : end])
-			}
-			state = wantColon
-			i = end + 1
-			continue
-		case wantValue, wantValueOrEnd:
-			if c == ']' && state == wantValueOrEnd {
-				break // an empty array closes below
-			}
-			if depth == 1 {
-				fieldStart = i
-			}
-			if depth == 2 && field == fieldPrompt && !open.object(2) {
-				idx.promptItem(c) // idx is set: field is
-			}
-			switch c {
-			case '{', '[':
-				if depth++; depth > maxDepth {
-					return &scanError{i, fmt.Sprintf("nesting deeper than %d levels", maxDepth), false}
-				}
-				open.set(depth, c == '{')
-				if depth == 1 && idx != nil {
-					idx.object = c == '{'
-				}
-				state = wantValueOrEnd
-				if c == '{' {
-					state = wantKeyOrEnd
-				}
-				i++
-				continue
-			case '"':
-				end, err := skipString(b, i+1)
-				if err != nil {
-					return err
-				}
-				i = end + 1
-			default:
-				var end int
-				var err error
-				if c == '-' || isDigit(c) { // numbers first: they are what long arrays hold
-					end, err = scanNumber(b, i)
-				} else {
-					end, err = scanLiteralOrNumber(b, i)
-				}
-				if err != nil {
-					return err
-				}
-				i = end
-			}
-			state, field = valueEnded(idx, depth, field, fieldStart, i)
-			continue
+		if err := s.step(b[s.i]); err != nil {
+			return err
 		}
-		// b[i] closes the innermost container, which is a value of the one around it.
-		depth--
-		i++
-		if depth == 0 && idx != nil {
-			idx.end = i
-		}
-		state, field = valueEnded(idx, depth, field, fieldStart, i)
 	}
 }
 
-// valueEnded moves the scan on past a value that ended at end, at the given depth, handing a top-level field's
-// value to the index.
-func valueEnded(idx *bodyIndex, depth, field, start, end int) (scanState, int) {
-	if depth == 0 {
-		return wantNothing, -1
+// scanner is scanBody's state between tokens.
+type scanner struct {
+	b        []byte
+	i        int // the next byte to read
+	maxDepth int
+	idx      *bodyIndex
+	open     containers
+	depth    int
+	state    scanState
+	// field is the indexed top-level field whose value comes or is being read (-1: none), starting at
+	// fieldStart.
+	field, fieldStart int
+}
+
+// step reads the token that starts with c, at s.i.
+func (s *scanner) step(c byte) error {
+	switch s.state {
+	case wantNothing:
+		return &scanError{s.i, "invalid character after the top-level value", true}
+	case wantColon:
+		if c != ':' {
+			return &scanError{s.i, "invalid character after an object key", true}
+		}
+		s.state = wantValue
+		s.i++
+		return nil
+	case wantCommaOrEnd:
+		return s.afterValue(c)
+	case wantKey, wantKeyOrEnd:
+		if c == '}' && s.state == wantKeyOrEnd {
+			s.close() // an empty object
+			return nil
+		}
+		return s.key(c)
 	}
-	if depth == 1 && field >= 0 {
-		idx.found(field, start, end)
-		return wantCommaOrEnd, -1
+	if c == ']' && s.state == wantValueOrEnd {
+		s.close() // an empty array
+		return nil
 	}
-	return wantCommaOrEnd, field
+	return s.value(c)
+}
+
+// afterValue reads what follows a value inside a container: a comma, or the container's end.
+func (s *scanner) afterValue(c byte) error {
+	object := s.open.object(s.depth)
+	switch {
+	case c == ',' && object:
+		s.state = wantKey
+	case c == ',':
+		s.state = wantValue
+	case c == '}' && object, c == ']' && !object:
+		s.close()
+		return nil
+	default:
+		return &scanError{s.i, "invalid character after a value", true}
+	}
+	s.i++
+	return nil
+}
+
+// key reads an object key; at the top level the index learns which field it names.
+func (s *scanner) key(c byte) error {
+	if c != '"' {
+		return &scanError{s.i, "invalid character where an object key belongs", true}
+	}
+	end, err := skipString(s.b, s.i+1)
+	if err != nil {
+		return err
+	}
+	if s.depth == 1 && s.idx != nil {
+		s.field = s.idx.fieldOf(s.b[s.i+1 : end])
+	}
+	s.state = wantColon
+	s.i = end + 1
+	return nil
+}
+
+// value reads a value: it opens a container, or reads a string, number or literal whole.
+func (s *scanner) value(c byte) error {
+	if s.depth == 1 {
+		s.fieldStart = s.i
+	}
+	if s.depth == 2 && s.field == fieldPrompt && !s.open.object(2) {
+		s.idx.promptItem(c) // idx is set: field is
+	}
+	var end int
+	var err error
+	switch {
+	case c == '{' || c == '[':
+		if s.depth++; s.depth > s.maxDepth {
+			return &scanError{s.i, fmt.Sprintf("nesting deeper than %d levels", s.maxDepth), false}
+		}
+		s.open.set(s.depth, c == '{')
+		if s.depth == 1 && s.idx != nil {
+			s.idx.object = c == '{'
+		}
+		s.state = wantValueOrEnd
+		if c == '{' {
+			s.state = wantKeyOrEnd
+		}
+		s.i++
+		return nil
+	case c == '"':
+		end, err = skipString(s.b, s.i+1)
+		end++
+	case c == '-' || isDigit(c): // numbers first: they are what long arrays hold
+		end, err = scanNumber(s.b, s.i)
+	default:
+		end, err = scanLiteralOrNumber(s.b, s.i)
+	}
+	if err != nil {
+		return err
+	}
+	s.i = end
+	s.valueEnded()
+	return nil
+}
+
+// close reads the byte that closes the innermost container, which is a value of the one around it.
+func (s *scanner) close() {
+	s.depth--
+	s.i++
+	if s.depth == 0 && s.idx != nil {
+		s.idx.end = s.i
+	}
+	s.valueEnded()
+}
+
+// valueEnded moves the scan on past a value that ended at s.i, handing a top-level field's value to the index.
+func (s *scanner) valueEnded() {
+	switch {
+	case s.depth == 0:
+		s.state, s.field = wantNothing, -1
+	case s.depth == 1 && s.field >= 0:
+		s.idx.found(s.field, s.fieldStart, s.i)
+		s.state, s.field = wantCommaOrEnd, -1
+	default:
+		s.state = wantCommaOrEnd
+	}
 }
 
 // skipSpace returns the index of the first byte at or after i that is not JSON whitespace.

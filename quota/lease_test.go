@@ -38,15 +38,16 @@ func TestLeaseSize(t *testing.T) {
 	}
 }
 
-// Leases take Redis off the path: with them a request costs a small fraction of a round trip, without them
-// (leaseFraction: 0) about one.
+// Leases take Redis off the path: with them a request costs a small fraction of a round trip (0.08-0.18 beside
+// two CPU hogs, where slower requests leave more to renew; at most a quarter), without them (leaseFraction: 0)
+// about one.
 func TestLeaseRoundTrips(t *testing.T) {
 	for _, tc := range []struct {
 		settings string
 		min, max float64
 	}{
 		{"leaseFraction: 0, redisTimeout: 5s", 0.8, 1.2},
-		{"redisTimeout: 5s", 0, 0.15},
+		{"redisTimeout: 5s", 0, 0.25},
 	} {
 		t.Run(tc.settings, func(t *testing.T) {
 			srv := redistest.Start(t)

@@ -114,6 +114,19 @@ func asBuffered(t *testing.T) func(string) string {
 }
 
 // queued reads the gateway's admission queue length for m.
+// readsBusy waits until the gateway has read the engine's queue at waiting: before that, on a busy machine, a
+// request could be routed on no reading at all.
+func readsBusy(t *testing.T, st *Stack, waiting float64) {
+	t.Helper()
+	wait.For(t, "the gateway to read the engine's queue", func() bool {
+		total := 0.0
+		for _, m := range scrape(t, st.MetricsURL)["infergate_endpoint_waiting_requests"].GetMetric() {
+			total += m.GetGauge().GetValue()
+		}
+		return total == waiting
+	})
+}
+
 func queued(t *testing.T, st *Stack) float64 {
 	t.Helper()
 	total := 0.0
@@ -147,6 +160,7 @@ func TestBufferedQueueWaitEndsBeforeEnvoysTimeout(t *testing.T) {
 	e := newBusyEngine(t)
 	e.waiting.Store(5)
 	st := admissionStack(t, e, asBuffered(t), "", nil)
+	readsBusy(t, st, 5)
 	start := time.Now()
 	resp, body := postChat(t, st, admissionChat)
 	elapsed := time.Since(start)
@@ -168,6 +182,7 @@ func TestFullDuplexQueueWaitOutlastsAMessageTimeout(t *testing.T) {
 	e := newBusyEngine(t)
 	e.waiting.Store(5)
 	st := admissionStack(t, e, func(s string) string { return strings.Replace(s, "message_timeout: 10s", "message_timeout: 0.5s", 1) }, "", nil)
+	readsBusy(t, st, 5)
 	type answer struct {
 		status int
 		body   string
@@ -201,6 +216,7 @@ func TestAbortWhileQueuedFreesTheQuota(t *testing.T) {
 	e := newBusyEngine(t)
 	e.waiting.Store(5)
 	st := admissionStack(t, e, func(s string) string { return s }, ", quota: {maxConcurrent: 1}", []string{addr})
+	readsBusy(t, st, 5)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, st.URL+"/v1/chat/completions", strings.NewReader(admissionChat))
 	req.Header.Set("Authorization", "Bearer sk-demo-acme")
