@@ -41,8 +41,10 @@ import (
 type Config struct {
 	PolicyPath string
 	// RedisAddrs enforce tenants' quotas (one address, or several for Redis Cluster); none: no quotas.
-	RedisAddrs   []string
-	RedisCluster bool
+	RedisAddrs []string
+	// RedisPassword authenticates to Redis, for quotas and everything replicas share there; empty for none.
+	RedisPassword string
+	RedisCluster  bool
 	// InstanceID names this gateway across restarts (see quota.Options.InstanceID).
 	InstanceID string
 	// SharePlacements publishes the picker's new placements to the other gateway replicas over Redis pub/sub
@@ -196,7 +198,7 @@ func (g *Gateway) quotas(ctx context.Context, c Config) director.Admission {
 		g.log.Warn("no Redis: tenant quotas are not enforced")
 		return nil
 	}
-	g.Quotas = quota.New(quotaCtx, quota.Options{Addrs: c.RedisAddrs, Cluster: c.RedisCluster || len(c.RedisAddrs) > 1,
+	g.Quotas = quota.New(quotaCtx, quota.Options{Addrs: c.RedisAddrs, Cluster: c.RedisCluster || len(c.RedisAddrs) > 1, Password: c.RedisPassword,
 		Logger: g.log, Registerer: g.Registry, InstanceID: c.InstanceID})
 	g.reclaim(ctx, g.log)
 	g.log.Info("tenant quotas enforced in Redis", "redis_addrs", len(c.RedisAddrs), "fail_mode", g.Policies.Current().QuotaSettings().FailMode)
@@ -397,7 +399,8 @@ func (g *Gateway) messageSealer(c Config) (*pubsub.Sealer, error) {
 // on first use; nil without Redis.
 func (g *Gateway) sharedRedis(c Config) redis.UniversalClient {
 	if g.redis == nil && len(c.RedisAddrs) > 0 {
-		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1})
+		g.redis = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.RedisAddrs, IsClusterMode: c.RedisCluster || len(c.RedisAddrs) > 1,
+			Password: c.RedisPassword})
 	}
 	return g.redis
 }

@@ -66,7 +66,9 @@ type Options struct {
 	// Addrs are Redis addresses: one for a standalone server, several (or Cluster) for Redis Cluster.
 	Addrs   []string
 	Cluster bool
-	Logger  *slog.Logger
+	// Password authenticates to Redis (AUTH), empty for none.
+	Password string
+	Logger   *slog.Logger
 	// Registerer receives the metrics; nil skips registration.
 	Registerer prometheus.Registerer
 	// Now replaces the clock (tests of window rollover).
@@ -98,7 +100,7 @@ func (slogRedisLogger) Printf(_ context.Context, format string, v ...any) {
 // New connects to Redis (lazily; the first request dials) and starts the settlement flusher, until ctx ends.
 func New(ctx context.Context, o Options) *Limiter {
 	client := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: o.Addrs, IsClusterMode: o.Cluster,
+		Addrs: o.Addrs, IsClusterMode: o.Cluster, Password: o.Password,
 		// Short dial and I/O timeouts: the request path bounds each call with the policy's timeout anyway.
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		PoolSize: 64, MinIdleConns: 4, MaxRetries: -1,

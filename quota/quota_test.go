@@ -394,3 +394,27 @@ func TestRPSWindow(t *testing.T) {
 		}
 	}
 }
+
+// A Redis that requires a password (as the chart's does) admits through a limiter given it; one without it
+// gets Redis's refusal, and the fail mode answers.
+func TestRedisWithAPassword(t *testing.T) {
+	srv := redistest.Start(t)
+	if _, err := srv.Do("CONFIG", "SET", "requirepass", "a-generated-password"); err != nil {
+		t.Fatal(err)
+	}
+	snap, tn, m := policy(t, "requestsPerSecond: 100", "redisTimeout: 5s, failMode: closed, leaseFraction: 0")
+	limiter := func(password string) *Limiter {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		return New(ctx, Options{Addrs: []string{srv.Addr}, Password: password, RenewInterval: -1})
+	}
+	authed := limiter("a-generated-password")
+	tk, rej, err := authed.Admit(context.Background(), req(snap, tn, m, 10))
+	if err != nil || rej != nil {
+		t.Fatalf("with the password: %v %v", rej, err)
+	}
+	authed.Settle(tk, 5, 5)
+	if _, rej, err := limiter("").Admit(context.Background(), req(snap, tn, m, 10)); err == nil && rej == nil {
+		t.Error("admitted without the password")
+	}
+}

@@ -137,6 +137,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, SharePlacements: cfg.sharePlacement,
 		RelayScrapes: cfg.relayScrapes, RedisMessageKeyFile: cfg.messageKeyFile,
 		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
+	// The password comes from the environment (a Secret), never a flag: flags show in process listings.
+	gc.RedisPassword = os.Getenv("INFERGATE_REDIS_PASSWORD")
 	if cfg.redisAddr != "" {
 		gc.RedisAddrs = strings.Split(cfg.redisAddr, ",")
 	}

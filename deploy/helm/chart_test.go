@@ -40,6 +40,7 @@ type rendered struct {
 	roles           []*rbacv1.Role
 	bindings        []*rbacv1.RoleBinding
 	netpols         []*networkingv1.NetworkPolicy
+	claims          []*corev1.PersistentVolumeClaim
 	monitors        []*monitoringv1.ServiceMonitor
 	rules           []*monitoringv1.PrometheusRule
 	scaled          []*kedav1alpha1.ScaledObject
@@ -132,6 +133,9 @@ func (r *rendered) add(t *testing.T, where string, doc map[string]any) {
 	case "NetworkPolicy":
 		x := &networkingv1.NetworkPolicy{}
 		r.netpols, into = append(r.netpols, x), x
+	case "PersistentVolumeClaim":
+		x := &corev1.PersistentVolumeClaim{}
+		r.claims, into = append(r.claims, x), x
 	case "ServiceMonitor":
 		x := &monitoringv1.ServiceMonitor{}
 		r.monitors, into = append(r.monitors, x), x
@@ -262,8 +266,10 @@ func TestEverythingOn(t *testing.T) {
 	if len(r.deployments) != 2 || !redisSvc {
 		t.Errorf("deployments %d, redis service %v", len(r.deployments), redisSvc)
 	}
+	checkRedisHardened(t, r, c)
 	// Fallback keys: a Secret mounted where apiKeyFrom: file:/etc/infergate/keys/<name> reads it.
-	if len(r.secrets) != 1 || r.secrets[0].StringData["together"] != "test-key" || !mounted(c, "/etc/infergate/keys") {
+	keys := secretNamed(r, "infergate-fallback-keys")
+	if keys == nil || keys.StringData["together"] != "test-key" || !mounted(c, "/etc/infergate/keys") {
 		t.Errorf("fallback keys: %+v", r.secrets)
 	}
 	for _, ns := range []string{"inference", "batch"} {
@@ -274,13 +280,80 @@ func TestEverythingOn(t *testing.T) {
 	if len(r.monitors) != 1 || r.monitors[0].Spec.Endpoints[0].Port != "http-metrics" || len(r.rules) != 1 || len(r.rules[0].Spec.Groups) == 0 {
 		t.Errorf("monitoring: %d service monitors, %d rules", len(r.monitors), len(r.rules))
 	}
-	if len(r.netpols) != 1 || len(r.netpols[0].Spec.Ingress) != 2 {
+	if np := netpolNamed(r, "infergate"); np == nil || len(np.Spec.Ingress) != 2 {
 		t.Errorf("network policy %+v", r.netpols)
 	}
 	if len(r.scaled) != 2 || *r.scaled[0].Spec.MinReplicaCount != 2 || r.scaled[0].Spec.Triggers[0].Metadata["query"] !=
 		`max(infergate_pool_desired_replicas{model="llama-3.1-8b",pool="llama-h100"})` {
 		t.Errorf("scaled objects %+v", r.scaled)
 	}
+}
+
+// checkRedisHardened checks the chart's Redis: a generated password in a Secret that Redis requires and
+// infergate is given, a NetworkPolicy that admits only infergate's pods, and an append-only file on a volume.
+func checkRedisHardened(t *testing.T, r rendered, infergate corev1.Container) {
+	t.Helper()
+	var redis *appsv1.Deployment
+	for _, d := range r.deployments {
+		if d.Name == "infergate-redis" {
+			redis = d
+		}
+	}
+	if redis == nil {
+		t.Fatal("no Redis Deployment")
+	}
+	rc := redis.Spec.Template.Spec.Containers[0]
+	args := strings.Join(rc.Args, " ")
+	for _, want := range []string{"--appendonly yes", "--appendfsync always", "--requirepass $(REDIS_PASSWORD)"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("Redis args %q lack %s", args, want)
+		}
+	}
+	secret := secretNamed(r, "infergate-redis")
+	if secret == nil || len(secret.Data["password"]) < 32 {
+		t.Fatalf("no generated Redis password: %+v", secret)
+	}
+	fromSecret := func(c corev1.Container, env string) bool {
+		for _, e := range c.Env {
+			if e.Name == env && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil &&
+				e.ValueFrom.SecretKeyRef.Name == "infergate-redis" && e.ValueFrom.SecretKeyRef.Key == "password" {
+				return true
+			}
+		}
+		return false
+	}
+	if !fromSecret(rc, "REDIS_PASSWORD") || !fromSecret(infergate, "INFERGATE_REDIS_PASSWORD") {
+		t.Errorf("the password does not reach Redis (%v) and infergate (%v)", rc.Env, infergate.Env)
+	}
+	vols := redis.Spec.Template.Spec.Volumes
+	if len(r.claims) != 1 || len(vols) != 1 || vols[0].PersistentVolumeClaim == nil ||
+		vols[0].PersistentVolumeClaim.ClaimName != r.claims[0].Name || redis.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("Redis data: claims %+v, volumes %+v, strategy %v", r.claims, vols, redis.Spec.Strategy.Type)
+	}
+	np := netpolNamed(r, "infergate-redis")
+	if np == nil || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "infergate-redis" || len(np.Spec.Ingress) != 1 ||
+		len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].PodSelector == nil ||
+		np.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "infergate" {
+		t.Errorf("Redis network policy %+v", np)
+	}
+}
+
+func secretNamed(r rendered, name string) *corev1.Secret {
+	for _, s := range r.secrets {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func netpolNamed(r rendered, name string) *networkingv1.NetworkPolicy {
+	for _, n := range r.netpols {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
 }
 
 func mounted(c corev1.Container, path string) bool {

@@ -17,6 +17,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.redis.deploy -}}{{ include "infergate.name" . }}-redis.{{ .Release.Namespace }}.svc:6379{{- else -}}{{ .Values.redis.address }}{{- end -}}
 {{- end -}}
 
+{{- define "infergate.redisSecret" -}}
+{{- if .Values.redis.existingSecret -}}{{ .Values.redis.existingSecret }}{{- else if .Values.redis.deploy -}}{{ include "infergate.name" . }}-redis{{- end -}}
+{{- end -}}
+
 {{- define "infergate.keysSecret" -}}
 {{- if .Values.fallbackKeys.existingSecret -}}{{ .Values.fallbackKeys.existingSecret }}{{- else -}}{{ include "infergate.name" . }}-fallback-keys{{- end -}}
 {{- end -}}
