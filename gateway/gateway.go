@@ -55,8 +55,9 @@ type Config struct {
 	// over pub/sub; the relay package): the engines' scrape load grows with the engines, not replicas ×
 	// engines. Without Redis or scraping it does nothing.
 	RelayScrapes bool
-	// RedisMessageKeyFile holds the key (shared by every replica, e.g. a Secret) that signs the placements and
-	// relayed readings replicas exchange over Redis; empty: unsigned, and any Redis client can forge them.
+	// RedisMessageKeyFile holds the key (shared by every replica, e.g. a Secret) that signs the placements,
+	// relayed readings and rollout states replicas share over Redis; empty: unsigned, and any Redis client can
+	// forge them.
 	RedisMessageKeyFile string
 	// ScrapeInterval is how often engines' metrics are read; 0: routing on in-flight counts only.
 	ScrapeInterval time.Duration
@@ -153,7 +154,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		g.Close()
 		return nil, err
 	}
-	g.Autoscaler, g.Rollouts = g.autoscaler(engines), g.rollouts(c, engines)
+	g.Autoscaler, g.Rollouts = g.autoscaler(engines), g.rollouts(c, engines, sealer)
 	pick := g.picker(ctx, c, inflight, engines, sealer)
 	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
@@ -361,13 +362,16 @@ func kubeConfig(path string) (*rest.Config, error) {
 }
 
 // rollouts builds the controller of the policy's rollouts, its state shared in Redis when there is one.
-func (g *Gateway) rollouts(c Config, engines picker.EngineView) *rollout.Controller {
+func (g *Gateway) rollouts(c Config, engines picker.EngineView, sealer *pubsub.Sealer) *rollout.Controller {
 	o := rollout.Options{Policies: g.Policies, Metrics: rollout.NewMetrics(g.Registry), Logger: g.log}
 	if engines != nil {
 		o.Engines = engines
 	}
 	if client := g.sharedRedis(c); client != nil {
 		o.Store = rollout.NewRedisStore(client)
+		if sealer != nil {
+			o.Store = rollout.NewSealedStore(o.Store, sealer, o.Metrics.Forged)
+		}
 	}
 	warn := func(snap *policies.Snapshot) {
 		if o.Store == nil && snap.HasRollouts() {
@@ -389,8 +393,8 @@ func (g *Gateway) messageSealer(c Config) (*pubsub.Sealer, error) {
 		}
 		return s, nil
 	}
-	if len(c.RedisAddrs) > 0 && (c.SharePlacements || c.RelayScrapes) {
-		g.log.Warn("placements and engine readings go between replicas over Redis unsigned: any Redis client can forge them; set --redis-message-key-file")
+	if len(c.RedisAddrs) > 0 {
+		g.log.Warn("placements, engine readings and rollout states go between replicas over Redis unsigned: any Redis client can forge them; set --redis-message-key-file")
 	}
 	return nil, nil
 }

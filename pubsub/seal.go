@@ -110,6 +110,22 @@ func (s *Sealer) Open(channel string, msg []byte) ([]byte, error) {
 	return body[sealHeader:], nil
 }
 
+// OpenDocument is Open without the age check, for a document kept in Redis (a rollout's state), which is as
+// old as its last change.
+func (s *Sealer) OpenDocument(key string, doc []byte) ([]byte, error) {
+	if s == nil {
+		return doc, nil
+	}
+	if len(doc) < sealHeader+sealMACBytes || doc[0] != sealMagic || doc[1] != sealVersion {
+		return nil, ErrUnsigned
+	}
+	body, mac := doc[:len(doc)-sealMACBytes], doc[len(doc)-sealMACBytes:]
+	if !hmac.Equal(mac, s.mac(key, body)) {
+		return nil, ErrForged
+	}
+	return body[sealHeader:], nil
+}
+
 // Reason names why Open refused a message, for a result label: unsigned, forged or stale.
 func Reason(err error) string {
 	switch {

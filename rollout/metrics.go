@@ -13,6 +13,8 @@ type Metrics struct {
 	Gate        *prometheus.GaugeVec
 	Requests    *prometheus.GaugeVec
 	Transitions *prometheus.CounterVec
+	// Forged counts shared states that did not open with the message key (SealedStore).
+	Forged prometheus.Counter
 }
 
 // NewMetrics registers the series with reg (nil: unregistered, for tests).
@@ -30,9 +32,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests of each arm in the gates' window, as this replica saw them."}, []string{"model", "arm"}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
 			Help: "Rollout transitions this replica made, by the phase entered."}, []string{"model", "phase"}),
+		Forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_rollout_state_forged_total",
+			Help: "Rollout states read from Redis that did not open with the message key (unsigned or forged): each is read as none and replaced."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Requests, m.Transitions)
+		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Requests, m.Transitions, m.Forged)
 	}
 	return m
 }
