@@ -264,8 +264,9 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The gate holds the largest body (1 MiB here); a waiting body may wait 50 ms (the message timeout less its margin).
-	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 300ms}\n", 1)
+	// The gate holds the largest body (1 MiB here); a waiting body may wait 750 ms (the message timeout less its
+	// margin), and an admission lapses a second after that: room for a busy machine between the two.
+	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 1s}\n", 1)
 	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
 	snap, err := policies.Parse("policy.yaml", []byte(policy))
 	if err != nil {
@@ -307,7 +308,7 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 	// A body that never comes (a client trickling it into Envoy) holds the gate a message timeout past the
 	// longest wait, no longer: after that the next large body is admitted and routed.
 	_ = start(large)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		s := start(large)
 		s.send(reqBody(large, true))
@@ -328,7 +329,7 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 400ms}\n", 1)
+	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 1s}\n", 1)
 	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
 	snap, err := policies.Parse("policy.yaml", []byte(policy))
 	if err != nil {
