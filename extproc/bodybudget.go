@@ -47,10 +47,11 @@ func (b *bodyBudget) give(n int64) { b.held.Add(-n) }
 type receiveGate struct {
 	sem      *semaphore.Weighted
 	capacity int64
+	admitted *atomic.Int64 // bytes admitted now
 }
 
 func newReceiveGate(capacity int64) receiveGate {
-	return receiveGate{sem: semaphore.NewWeighted(capacity), capacity: capacity}
+	return receiveGate{sem: semaphore.NewWeighted(capacity), capacity: capacity, admitted: &atomic.Int64{}}
 }
 
 // wait admits n bytes (at most the gate's capacity, which a body larger than that takes whole) within timeout
@@ -65,6 +66,7 @@ func (g receiveGate) wait(ctx context.Context, n int64, timeout time.Duration) i
 	if g.sem.Acquire(ctx, n) != nil {
 		return 0
 	}
+	g.admitted.Add(n)
 	return n
 }
 
@@ -100,6 +102,7 @@ func (a *admission) arrived() {
 // giveBack returns the bytes, once.
 func (a *admission) giveBack() {
 	if a != nil && a.given.CompareAndSwap(false, true) {
+		a.gate.admitted.Add(-a.n)
 		a.gate.sem.Release(a.n)
 	}
 }

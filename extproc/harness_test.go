@@ -45,6 +45,7 @@ type harness struct {
 	inflight *fleet.InFlight
 	settled  chan director.Settlement
 	store    *policies.Store
+	srv      *Server
 }
 
 func newHarness(t *testing.T) *harness {
@@ -80,6 +81,7 @@ func newHarnessWith(t *testing.T, snap *policies.Snapshot, c config) *harness {
 	c.Director.InFlight = h.inflight
 	c.Director.Observers = append(c.Director.Observers, director.OnRouted(func(s director.Settlement) { h.settled <- s }))
 	srv := newServer(h.store, c)
+	h.srv = srv
 	gs := grpc.NewServer(ServerOptions()...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

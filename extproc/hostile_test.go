@@ -16,6 +16,7 @@ import (
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // Requests a hostile tenant sends with a valid key: each ends in a clear 4xx, and the server goes on serving.
@@ -285,7 +286,8 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 		}
 		return s
 	}
-	first := start(large)  // admitted: its stream is read on
+	first := start(large) // admitted: its stream is read on
+	admitted(t, h)
 	second := start(large) // waits at the gate, and cannot be admitted in time
 	r := second.recv()
 	ir := r.GetImmediateResponse()
@@ -340,6 +342,7 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 	first := h.open(t, modeFullDuplex, modeNone)
 	first.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(large))))
 	first.send(reqBody(large[:100<<10], false)) // read once admitted
+	admitted(t, h)
 	// Without a declared length: admitted as the largest body once past 64 KiB, which the first leaves no room for.
 	second := h.open(t, modeFullDuplex, modeNone)
 	second.send(postHeaders("/v1/chat/completions", keyAcme))
@@ -352,4 +355,10 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 	if r := first.recv(); r.GetRequestHeaders() == nil {
 		t.Fatalf("the admitted streamed body was not routed: %v", r)
 	}
+}
+
+// admitted waits until the receive gate has admitted a body, so that the next one finds it taken.
+func admitted(t *testing.T, h *harness) {
+	t.Helper()
+	wait.For(t, "a body admitted at the receive gate", func() bool { return h.srv.receive.admitted.Load() > 0 })
 }
