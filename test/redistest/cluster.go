@@ -49,6 +49,49 @@ func (c *RealCluster) waitReplicated() {
 	})
 }
 
+// WaitCaughtUp waits until master's replicas have acknowledged everything it had written when called (they
+// acknowledge about once a second): a master killed then loses nothing to asynchronous replication, so a
+// test of failing over is not one of Redis losing acknowledged writes, which a busy machine's lagging replica
+// makes likely.
+func (c *RealCluster) WaitCaughtUp(master *Server) {
+	c.t.Helper()
+	info, err := master.Do("INFO", "replication")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	target := replicationField(info, "master_repl_offset:")
+	c.untilEveryLiveNode("the replicas did not catch up", func(n *Server) bool {
+		if n != master {
+			return true
+		}
+		info, err := n.Do("INFO", "replication")
+		if err != nil {
+			return false
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if strings.HasPrefix(line, "slave") && strings.Contains(line, "offset=") {
+				_, rest, _ := strings.Cut(line, "offset=")
+				off, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+				if off < target {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// replicationField reads an integer field of INFO replication.
+func replicationField(info, field string) int64 {
+	for line := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), field); ok {
+			n, _ := strconv.ParseInt(rest, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // Addrs are every node's address (a cluster client discovers the rest from any of them).
 func (c *RealCluster) Addrs() []string {
 	var out []string
