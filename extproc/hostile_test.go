@@ -261,18 +261,7 @@ func hasHeader(m *extprocv3.HeaderMutation, name string) bool {
 // waits (the bytes stay in Envoy), and one that cannot be admitted before Envoy's message timeout is refused
 // with 503 and retry-after; once the first is routed the next is admitted.
 func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
-	text, err := os.ReadFile("testdata/policy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The gate holds the largest body (1 MiB here); a waiting body may wait 750 ms (the message timeout less its
-	// margin), and an admission lapses a second after that: room for a busy machine between the two.
-	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 1s}\n", 1)
-	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
-	snap, err := policies.Parse("policy.yaml", []byte(policy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := gatePolicy(t)
 	h := newHarnessWith(t, snap, config{})
 	body := func(n int) []byte {
 		return []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", n-64) + `"}]}`)
@@ -327,16 +316,7 @@ func TestLargeBodiesWaitAtTheReceiveGate(t *testing.T) {
 // In FULL_DUPLEX_STREAMED mode a large body's chunks are not read until the gate admits it, with or without a
 // declared length; one not admitted in a message timeout is refused with 503.
 func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
-	text, err := os.ReadFile("testdata/policy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 1s}\n", 1)
-	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
-	snap, err := policies.Parse("policy.yaml", []byte(policy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := gatePolicy(t)
 	h := newHarnessWith(t, snap, config{})
 	large := []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", 900<<10) + `"}]}`)
 	first := h.open(t, modeFullDuplex, modeNone)
@@ -361,4 +341,21 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 func admitted(t *testing.T, h *harness) {
 	t.Helper()
 	wait.For(t, "a body admitted at the receive gate", func() bool { return h.srv.receive.admitted.Load() > 0 })
+}
+
+// gatePolicy is the test policy with a receive gate that holds the largest body (1 MiB), a wait of 750 ms (a
+// 1 s message timeout less its margin) and an admission lapse a second after that: room for a busy machine.
+func gatePolicy(t *testing.T) *policies.Snapshot {
+	t.Helper()
+	text, err := os.ReadFile("testdata/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.Replace(string(text), "spec:\n", "spec:\n  admission: {bufferedMessageTimeout: 1s}\n", 1)
+	policy = strings.Replace(policy, "maxRequestBodyBytes: 1048576", "maxRequestBodyBytes: 1048576\n    maxBodyBytesInFlight: 1572864", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
 }
