@@ -289,23 +289,6 @@ func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' ||
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
-// scanScalar checks the number or literal (true, false, null) at b[i] and returns the index just past it,
-// where a delimiter must follow: the parser reads "01" or "1.5.3" as one number.
-func scanScalar(b []byte, i int) (int, error) {
-	end, err := scanLiteralOrNumber(b, i)
-	if err != nil {
-		return 0, err
-	}
-	if end < len(b) {
-		switch b[end] {
-		case ' ', '\t', '\n', '\r', ',', ']', '}':
-		default:
-			return 0, &scanError{end, "invalid character after a value", true}
-		}
-	}
-	return end, nil
-}
-
 func scanLiteralOrNumber(b []byte, i int) (int, error) {
 	for _, lit := range [...]string{"true", "false", "null"} {
 		if b[i] == lit[0] {

@@ -22,12 +22,14 @@ import (
 
 // The Istio EnvoyFilter decodes into Istio's own type, and every patch's value into the Envoy type its
 // applyTo names, valid: the ext_proc filter (FULL_DUPLEX_STREAMED, envoy.lb kept), and for every pool of the
-// quickstart policy an override_host cluster and a route on x-infergate-pool to it.
+// quickstart policy an override_host cluster and a route on x-infergate-pool to it; and a DestinationRule
+// that makes the gateway's connection to ext_proc mutual TLS.
 func TestIstioEnvoyFilter(t *testing.T) {
 	docs := manifest.DecodeAll(t, "../deploy/istio/envoyfilter.yaml")
-	if len(docs) != 1 || docs[0]["kind"] != "EnvoyFilter" {
+	if len(docs) != 2 || docs[0]["kind"] != "EnvoyFilter" || docs[1]["kind"] != "DestinationRule" {
 		t.Fatalf("docs %v", docs)
 	}
+	checkIstioExtProcTLS(t, docs[1])
 	spec, _ := json.Marshal(docs[0]["spec"])
 	var ef istionetworking.EnvoyFilter
 	if err := protojson.Unmarshal(spec, &ef); err != nil {
@@ -103,6 +105,28 @@ func TestIstioEnvoyFilter(t *testing.T) {
 				t.Errorf("no route on %s: %s to %s: %v", contract.HeaderPool, p.Name, name, r)
 			}
 		}
+	}
+}
+
+// checkIstioExtProcTLS decodes the DestinationRule into Istio's type: the ingress gateway's connection to
+// ext_proc's port presents the chart's Envoy client certificate and checks infergate's server name.
+func checkIstioExtProcTLS(t *testing.T, doc map[string]any) {
+	t.Helper()
+	spec, _ := json.Marshal(doc["spec"])
+	var dr istionetworking.DestinationRule
+	if err := protojson.Unmarshal(spec, &dr); err != nil {
+		t.Fatalf("not an Istio DestinationRule: %v", err)
+	}
+	if dr.GetHost() != "infergate.infergate.svc.cluster.local" || dr.GetWorkloadSelector().GetMatchLabels()["istio"] != "ingressgateway" {
+		t.Errorf("destination rule for %s on %v", dr.GetHost(), dr.GetWorkloadSelector())
+	}
+	ports := dr.GetTrafficPolicy().GetPortLevelSettings()
+	if len(ports) != 1 || ports[0].GetPort().GetNumber() != 9002 {
+		t.Fatalf("port settings %v: want ext_proc's 9002", ports)
+	}
+	tls := ports[0].GetTls()
+	if tls.GetMode() != istionetworking.ClientTLSSettings_MUTUAL || tls.GetCredentialName() != "infergate-envoy-client" || tls.GetSni() != dr.GetHost() {
+		t.Errorf("ext_proc TLS %v: want MUTUAL with the chart's client certificate", tls)
 	}
 }
 

@@ -62,6 +62,13 @@ func values(t *testing.T, file string) map[string]any {
 // render runs `helm template` through the SDK and decodes the output.
 func render(t *testing.T, valuesFile string) rendered {
 	t.Helper()
+	return renderIn(t, valuesFile, nil)
+}
+
+// renderIn renders as an install or upgrade does against a cluster whose objects the provider serves to the
+// templates' lookup (nil: none, as `helm template` sees).
+func renderIn(t *testing.T, valuesFile string, cluster engine.ClientProvider) rendered {
+	t.Helper()
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +79,12 @@ func render(t *testing.T, valuesFile string) rendered {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := engine.Render(chrt, rv)
+	var out map[string]string
+	if cluster == nil {
+		out, err = engine.Render(chrt, rv)
+	} else {
+		out, err = engine.RenderWithClientProvider(chrt, rv, cluster)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,22 +202,28 @@ func TestDefaultValues(t *testing.T) {
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
 		t.Errorf("security context: pod %+v container %+v", pod, sc)
 	}
+	// mTLS by default, so kubelet probes the HTTP health paths (its gRPC probes cannot speak TLS).
 	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.GRPC == nil || p.GRPC.Port != 9002 {
-			t.Errorf("%s probe %+v: gRPC health on ext_proc", name, p)
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("%s probe %+v: HTTP health on the metrics port", name, p)
 		}
+	}
+	if !mounted(c, "/etc/infergate/tls") || secretNamed(r, "infergate-tls") == nil || secretNamed(r, "infergate-envoy-client") == nil ||
+		configMapNamed(r, "infergate-ca") == nil {
+		t.Errorf("mTLS by default: mounted %v, secrets %d, config maps %d", mounted(c, "/etc/infergate/tls"), len(r.secrets), len(r.configMaps))
 	}
 	if len(d.Spec.Template.Spec.TopologySpreadConstraints) != 1 || len(r.pdbs) != 1 || len(r.services) != 1 || len(r.serviceAccounts) != 1 {
 		t.Errorf("spread %v, PDBs %d, services %d, service accounts %d", d.Spec.Template.Spec.TopologySpreadConstraints, len(r.pdbs), len(r.services), len(r.serviceAccounts))
 	}
-	if len(r.monitors)+len(r.rules)+len(r.netpols)+len(r.scaled)+len(r.hpas)+len(r.secrets) != 0 {
-		t.Error("optional objects rendered by default")
+	if len(r.monitors)+len(r.rules)+len(r.netpols)+len(r.scaled)+len(r.hpas) != 0 || len(r.secrets) != 2 || len(r.configMaps) != 2 {
+		t.Errorf("optional objects rendered by default: secrets %d, config maps %d", len(r.secrets), len(r.configMaps))
 	}
 	// The rendered policy is valid, and every Service it discovers is covered by a Role.
-	if len(r.configMaps) != 1 {
-		t.Fatalf("config maps %d", len(r.configMaps))
+	pol := configMapNamed(r, "infergate-policy")
+	if pol == nil {
+		t.Fatal("no policy ConfigMap")
 	}
-	snap, err := policies.Parse("configmap/policy.yaml", []byte(r.configMaps[0].Data["policy.yaml"]))
+	snap, err := policies.Parse("configmap/policy.yaml", []byte(pol.Data["policy.yaml"]))
 	if err != nil {
 		t.Fatalf("the rendered policy: %v", err)
 	}
@@ -215,7 +233,8 @@ func TestDefaultValues(t *testing.T) {
 		}
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"serve", "--policy=/etc/infergate/policy/policy.yaml", "--extproc-addr=:9002", "--instance-id=$(POD_NAME)"} {
+	for _, want := range []string{"serve", "--policy=/etc/infergate/policy/policy.yaml", "--extproc-addr=:9002", "--instance-id=$(POD_NAME)",
+		"--tls-cert=/etc/infergate/tls/tls.crt", "--tls-client-ca=/etc/infergate/tls/ca.crt", "--xds-secret-nodes=infergate-envoy-client"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %s", args, want)
 		}
@@ -342,6 +361,15 @@ func secretNamed(r rendered, name string) *corev1.Secret {
 	for _, s := range r.secrets {
 		if s.Name == name {
 			return s
+		}
+	}
+	return nil
+}
+
+func configMapNamed(r rendered, name string) *corev1.ConfigMap {
+	for _, c := range r.configMaps {
+		if c.Name == name {
+			return c
 		}
 	}
 	return nil

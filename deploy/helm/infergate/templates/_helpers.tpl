@@ -24,3 +24,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "infergate.keysSecret" -}}
 {{- if .Values.fallbackKeys.existingSecret -}}{{ .Values.fallbackKeys.existingSecret }}{{- else -}}{{ include "infergate.name" . }}-fallback-keys{{- end -}}
 {{- end -}}
+
+{{- /* The Envoy node ids that may receive managed-API keys: those listed, or the one the chart's generated client certificate names. */ -}}
+{{- define "infergate.secretNodes" -}}
+{{- if .Values.tls.xdsSecretNodes -}}{{ join "," .Values.tls.xdsSecretNodes }}{{- else if .Values.tls.generate -}}{{ include "infergate.name" . }}-envoy-client{{- end -}}
+{{- end -}}
