@@ -23,11 +23,12 @@ test-deps: ## install what the tests run for real (Debian packages) when missing
 	@bash scripts/ensure-test-deps.sh
 
 .PHONY: test
-test: test-deps ## every test, vetted, with the race detector (but the manifest checks under deploy/); make lint vets the rest
+test: test-deps ## every test, vetted, with the race detector (but the two modules under deploy/ of their own); make lint vets the rest
 	@# Every test binary is built (and vetted) first, so that no test runs beside the compiler on a cold cache.
-	$(GO) test -race -vet=all -count=1 -run '^$$' $$($(GO) list ./... | grep -v /deploy/)
-	$(GO) test -race -vet=all -count=1 $$($(GO) list ./... | grep -v /deploy/)
-	$(GO) test -vet=all -count=1 ./deploy/...
+	@# The manifest checks under deploy/ run with the race detector too: built without it they would compile
+	@# the ~900 packages they share with the rest a second time (3 1/2 min of a cold run, against 40 s).
+	$(GO) test -race -vet=all -count=1 -run '^$$' ./...
+	$(GO) test -race -vet=all -count=1 ./...
 	cd deploy/envoy/minversion && $(GO) test -vet=all -count=1 ./...
 	cd deploy/helm && $(GO) test -vet=all -count=1 ./...
 
