@@ -53,6 +53,10 @@ bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output 
 bench-placement: ## placement over a generated family of fleets and workloads (24 scenarios × 3 arrival seeds, five policies; ≈ 2 min in simulated time; table for BENCHMARKS.md; -quick: CI-sized)
 	$(GO) run ./test/placementbench
 
+.PHONY: bench-rollout
+bench-rollout: ## rollout gates' error rates: 200 A/A rollouts and 100 of each fault through rollout.Controller on the simulated fleet, in simulated time (≈ 5 min; table for BENCHMARKS.md)
+	$(GO) run ./test/rolloutbench
+
 .PHONY: bench-routing
 bench-routing: ## routing policies compared on the simulated fleet (table for BENCHMARKS.md)
 	$(GO) run ./test/routingbench

@@ -54,6 +54,9 @@ func OnRouted(f func(Settlement)) SettleObserver {
 // conversation groups (rollout.Controller); a model it has no share for sends the candidate nothing.
 type Rollouts interface {
 	Share(model string) float64
+	// ArmSeed is the rollout's secret seed of the arms' hash, shared by every replica through the rollout's
+	// state: a client that names its conversation cannot compute which arm the name falls in.
+	ArmSeed(model string) uint64
 }
 
 // Options wire a Director to the stages.
@@ -275,7 +278,7 @@ func (d *Director) split(req *Request, rt *Route, plan *policies.RolloutPlan) *p
 		rt.split.Conversation = req.Body.ConversationKey()
 	}
 	if d.opts.Rollouts != nil {
-		rt.split.Share = d.opts.Rollouts.Share(plan.Model.Name)
+		rt.split.Share, rt.split.Seed = d.opts.Rollouts.Share(plan.Model.Name), d.opts.Rollouts.ArmSeed(plan.Model.Name)
 	}
 	rt.split.Ungrouped = xxh3.HashString(req.RequestID) | 1
 	// A tester may pick the candidate only once it takes traffic (past its compatibility gate, not rolled back

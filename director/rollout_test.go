@@ -15,6 +15,8 @@ type fixedShare float64
 
 func (s fixedShare) Share(string) float64 { return float64(s) }
 
+func (s fixedShare) ArmSeed(string) uint64 { return 42 }
+
 // The quickstart with the llama model's L40S pool released as the candidate of a rollout; acme may test it.
 func rolloutSnapshot(t *testing.T) *policies.Snapshot {
 	t.Helper()

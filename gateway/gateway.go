@@ -458,6 +458,9 @@ func (r rolloutFleet) Endpoint(addr string) (xds.EndpointState, bool) {
 // Share implements xds.RolloutShares.
 func (r rolloutFleet) Share(model string) float64 { return r.shares.Share(model) }
 
+// ArmSeed implements director.Rollouts.
+func (r rolloutFleet) ArmSeed(model string) uint64 { return r.shares.ArmSeed(model) }
+
 func (g *Gateway) reclaim(ctx context.Context, log *slog.Logger) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

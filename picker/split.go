@@ -1,6 +1,8 @@
 package picker
 
 import (
+	"encoding/binary"
+
 	"github.com/zeebo/xxh3"
 
 	"github.com/infergate/infergate/policies"
@@ -27,21 +29,32 @@ type Split struct {
 	// Ungrouped names a request with neither a conversation nor a full prompt block (a short completion or
 	// embedding input): a hash of its request id, so such requests split by the share rather than all together.
 	Ungrouped uint64
+	// Seed is the rollout's secret (Rollouts.ArmSeed): it keys the arms' hash, so that a client choosing its
+	// conversation id or request id cannot choose its arm — and push slow requests into a candidate to have it
+	// rolled back.
+	Seed uint64
 }
 
-// arm decides a request's arm from its conversation group: the group's hash, seeded by the model, read as a
-// number in [0,1), below the share goes to the candidate. A group keeps its arm as the share grows (a step
+// arm decides a request's arm from its conversation group: the group's hash, keyed by the rollout's secret
+// seed and the model, read as a number in [0,1), below the share goes to the candidate. A group keeps its arm as the share grows (a step
 // only adds groups to the candidate), so a conversation does not bounce between arms and lose its KV cache;
 // a rollback (share 0) returns every group to the baseline at once.
 func (s *Split) arm(model string, group uint64) string {
 	if s.Force != "" {
 		return s.Force
 	}
-	u := float64(xxh3.HashStringSeed(model, group)>>11) / (1 << 53)
+	u := float64(xxh3.HashStringSeed(model, xxh3.HashSeed(seedBytes(s.Seed), group))>>11) / (1 << 53)
 	if u < s.Share {
 		return ArmCandidate
 	}
 	return ArmBaseline
+}
+
+// seedBytes spells a seed as the bytes the arm hash keys on.
+func seedBytes(seed uint64) []byte {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], seed)
+	return b[:]
 }
 
 // inArm says whether a pool serves an arm: the candidate's pool, or — for a candidate that is a served model

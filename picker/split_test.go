@@ -56,6 +56,36 @@ func TestSplitTakesTheShareByGroupAndKeepsIt(t *testing.T) {
 	}
 }
 
+// The rollout's secret seed keys the arms: a client that knows its conversation's hash and the share still
+// cannot tell its arm, since under another seed a different half of the groups takes the candidate; under one
+// seed the arms are stable, as every replica must compute them.
+func TestSplitIsKeyedByTheRolloutsSeed(t *testing.T) {
+	_, _, plan := rolloutPolicy(t, "{pool: cheap}")
+	const groups = 20000
+	arms := func(seed uint64) []string {
+		s := &Split{Plan: plan, Share: 0.5, Seed: seed}
+		out := make([]string, groups)
+		for g := range out {
+			out[g] = s.arm("m", xxh3.HashString(fmt.Sprint("conversation-", g)))
+		}
+		return out
+	}
+	a, again, b := arms(0x1234_5678_9abc_def1), arms(0x1234_5678_9abc_def1), arms(0x0fed_cba9_8765_4321)
+	var differ int
+	for g := range a {
+		if a[g] != again[g] {
+			t.Fatal("one seed put a conversation in two arms")
+		}
+		if a[g] != b[g] {
+			differ++
+		}
+	}
+	// Independent halves agree on half the groups: 10,000 ± 3σ (σ ≈ 71).
+	if differ < 9_780 || differ > 10_220 {
+		t.Errorf("%d of %d conversations change arm with the seed, want about half", differ, groups)
+	}
+}
+
 func TestPickFollowsTheSplit(t *testing.T) {
 	snap, m, plan := rolloutPolicy(t, "{pool: cheap}")
 	p := newMixedPicker(idleEngines(nil))

@@ -46,23 +46,36 @@ type RolloutStep struct {
 	MinRequests int `yaml:"minRequests,omitempty" json:"minRequests,omitempty" jsonschema:"minimum=0"`
 }
 
-// RolloutGates compare the candidate with the baseline over one window; a zero field takes its default.
+// RolloutGates test the candidate against the baseline over the same span of each step. Every gate is a
+// one-sided sequential test with a margin (docs/rollouts.md): it fails only when the requests show, at the
+// gates' confidence, that the candidate is worse than the margin allows. A zero field takes its default.
 type RolloutGates struct {
-	// MinGoodputRatio: the candidate's share of good requests at least this times the baseline's (default 0.95).
+	// MinGoodputRatio: the candidate's share of good requests (met their SLO) at least this times the
+	// baseline's (default 0.95).
 	MinGoodputRatio float64 `yaml:"minGoodputRatio,omitempty" json:"minGoodputRatio,omitempty" jsonschema:"minimum=0,maximum=1"`
 	// MaxErrorRateIncrease: the candidate's error rate (upstream 5xx, resets, timeouts) at most the baseline's
 	// plus this, as a fraction (default 0.01).
 	MaxErrorRateIncrease float64 `yaml:"maxErrorRateIncrease,omitempty" json:"maxErrorRateIncrease,omitempty" jsonschema:"minimum=0,maximum=1"`
-	// MaxTTFTP95Ratio and MaxTPOTP95Ratio: the candidate's p95 at most this times the baseline's (default 1.1).
+	// MaxTTFTRatio and MaxTPOTRatio: the candidate's latencies at most this times the baseline's, in the
+	// Mann-Whitney sense — a candidate request is no likelier than not to be slower than r times a baseline
+	// one (default 1.2: "worse by more than 20 %").
+	MaxTTFTRatio float64 `yaml:"maxTTFTRatio,omitempty" json:"maxTTFTRatio,omitempty" jsonschema:"minimum=1"`
+	MaxTPOTRatio float64 `yaml:"maxTPOTRatio,omitempty" json:"maxTPOTRatio,omitempty" jsonschema:"minimum=1"`
+	// MaxTTFTP95Ratio and MaxTPOTP95Ratio are the earlier names of MaxTTFTRatio and MaxTPOTRatio, read as
+	// them.
 	MaxTTFTP95Ratio float64 `yaml:"maxTTFTP95Ratio,omitempty" json:"maxTTFTP95Ratio,omitempty" jsonschema:"minimum=1"`
 	MaxTPOTP95Ratio float64 `yaml:"maxTPOTP95Ratio,omitempty" json:"maxTPOTP95Ratio,omitempty" jsonschema:"minimum=1"`
-	// Window is the span of requests the gates compare, e.g. "1m" (default 1m, at most 10m).
+	// Confidence is the chance that a candidate within every margin goes through the whole rollout without a
+	// rollback by one replica's gates, however often they look (default 0.99, between 0.5 and 0.9999).
+	Confidence float64 `yaml:"confidence,omitempty" json:"confidence,omitempty" jsonschema:"minimum=0.5,maximum=0.9999"`
+	// Window is no longer read: the gates test every request since the step began (after the warm-up). It is
+	// still accepted, so that older policies load.
 	Window string `yaml:"window,omitempty" json:"window,omitempty"`
-	// MinRequests is how many requests each arm needs in the window before the gates judge it; with fewer the
-	// step holds (default 50: a p95 from fewer samples is little more than the maximum).
+	// MinRequests is how many requests each arm needs in the step before the gates judge it; with fewer the
+	// step holds (default 50).
 	MinRequests int `yaml:"minRequests,omitempty" json:"minRequests,omitempty" jsonschema:"minimum=0"`
 	// Warmup is how long after the candidate first takes traffic its requests (and the baseline's) are left out
-	// of the windows: a new engine starts with a cold KV cache, and its first TTFTs say nothing of its speed
+	// of the tests: a new engine starts with a cold KV cache, and its first TTFTs say nothing of its speed
 	// (default "30s"; "0s" judges from the first request).
 	Warmup string `yaml:"warmup,omitempty" json:"warmup,omitempty"`
 }
@@ -80,11 +93,10 @@ type RolloutCompatibility struct {
 const (
 	DefaultRolloutStepDuration  = 5 * time.Minute
 	DefaultRolloutStepRequests  = 100
-	DefaultRolloutWindow        = time.Minute
 	DefaultMinGoodputRatio      = 0.95
 	DefaultMaxErrorRateIncrease = 0.01
-	DefaultMaxP95Ratio          = 1.1
-	MaxRolloutWindow            = 10 * time.Minute
+	DefaultMaxLatencyRatio      = 1.2
+	DefaultRolloutConfidence    = 0.99
 	DefaultRolloutGateRequests  = 50
 	DefaultRolloutWarmup        = 30 * time.Second
 )
@@ -98,7 +110,6 @@ type RolloutPlan struct {
 	CandidateServed string
 	Baseline        []*Pool
 	Steps           []PlanStep
-	Window          time.Duration
 	Warmup          time.Duration
 	Gates           RolloutGates // defaults applied (MinRequests too)
 	Compatibility   RolloutCompatibility
@@ -110,6 +121,12 @@ type PlanStep struct {
 	Share       float64 // 0..1
 	MinDuration time.Duration
 	MinRequests int
+}
+
+// GateAlpha is one gate's share of the rollout's error budget in one step: 1 − Confidence split evenly over
+// the four gates and every step (a union bound, so the budget holds however the tests correlate).
+func (p *RolloutPlan) GateAlpha() float64 {
+	return (1 - p.Gates.Confidence) / float64(4*max(1, len(p.Steps)))
 }
 
 // Tester says whether a tenant may choose the arm of its own requests.
@@ -133,7 +150,7 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 			continue
 		}
 		r := m.Rollout
-		plan := &RolloutPlan{Model: m, Window: durationOr(r.Gates.Window, DefaultRolloutWindow),
+		plan := &RolloutPlan{Model: m,
 			Compatibility: r.Compatibility, testers: r.Testers, Gates: r.Gates, CandidateServed: r.Candidate.ServedModel}
 		for j := range m.Pools {
 			pool := &m.Pools[j]
@@ -150,8 +167,10 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 		g := &plan.Gates
 		g.MinGoodputRatio = orDefault(g.MinGoodputRatio, DefaultMinGoodputRatio)
 		g.MaxErrorRateIncrease = orDefault(g.MaxErrorRateIncrease, DefaultMaxErrorRateIncrease)
-		g.MaxTTFTP95Ratio = orDefault(g.MaxTTFTP95Ratio, DefaultMaxP95Ratio)
-		g.MaxTPOTP95Ratio = orDefault(g.MaxTPOTP95Ratio, DefaultMaxP95Ratio)
+		g.MaxTTFTRatio = orDefault(orDefault(g.MaxTTFTRatio, g.MaxTTFTP95Ratio), DefaultMaxLatencyRatio)
+		g.MaxTPOTRatio = orDefault(orDefault(g.MaxTPOTRatio, g.MaxTPOTP95Ratio), DefaultMaxLatencyRatio)
+		g.MaxTTFTP95Ratio, g.MaxTPOTP95Ratio = 0, 0
+		g.Confidence = orDefault(g.Confidence, DefaultRolloutConfidence)
 		if g.MinRequests == 0 {
 			g.MinRequests = DefaultRolloutGateRequests
 		}
@@ -258,11 +277,21 @@ func (v *validator) rolloutGates(g *RolloutGates, gb []seg) {
 	if g.MaxErrorRateIncrease < 0 || g.MaxErrorRateIncrease > 1 {
 		v.fail(append(slices.Clone(gb), "maxErrorRateIncrease"), "must be between 0 and 1, got %v", g.MaxErrorRateIncrease)
 	}
-	if g.MaxTTFTP95Ratio != 0 && g.MaxTTFTP95Ratio < 1 {
-		v.fail(append(slices.Clone(gb), "maxTTFTP95Ratio"), "must be at least 1, got %v", g.MaxTTFTP95Ratio)
+	for _, r := range []struct {
+		name, old  string
+		value, was float64
+	}{{"maxTTFTRatio", "maxTTFTP95Ratio", g.MaxTTFTRatio, g.MaxTTFTP95Ratio}, {"maxTPOTRatio", "maxTPOTP95Ratio", g.MaxTPOTRatio, g.MaxTPOTP95Ratio}} {
+		switch {
+		case r.value != 0 && r.was != 0:
+			v.fail(append(slices.Clone(gb), r.old), "is the earlier name of %s: set one of them", r.name)
+		case r.value != 0 && r.value < 1:
+			v.fail(append(slices.Clone(gb), r.name), "must be at least 1, got %v", r.value)
+		case r.was != 0 && r.was < 1:
+			v.fail(append(slices.Clone(gb), r.old), "must be at least 1, got %v", r.was)
+		}
 	}
-	if g.MaxTPOTP95Ratio != 0 && g.MaxTPOTP95Ratio < 1 {
-		v.fail(append(slices.Clone(gb), "maxTPOTP95Ratio"), "must be at least 1, got %v", g.MaxTPOTP95Ratio)
+	if g.Confidence != 0 && (g.Confidence < 0.5 || g.Confidence > 0.9999) {
+		v.fail(append(slices.Clone(gb), "confidence"), "must be between 0.5 and 0.9999, got %v", g.Confidence)
 	}
 	v.positiveDuration(append(slices.Clone(gb), "window"), g.Window)
 	if g.MinRequests < 0 {
@@ -270,10 +299,6 @@ func (v *validator) rolloutGates(g *RolloutGates, gb []seg) {
 	}
 	if d, err := time.ParseDuration(g.Warmup); g.Warmup != "" && (err != nil || d < 0) {
 		v.fail(append(slices.Clone(gb), "warmup"), "must be a duration such as \"30s\" (\"0s\" for none), got %q", g.Warmup)
-	}
-	if d, err := time.ParseDuration(g.Window); err == nil && d > MaxRolloutWindow {
-		// Every second of the window is kept per arm, with its latency histograms.
-		v.fail(append(slices.Clone(gb), "window"), "must be at most %v, got %q", MaxRolloutWindow, g.Window)
 	}
 }
 

@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -46,9 +47,14 @@ spec:
 		t.Errorf("steps %+v, want %+v", plan.Steps, want)
 	}
 	g := plan.Gates
-	if g.MaxTTFTP95Ratio != 1.2 || g.MaxTPOTP95Ratio != DefaultMaxP95Ratio || g.MinGoodputRatio != DefaultMinGoodputRatio ||
-		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || plan.Window != DefaultRolloutWindow {
-		t.Errorf("gates %+v window %v", g, plan.Window)
+	// maxTTFTP95Ratio is read as its new name, maxTTFTRatio.
+	if g.MaxTTFTRatio != 1.2 || g.MaxTPOTRatio != DefaultMaxLatencyRatio || g.MinGoodputRatio != DefaultMinGoodputRatio ||
+		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || g.Confidence != DefaultRolloutConfidence {
+		t.Errorf("gates %+v", g)
+	}
+	// The error budget, 1 %, split over four gates and two steps.
+	if a := plan.GateAlpha(); math.Abs(a-0.01/8) > 1e-12 {
+		t.Errorf("gate alpha %v", a)
 	}
 	acme, _ := snap.Tenant("acme")
 	if !plan.Tester(acme) || plan.Tester(nil) {

@@ -2,6 +2,8 @@ package rollout
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -43,24 +45,26 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Controller runs every rollout of the policy: it measures both arms (it is a settle observer), evaluates
-// the gates each tick, moves the shared state and publishes each model's candidate share to the director.
+// Controller runs every rollout of the policy: it samples both arms (it is a settle observer), tests the
+// gates each tick, moves the shared state and publishes each model's candidate share to the director.
 // Every replica runs one; the state store's swap makes their transitions agree.
 type Controller struct {
 	opts    Options
-	windows *Windows
+	samples *Samples
 	check   checker
 	shares  atomic.Pointer[map[string]float64]
-	onShare atomic.Pointer[func()] // OnShareChange's listener
+	seeds   atomic.Pointer[map[string]uint64] // each model's State.ArmSeed as last read
+	onShare atomic.Pointer[func()]            // OnShareChange's listener
 
 	mu      sync.Mutex // one Tick or Command at a time
 	pending map[string]int
 	status  map[string]Status
 	gates   map[string]*GateStatus // the last evaluation of each model
-	// baseline is each model's last window in which the baseline had enough requests: at a 100 % step the
-	// baseline takes none, and the candidate is judged against it (stored in the state on entering the step).
-	baseline map[string]Summary
-	// since is the run (State.Since) each model's windows hold: a new run starts them empty.
+	// baseline is each model's last step sample in which the baseline had enough requests: at a 100 % step
+	// the baseline takes none, and the candidate is judged against it (stored in the state, thinned, on
+	// entering the step).
+	baseline map[string]Arm
+	// since is the run (State.Since) each model's samples hold: a new run starts them empty.
 	since map[string]time.Time
 	// failed holds a failed gate's reason until the rollback is saved: the share is 0 meanwhile.
 	failed map[string]string
@@ -105,30 +109,23 @@ func New(o Options) *Controller {
 		o.Now = time.Now
 	}
 	c := &Controller{opts: o, check: checker{engines: o.Engines, client: o.Client},
-		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Summary{},
-		since: map[string]time.Time{}, failed: map[string]string{}}
-	c.windows = NewWindows(c.windowOf, o.Now)
+		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Arm{},
+		since: map[string]time.Time{}, failed: map[string]string{}, samples: NewSamples()}
 	c.shares.Store(&map[string]float64{})
+	c.seeds.Store(&map[string]uint64{})
 	return c
 }
 
-// windowOf is a model's gate window under the current policy.
-func (c *Controller) windowOf(model string) time.Duration {
-	snap := c.opts.Policies.Current()
-	if m, ok := snap.Model(model); ok {
-		if p, ok := snap.Rollout(m); ok {
-			return p.Window
-		}
-	}
-	return policies.DefaultRolloutWindow
-}
-
-// Settled implements director.SettleObserver: both arms' requests fill the gates' windows.
-func (c *Controller) Settled(st director.Settlement) { c.windows.Settled(st) }
+// Settled implements director.SettleObserver: both arms' requests are the gates' samples.
+func (c *Controller) Settled(st director.Settlement) { c.samples.Settled(st) }
 
 // Share implements director.Rollouts: the candidate's share of a model's traffic, 0 until the controller
 // has read the model's state.
 func (c *Controller) Share(model string) float64 { return (*c.shares.Load())[model] }
+
+// ArmSeed implements director.Rollouts: the secret seed of a model's arms, 0 until the controller has read the
+// model's state (the share is 0 then too).
+func (c *Controller) ArmSeed(model string) uint64 { return (*c.seeds.Load())[model] }
 
 // Run ticks every interval until ctx ends.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) {
@@ -150,7 +147,7 @@ func (c *Controller) Tick(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	snap := c.opts.Policies.Current()
-	shares := map[string]float64{}
+	shares, seeds := map[string]float64{}, map[string]uint64{}
 	live := map[string]bool{}
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
@@ -161,10 +158,11 @@ func (c *Controller) Tick(ctx context.Context) {
 		live[m.Name] = true
 		st, ok := c.round(ctx, plan)
 		if !ok {
-			shares[m.Name] = c.Share(m.Name) // the store is unreachable: keep what was in force
+			// The store is unreachable: keep what was in force.
+			shares[m.Name], seeds[m.Name] = c.Share(m.Name), c.ArmSeed(m.Name)
 			continue
 		}
-		shares[m.Name] = st.Share(plan)
+		shares[m.Name], seeds[m.Name] = st.Share(plan), st.ArmSeed
 	}
 	for model := range c.status {
 		if !live[model] {
@@ -174,10 +172,11 @@ func (c *Controller) Tick(ctx context.Context) {
 			delete(c.baseline, model)
 			delete(c.since, model)
 			delete(c.failed, model)
-			c.windows.reset(model)
+			c.samples.reset(model)
 			c.opts.Metrics.forget(model)
 		}
 	}
+	c.seeds.Store(&seeds)
 	c.publish(shares)
 }
 
@@ -209,12 +208,15 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 		if err := c.check.check(ctx, plan); err != nil {
 			next.Reason = "compatibility gate: " + err.Error()
 		} else {
-			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed"}
+			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed", ArmSeed: st.ArmSeed}
 		}
 	case Progressing, Paused:
 		next, verdict = c.judge(plan, st, now)
 	default:
 		delete(c.failed, model)
+	}
+	if next.ArmSeed == 0 {
+		next.ArmSeed = newArmSeed() // a state saved before arms were keyed
 	}
 	if len(raw) == 0 || !sameState(next, st) {
 		ok, err := c.swap(ctx, model, raw, next)
@@ -238,6 +240,9 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 		if st.Phase == Checking && next.Phase == Progressing {
 			c.newRun(model, next.Since)
 		}
+		if next.Phase == Progressing {
+			c.samples.judgeFrom(model, judgingStart(plan, next)) // the requests until the next tick count
+		}
 		c.transition(plan, st, next, verdict)
 		st = next
 	}
@@ -245,27 +250,28 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 	return st, true
 }
 
-// judge evaluates a progressing or paused rollout's gates over this replica's windows of its current run and
-// advances it.
+// judge tests a progressing or paused rollout's gates on this replica's samples of the current step and
+// advances it. Both arms are sampled from the same instant: the step's start, or the end of the candidate's
+// warm-up if later.
 func (c *Controller) judge(plan *policies.RolloutPlan, st State, now time.Time) (State, *Verdict) {
 	model := plan.Model.Name
 	if !c.since[model].Equal(st.Since) {
 		c.newRun(model, st.Since) // another replica started it
 	}
-	c.windows.judgeFrom(model, st.Since.Add(plan.Warmup))
-	cand, base := c.windows.Summaries(model)
+	c.samples.judgeFrom(model, judgingStart(plan, st))
+	cand, base := c.samples.Arms(model, plan.Gates.MinRequests)
 	if base.Requests >= plan.Gates.MinRequests {
 		c.baseline[model] = base
 	} else if st.Share(plan) == 1 {
 		if st.Baseline != nil {
 			base = *st.Baseline
 		} else if last, ok := c.baseline[model]; ok {
-			base = last
+			base = last.reference()
 		}
 	}
-	v := Evaluate(plan.Gates, cand, base)
+	v := Evaluate(plan.Gates, plan.GateAlpha(), cand, base)
 	c.opts.Metrics.verdict(model, v)
-	more := c.pending[model] + c.windows.TakeCount(model)
+	more := c.pending[model] + c.samples.TakeCount(model)
 	c.pending[model] = 0
 	if reason, ok := c.failed[model]; ok && st.Phase == Progressing {
 		v = Verdict{Result: Fail, Reason: reason, Figures: v.Figures} // a failure not saved yet
@@ -276,25 +282,42 @@ func (c *Controller) judge(plan *policies.RolloutPlan, st State, now time.Time) 
 	}
 	if next.Phase == Progressing && next.Step != st.Step && next.Share(plan) == 1 {
 		if last, ok := c.baseline[model]; ok {
-			next.Baseline = &last
+			ref := last.reference()
+			next.Baseline = &ref
 		}
 	}
 	return next, &v
 }
 
-// newRun starts a run of a model's rollout (the compatibility gate passed): its windows, pending count and
+// judgingStart is when a step's judged requests begin: the step's start, or the end of the candidate's
+// warm-up if later.
+func judgingStart(plan *policies.RolloutPlan, st State) time.Time {
+	if warm := st.Since.Add(plan.Warmup); warm.After(st.StepStarted) {
+		return warm
+	}
+	return st.StepStarted
+}
+
+// newRun starts a run of a model's rollout (the compatibility gate passed): its samples, pending count and
 // baseline reference start empty, so nothing of a previous run is judged.
 func (c *Controller) newRun(model string, since time.Time) {
-	c.windows.reset(model)
+	c.samples.reset(model)
 	c.since[model], c.pending[model] = since, 0
 	delete(c.baseline, model)
+}
+
+// newArmSeed draws a rollout's arm seed; never 0, which reads as "none yet".
+func newArmSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail (it panics rather than return short)
+	return binary.LittleEndian.Uint64(b[:]) | 1
 }
 
 // sameState compares states by value (the baseline summary's too).
 func sameState(a, b State) bool {
 	ab, bb := a.Baseline, b.Baseline
 	a.Baseline, b.Baseline = nil, nil
-	return a == b && (ab == nil) == (bb == nil) && (ab == nil || *ab == *bb)
+	return a == b && (ab == nil) == (bb == nil) && (ab == nil || ab.equal(*bb))
 }
 
 // load reads a model's state; a missing, unreadable or other plan's state is a new rollout, checking.
@@ -308,7 +331,8 @@ func (c *Controller) load(ctx context.Context, plan *policies.RolloutPlan) ([]by
 	fp := Fingerprint(plan)
 	var st State
 	if raw == nil || json.Unmarshal(raw, &st) != nil || st.Plan != fp || !st.valid(plan) {
-		st = State{Plan: fp, Phase: Checking, StepStarted: c.opts.Now(), Reason: "a new rollout: checking the candidate's compatibility"}
+		st = State{Plan: fp, Phase: Checking, StepStarted: c.opts.Now(), Reason: "a new rollout: checking the candidate's compatibility",
+			ArmSeed: newArmSeed()}
 		if raw == nil {
 			raw = []byte{} // swap from "no state"
 		}
@@ -344,7 +368,8 @@ func (c *Controller) transition(plan *policies.RolloutPlan, from, to State, v *V
 		f := v.Figures
 		attrs = append(attrs, "gate_result", v.Result.String(), "candidate_requests", f.CandidateRequests,
 			"baseline_requests", f.BaselineRequests, "goodput_ratio", f.GoodputRatio,
-			"error_rate_increase", f.ErrorRateIncrease, "ttft_p95_ratio", f.TTFTRatio, "tpot_p95_ratio", f.TPOTRatio)
+			"error_rate_increase", f.ErrorRateIncrease, "ttft_ratio", f.TTFTRatio, "tpot_ratio", f.TPOTRatio,
+			"ttft_p95_ratio", f.TTFTP95Ratio, "tpot_p95_ratio", f.TPOTP95Ratio, "evidence", f.Evidence)
 	}
 	switch {
 	case to.Phase == RolledBack:

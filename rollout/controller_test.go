@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -175,7 +176,7 @@ func TestFailedGateRollsBackAtOnce(t *testing.T) {
 		outcome string
 		reason  string
 	}{
-		{"slow first tokens", 600 * time.Millisecond, "ok", "TTFT p95"},
+		{"slow first tokens", 600 * time.Millisecond, "ok", "TTFT ×3.00"},
 		{"errors", 200 * time.Millisecond, "upstream_5xx", "error rate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,6 +301,11 @@ func testSharedState(t *testing.T, store Store) {
 	if a.Share("m") != 0.05 || b.Share("m") != 0.05 {
 		t.Fatalf("shares %v and %v", a.Share("m"), b.Share("m"))
 	}
+	// The arms' secret seed is drawn once and shared: both replicas put a conversation in the same arm.
+	seed := a.ArmSeed("m")
+	if seed == 0 || b.ArmSeed("m") != seed {
+		t.Fatalf("arm seeds %x and %x", seed, b.ArmSeed("m"))
+	}
 	f.passStep(a, b)
 	b.Tick(ctx) // b reads what a (or b) moved
 	if sa, sb := f.status(a), f.status(b); sa.Step != 1 || sb.Step != 1 || a.Share("m") != b.Share("m") {
@@ -322,8 +328,35 @@ func testSharedState(t *testing.T, store Store) {
 	// A new process over the same store resumes step 2 instead of starting over.
 	restarted := f.controller(nil)
 	restarted.Tick(ctx)
-	if s := f.status(restarted); s.Phase != Progressing || s.Step != 1 || restarted.Share("m") != 0.5 {
-		t.Fatalf("after a restart: %+v", s)
+	if s := f.status(restarted); s.Phase != Progressing || s.Step != 1 || restarted.Share("m") != 0.5 || restarted.ArmSeed("m") != seed {
+		t.Fatalf("after a restart: %+v, seed %x (was %x)", s, restarted.ArmSeed("m"), seed)
+	}
+}
+
+// A state saved before arms were keyed gets a seed, saved for every replica.
+func TestAStateWithoutASeedGetsOne(t *testing.T) {
+	f := newFixture(t, NewMemoryStore(), "", "m")
+	c := f.controller(nil)
+	ctx := context.Background()
+	c.Tick(ctx)
+	raw, err := f.store.Load(ctx, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st State
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	st.ArmSeed = 0
+	old, _ := json.Marshal(st)
+	if ok, err := f.store.Swap(ctx, "m", raw, old); !ok || err != nil {
+		t.Fatalf("swap: %v %v", ok, err)
+	}
+	other := f.controller(nil)
+	other.Tick(ctx)
+	c.Tick(ctx)
+	if other.ArmSeed("m") == 0 || c.ArmSeed("m") != other.ArmSeed("m") || other.Share("m") != 0.05 {
+		t.Errorf("seeds %x and %x, share %v", other.ArmSeed("m"), c.ArmSeed("m"), other.Share("m"))
 	}
 }
 

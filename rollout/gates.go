@@ -2,6 +2,8 @@ package rollout
 
 import (
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/infergate/infergate/policies"
 )
@@ -11,7 +13,7 @@ type Result int
 
 // Results of Evaluate.
 const (
-	Insufficient Result = iota // too few requests in the window: hold
+	Insufficient Result = iota // too few requests on an arm: hold
 	Pass
 	Fail
 )
@@ -28,45 +30,101 @@ type Verdict struct {
 	Figures Figures
 }
 
-// Figures are the candidate's measures against the baseline's over one window.
+// Figures are the candidate's measures against the baseline's over the step so far, and each gate's evidence.
 type Figures struct {
 	CandidateRequests, BaselineRequests int
 	// GoodputRatio is the candidate's good share ÷ the baseline's; ErrorRateIncrease the candidate's error
-	// rate less the baseline's; TTFTRatio and TPOTRatio the p95s' ratios (0 without samples on either side).
-	GoodputRatio, ErrorRateIncrease, TTFTRatio, TPOTRatio float64
+	// rate less the baseline's; TTFTRatio and TPOTRatio the medians' ratios, TTFTP95Ratio and TPOTP95Ratio the
+	// p95s' (0 without samples on either side).
+	GoodputRatio, ErrorRateIncrease float64
+	TTFTRatio, TPOTRatio            float64
+	TTFTP95Ratio, TPOTP95Ratio      float64
+	// Evidence is each gate's log mixture likelihood ratio over its rejection threshold, log(1/α): a gate
+	// fails at 1 (see stats.go), keyed goodput, errors, ttft, tpot.
+	Evidence map[string]float64 `json:",omitempty"`
 }
 
-// Evaluate compares the candidate with the baseline over the same window against a plan's gates.
-func Evaluate(g policies.RolloutGates, candidate, baseline Summary) Verdict {
+// Mixture scales τ of each gate's prior (stats.go): about the smallest departure beyond the margin a gate
+// should find quickly. Latency gates estimate P(candidate > r·baseline) − ½; rate gates a difference of
+// proportions.
+const (
+	tauLatency = 0.1
+	tauErrors  = 0.03
+	tauGoodput = 0.05
+)
+
+// Evaluate tests the candidate against the baseline, both sampled over the same span, with a plan's gates;
+// alpha is one gate's share of the rollout's error budget for this step (RolloutPlan.GateAlpha).
+func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) Verdict {
 	f := Figures{CandidateRequests: candidate.Requests, BaselineRequests: baseline.Requests,
-		ErrorRateIncrease: candidate.ErrorRate() - baseline.ErrorRate()}
+		ErrorRateIncrease: candidate.ErrorRate() - baseline.ErrorRate(),
+		TTFTRatio:         quantileRatio(candidate.TTFT, baseline.TTFT, 0.5), TPOTRatio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.5),
+		TTFTP95Ratio: quantileRatio(candidate.TTFT, baseline.TTFT, 0.95), TPOTP95Ratio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.95)}
 	if baseline.GoodRatio() > 0 {
 		f.GoodputRatio = candidate.GoodRatio() / baseline.GoodRatio()
 	}
-	if candidate.TTFTP95 > 0 && baseline.TTFTP95 > 0 {
-		f.TTFTRatio = float64(candidate.TTFTP95) / float64(baseline.TTFTP95)
-	}
-	if candidate.TPOTP95 > 0 && baseline.TPOTP95 > 0 {
-		f.TPOTRatio = float64(candidate.TPOTP95) / float64(baseline.TPOTP95)
-	}
 	v := Verdict{Result: Pass, Figures: f}
-	switch {
-	case candidate.Requests < g.MinRequests || baseline.Requests < g.MinRequests:
-		// Too few for a p95 to mean anything: the step holds.
-		v.Result, v.Reason = Insufficient, fmt.Sprintf("need %d requests on each arm in the window, have %d and %d",
+	if candidate.Requests < g.MinRequests || baseline.Requests < g.MinRequests {
+		v.Result, v.Reason = Insufficient, fmt.Sprintf("need %d requests on each arm, have %d and %d",
 			g.MinRequests, candidate.Requests, baseline.Requests)
-	case f.ErrorRateIncrease > g.MaxErrorRateIncrease:
-		v.Result, v.Reason = Fail, fmt.Sprintf("error rate %.3f against the baseline's %.3f (at most +%.3f)",
-			candidate.ErrorRate(), baseline.ErrorRate(), g.MaxErrorRateIncrease)
-	case baseline.GoodRatio() > 0 && f.GoodputRatio < g.MinGoodputRatio:
-		v.Result, v.Reason = Fail, fmt.Sprintf("goodput %.3f against the baseline's %.3f (at least ×%.2f)",
-			candidate.GoodRatio(), baseline.GoodRatio(), g.MinGoodputRatio)
-	case f.TTFTRatio > g.MaxTTFTP95Ratio:
-		v.Result, v.Reason = Fail, fmt.Sprintf("TTFT p95 %v against the baseline's %v (at most ×%.2f)",
-			candidate.TTFTP95, baseline.TTFTP95, g.MaxTTFTP95Ratio)
-	case f.TPOTRatio > g.MaxTPOTP95Ratio:
-		v.Result, v.Reason = Fail, fmt.Sprintf("TPOT p95 %v against the baseline's %v (at most ×%.2f)",
-			candidate.TPOTP95, baseline.TPOTP95, g.MaxTPOTP95Ratio)
+		return v
+	}
+	threshold := math.Log(1 / alpha)
+	gates := []struct {
+		name string
+		est  Estimate
+		tau  float64
+		why  func() string
+	}{
+		{"errors", rateIncrease(candidate.Errors, candidate.Requests, baseline.Errors, baseline.Requests, g.MaxErrorRateIncrease), tauErrors,
+			func() string {
+				return fmt.Sprintf("error rate %.3f against the baseline's %.3f: more than +%.3f", candidate.ErrorRate(), baseline.ErrorRate(), g.MaxErrorRateIncrease)
+			}},
+		{"goodput", rateShortfall(candidate.Good, candidate.Requests, baseline.Good, baseline.Requests, g.MinGoodputRatio), tauGoodput,
+			func() string {
+				return fmt.Sprintf("goodput %.3f against the baseline's %.3f: below ×%.2f", candidate.GoodRatio(), baseline.GoodRatio(), g.MinGoodputRatio)
+			}},
+		{"ttft", latencyShift(candidate.TTFT, baseline.TTFT, g.MaxTTFTRatio, g.MinRequests), tauLatency,
+			func() string {
+				return fmt.Sprintf("TTFT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TTFTRatio, f.TTFTP95Ratio, g.MaxTTFTRatio)
+			}},
+		{"tpot", latencyShift(candidate.TPOT, baseline.TPOT, g.MaxTPOTRatio, g.MinRequests), tauLatency,
+			func() string {
+				return fmt.Sprintf("TPOT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TPOTRatio, f.TPOTP95Ratio, g.MaxTPOTRatio)
+			}},
+	}
+	v.Figures.Evidence = map[string]float64{}
+	for _, gate := range gates {
+		e := logMixtureLR(gate.est, gate.tau) / threshold
+		v.Figures.Evidence[gate.name] = max(e, -1) // a clearly healthy gate reads below 0; −∞ says nothing more
+		if e >= 1 && v.Result != Fail {
+			v.Result, v.Reason = Fail, fmt.Sprintf("%s (at the gates' %g %% confidence, over the step's %d and %d requests)",
+				gate.why(), 100*g.Confidence, candidate.Requests, baseline.Requests)
+		}
 	}
 	return v
+}
+
+// latencyShift estimates whether the candidate's latencies exceed r times the baseline's; with fewer than
+// minSamples on either arm (a model that never streams has no TTFT) the gate has nothing to say.
+func latencyShift(candidate, baseline []float64, r float64, minSamples int) Estimate {
+	if len(candidate) < max(minSamples, 2) || len(baseline) < max(minSamples, 2) {
+		return Estimate{}
+	}
+	return shiftedMannWhitney(slices.Clone(candidate), slices.Clone(baseline), math.Log(r))
+}
+
+// quantileRatio is the ratio of the two samples' q-quantiles (log seconds in, a plain ratio out), 0 when either
+// is empty.
+func quantileRatio(candidate, baseline []float64, q float64) float64 {
+	if len(candidate) == 0 || len(baseline) == 0 {
+		return 0
+	}
+	return math.Exp(quantile(candidate, q) - quantile(baseline, q))
+}
+
+func quantile(v []float64, q float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
 }

@@ -11,6 +11,7 @@ type Metrics struct {
 	Share       *prometheus.GaugeVec
 	Phase       *prometheus.GaugeVec
 	Gate        *prometheus.GaugeVec
+	Evidence    *prometheus.GaugeVec
 	Requests    *prometheus.GaugeVec
 	Transitions *prometheus.CounterVec
 	// Forged counts shared states that did not open with the message key (SealedStore).
@@ -27,16 +28,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_state",
 			Help: "1 for the rollout's current phase: checking, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
 		Gate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_value",
-			Help: "The candidate against the baseline over the gates' window, as this replica measured it: goodput_ratio, error_rate_increase, ttft_p95_ratio, tpot_p95_ratio."}, []string{"model", "gate"}),
-		Requests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_window_requests",
-			Help: "Requests of each arm in the gates' window, as this replica saw them."}, []string{"model", "arm"}),
+			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio."}, []string{"model", "gate"}),
+		Evidence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_evidence",
+			Help: "Each gate's evidence that the candidate is worse than its margin, as a fraction of what rolls it back (1): the log mixture likelihood ratio over log(1/alpha); below 0 reads as -1."}, []string{"model", "gate"}),
+		Requests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_step_requests",
+			Help: "Requests of each arm the gates have sampled in the step so far, as this replica saw them."}, []string{"model", "arm"}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
 			Help: "Rollout transitions this replica made, by the phase entered."}, []string{"model", "phase"}),
 		Forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_rollout_state_forged_total",
 			Help: "Rollout states read from Redis that did not open with the message key (unsigned or forged): each is read as none and replaced."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Requests, m.Transitions, m.Forged)
+		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests, m.Transitions, m.Forged)
 	}
 	return m
 }
@@ -65,15 +68,20 @@ func (m *Metrics) verdict(model string, v Verdict) {
 	f := v.Figures
 	m.Gate.WithLabelValues(model, "goodput_ratio").Set(f.GoodputRatio)
 	m.Gate.WithLabelValues(model, "error_rate_increase").Set(f.ErrorRateIncrease)
-	m.Gate.WithLabelValues(model, "ttft_p95_ratio").Set(f.TTFTRatio)
-	m.Gate.WithLabelValues(model, "tpot_p95_ratio").Set(f.TPOTRatio)
+	m.Gate.WithLabelValues(model, "ttft_ratio").Set(f.TTFTRatio)
+	m.Gate.WithLabelValues(model, "tpot_ratio").Set(f.TPOTRatio)
+	m.Gate.WithLabelValues(model, "ttft_p95_ratio").Set(f.TTFTP95Ratio)
+	m.Gate.WithLabelValues(model, "tpot_p95_ratio").Set(f.TPOTP95Ratio)
+	for gate, e := range f.Evidence {
+		m.Evidence.WithLabelValues(model, gate).Set(e)
+	}
 	m.Requests.WithLabelValues(model, "candidate").Set(float64(f.CandidateRequests))
 	m.Requests.WithLabelValues(model, "baseline").Set(float64(f.BaselineRequests))
 }
 
 // forget drops the series of a model whose rollout left the policy.
 func (m *Metrics) forget(model string) {
-	for _, v := range []*prometheus.GaugeVec{m.Step, m.Share, m.Phase, m.Gate, m.Requests} {
+	for _, v := range []*prometheus.GaugeVec{m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
 }

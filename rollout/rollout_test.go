@@ -1,6 +1,8 @@
 package rollout
 
 import (
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -41,9 +43,10 @@ func settle(arm string, good bool, outcome string, ttft time.Duration) director.
 		Timing: director.Timing{TTFT: ttft, TPOT: 20 * time.Millisecond, Chunked: true}}
 }
 
-func TestWindowsSummariseEachArm(t *testing.T) {
-	now := time.Unix(1000, 0)
-	w := NewWindows(func(string) time.Duration { return time.Minute }, func() time.Time { return now })
+func TestSamplesCollectEachArm(t *testing.T) {
+	w := NewSamples()
+	t0 := time.Unix(1000, 0)
+	w.judgeFrom("m", t0)
 	for i := range 100 {
 		w.Settled(settle(picker.ArmBaseline, i%10 != 0, director.OutcomeOK, time.Duration(100+i)*time.Millisecond))
 	}
@@ -54,42 +57,108 @@ func TestWindowsSummariseEachArm(t *testing.T) {
 	w.Settled(settle(picker.ArmCandidate, false, director.OutcomeClientError, 0))                                            // the tenant's doing
 	w.Settled(director.Settlement{Routed: true, Model: "m", Arm: picker.ArmCandidate, HardwareClass: director.ManagedClass}) // overflow
 	w.Settled(director.Settlement{Routed: true, Model: "m"})                                                                 // no rollout arm
-	cand, base := w.Summaries("m")
-	if base.Requests != 100 || base.Good != 90 || cand.Requests != 41 || cand.Errors != 1 {
-		t.Fatalf("candidate %+v baseline %+v", cand, base)
+	early := settle(picker.ArmCandidate, true, director.OutcomeOK, time.Second)
+	early.Started = t0.Add(-time.Second) // started before the step's judging began: counted for the step, not judged
+	w.Settled(early)
+	cand, base := w.Arms("m", 50)
+	if base.Requests != 100 || base.Good != 90 || cand.Requests != 41 || cand.Errors != 1 || len(base.TTFT) != 100 || len(cand.TTFT) != 40 {
+		t.Fatalf("candidate %+v baseline %+v", cand.Requests, base.Requests)
 	}
-	// The baseline's TTFTs are 100..199 ms: the p95 bucket holds 195 ms, within the buckets' 10 %.
-	if p := base.TTFTP95; p < 190*time.Millisecond || p > 215*time.Millisecond {
-		t.Errorf("baseline TTFT p95 %v", p)
+	if got := math.Exp(quantile(base.TTFT, 0.5)); math.Abs(got-0.150) > 1e-9 {
+		t.Errorf("baseline median TTFT %v s, want 0.150", got)
 	}
-	if n := w.TakeCount("m"); n != 41 || w.TakeCount("m") != 0 {
+	if n := w.TakeCount("m"); n != 42 || w.TakeCount("m") != 0 {
 		t.Errorf("candidate count %d", n)
 	}
-	now = now.Add(61 * time.Second) // the window has passed
-	if cand, base := w.Summaries("m"); cand.Requests != 0 || base.Requests != 0 {
-		t.Errorf("after the window: %+v %+v", cand, base)
+	w.judgeFrom("m", t0) // the same step: kept
+	if cand, _ := w.Arms("m", 50); cand.Requests != 41 {
+		t.Errorf("the same start forgot the step: %d", cand.Requests)
+	}
+	w.judgeFrom("m", t0.Add(time.Minute)) // the next step starts afresh
+	if cand, base := w.Arms("m", 50); cand.Requests != 0 || base.Requests != 0 {
+		t.Errorf("after the step: %+v %+v", cand, base)
 	}
 }
 
+// A candidate on one hardware class is compared with the baseline's requests on that class, when there are
+// enough of them: a faster class in the baseline would otherwise make a healthy candidate look slow.
+func TestSamplesCompareTheSameHardwareClass(t *testing.T) {
+	w := NewSamples()
+	on := func(arm, class string, ttft time.Duration) director.Settlement {
+		st := settle(arm, true, director.OutcomeOK, ttft)
+		st.HardwareClass = class
+		return st
+	}
+	for range 60 {
+		w.Settled(on(picker.ArmCandidate, "l40s", 400*time.Millisecond))
+		w.Settled(on(picker.ArmBaseline, "l40s", 400*time.Millisecond))
+		w.Settled(on(picker.ArmBaseline, "h100", 100*time.Millisecond))
+	}
+	_, base := w.Arms("m", 50)
+	if base.Requests != 60 || math.Exp(quantile(base.TTFT, 0.5)) != 0.4 {
+		t.Errorf("baseline %d requests, median %v: want the 60 on l40s", base.Requests, math.Exp(quantile(base.TTFT, 0.5)))
+	}
+	if _, base := w.Arms("m", 61); base.Requests != 120 {
+		t.Errorf("too few on the class: baseline %d requests, want every class's 120", base.Requests)
+	}
+}
+
+// The reservoir keeps a bounded, uniform sample: a long step's late requests are as likely to be in it as its
+// early ones.
+func TestReservoirStaysUniform(t *testing.T) {
+	r := reservoir{rng: 1}
+	n := 10 * maxSamples
+	for i := range n {
+		r.add(float64(i))
+	}
+	if len(r.vals) != maxSamples || r.seen != n {
+		t.Fatalf("kept %d of %d", len(r.vals), r.seen)
+	}
+	var late int
+	for _, v := range r.vals {
+		if v >= float64(n/2) {
+			late++
+		}
+	}
+	if share := float64(late) / maxSamples; share < 0.47 || share > 0.53 {
+		t.Errorf("%.3f of the sample from the second half, want about 0.5", share)
+	}
+}
+
+// sample draws n log latencies from a log-normal of the given median, deterministically.
+func sample(rng *rand.Rand, n int, median, sigma float64) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = math.Log(median) + sigma*rng.NormFloat64()
+	}
+	return out
+}
+
 func TestEvaluateGates(t *testing.T) {
-	g := plan(t).Gates
-	base := Summary{Requests: 200, Good: 190, Errors: 2, TTFTP95: 200 * time.Millisecond, TPOTP95: 30 * time.Millisecond}
+	p := plan(t)
+	g, alpha := p.Gates, p.GateAlpha()
+	rng := rand.New(rand.NewPCG(1, 2))
+	arm := func(n, good, errors int, ttftMedian, tpotMedian float64) Arm {
+		return Arm{Requests: n, Good: good, Errors: errors, TTFT: sample(rng, n, ttftMedian, 0.4), TPOT: sample(rng, n, tpotMedian, 0.3)}
+	}
+	base := arm(400, 380, 2, 0.2, 0.03)
 	for _, tc := range []struct {
 		name string
-		cand Summary
+		cand Arm
 		want Result
 		in   string
 	}{
-		{"healthy", Summary{Requests: 50, Good: 48, Errors: 0, TTFTP95: 210 * time.Millisecond, TPOTP95: 31 * time.Millisecond}, Pass, ""},
-		{"too few", Summary{Requests: 10, Good: 10}, Insufficient, "need"},
-		{"errors", Summary{Requests: 50, Good: 40, Errors: 5, TTFTP95: 200 * time.Millisecond}, Fail, "error rate"},
-		{"goodput", Summary{Requests: 50, Good: 40, TTFTP95: 200 * time.Millisecond}, Fail, "goodput"},
-		{"slow first token", Summary{Requests: 50, Good: 48, TTFTP95: 600 * time.Millisecond}, Fail, "TTFT"},
-		{"slow decode", Summary{Requests: 50, Good: 48, TTFTP95: 200 * time.Millisecond, TPOTP95: 90 * time.Millisecond}, Fail, "TPOT"},
+		{"healthy", arm(400, 381, 2, 0.2, 0.03), Pass, ""},
+		{"slightly slower, within the margin", arm(400, 380, 2, 0.22, 0.033), Pass, ""},
+		{"too few", arm(10, 10, 0, 0.2, 0.03), Insufficient, "need"},
+		{"errors", arm(400, 360, 40, 0.2, 0.03), Fail, "error rate"},
+		{"goodput", arm(400, 300, 2, 0.2, 0.03), Fail, "goodput"},
+		{"slow first token", arm(400, 380, 2, 0.5, 0.03), Fail, "TTFT"},
+		{"slow decode", arm(400, 380, 2, 0.2, 0.06), Fail, "TPOT"},
 	} {
-		v := Evaluate(g, tc.cand, base)
+		v := Evaluate(g, alpha, tc.cand, base)
 		if v.Result != tc.want || !strings.Contains(v.Reason, tc.in) {
-			t.Errorf("%s: %v %q, want %v containing %q", tc.name, v.Result, v.Reason, tc.want, tc.in)
+			t.Errorf("%s: %v %q, want %v containing %q (evidence %v)", tc.name, v.Result, v.Reason, tc.want, tc.in, v.Figures.Evidence)
 		}
 	}
 }

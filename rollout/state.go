@@ -44,11 +44,14 @@ type State struct {
 	// Since is when the candidate first took traffic in this run of the rollout: the gates' warm-up counts
 	// from it.
 	Since time.Time `json:"since,omitzero"`
-	// Baseline is the baseline's last full window when the rollout entered a 100 % step, which gives the
-	// baseline no traffic: the candidate is judged against it, on every replica and across restarts.
-	Baseline *Summary `json:"baseline,omitempty"`
+	// Baseline is the baseline's sample of the step before a 100 % step, which gives the baseline no traffic,
+	// thinned (Arm.reference): the candidate is judged against it, on every replica and across restarts.
+	Baseline *Arm `json:"baseline,omitempty"`
 	// Reason says why the last transition happened (a gate's figures, an operator's command).
 	Reason string `json:"reason,omitempty"`
+	// ArmSeed keys the hash that puts a conversation in an arm (picker.Split.Seed): drawn at random when the
+	// rollout begins, the same on every replica, never shown to clients.
+	ArmSeed uint64 `json:"armSeed,omitempty"`
 }
 
 // valid says whether a stored state can be in force for a plan (a corrupt document, or one of another number of

@@ -192,8 +192,8 @@ func printStatuses(w io.Writer, list []rollout.Status) {
 	_ = tw.Flush()
 	for _, s := range list {
 		if g := s.Gates; g != nil {
-			fmt.Fprintf(w, "%s gates (this replica, last window): %s; candidate %d, baseline %d requests; goodput ×%.2f, error rate %+.3f, TTFT p95 ×%.2f, TPOT p95 ×%.2f",
-				s.Model, g.Result, g.CandidateRequests, g.BaselineRequests, g.GoodputRatio, g.ErrorRateIncrease, g.TTFTRatio, g.TPOTRatio)
+			fmt.Fprintf(w, "%s gates (this replica, the step so far): %s; candidate %d, baseline %d requests; goodput ×%.2f, error rate %+.3f, TTFT ×%.2f (p95 ×%.2f), TPOT ×%.2f (p95 ×%.2f)",
+				s.Model, g.Result, g.CandidateRequests, g.BaselineRequests, g.GoodputRatio, g.ErrorRateIncrease, g.TTFTRatio, g.TTFTP95Ratio, g.TPOTRatio, g.TPOTP95Ratio)
 			if g.Reason != "" {
 				fmt.Fprintf(w, " (%s)", g.Reason)
 			}

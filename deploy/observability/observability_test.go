@@ -59,6 +59,11 @@ var exportedSeries = append(histogramSeries(exportedHistograms),
 	"infergate_quota_settlements_dropped_total",
 	"infergate_policy_last_reload_success",
 	"infergate_inflight_requests",
+	"infergate_rollout_state",
+	"infergate_rollout_step",
+	"infergate_rollout_candidate_share",
+	"infergate_rollout_gate_evidence",
+	"infergate_rollout_step_requests",
 )
 
 func histogramSeries(hs []string) []string {
@@ -81,6 +86,8 @@ var requiredAlerts = map[string][]string{
 	"QuotaSettlementsDropped": {"warning"},
 	"PolicyReloadFailed":      {"warning"},
 	"AuditLinesDropped":       {"warning"},
+	"RolloutRolledBack":       {"warning"},
+	"RolloutStalled":          {"warning"},
 }
 
 // promtool returns promtool's path; it is a test dependency, never a reason to skip.

@@ -101,8 +101,8 @@ func (c *canary) status() string {
 	} else if c.last.Phase != "" {
 		state = describe(c.last)
 		if g := c.last.Gates; g != nil {
-			state += fmt.Sprintf("\n  gates over the window: %s; candidate %d, baseline %d requests; TTFT p95 ×%.2f, TPOT p95 ×%.2f, goodput ×%.2f",
-				g.Result, g.CandidateRequests, g.BaselineRequests, g.TTFTRatio, g.TPOTRatio, g.GoodputRatio)
+			state += fmt.Sprintf("\n  gates over the step so far: %s; candidate %d, baseline %d requests; TTFT ×%.2f (p95 ×%.2f), TPOT ×%.2f (p95 ×%.2f), goodput ×%.2f",
+				g.Result, g.CandidateRequests, g.BaselineRequests, g.TTFTRatio, g.TTFTP95Ratio, g.TPOTRatio, g.TPOTP95Ratio, g.GoodputRatio)
 		}
 	}
 	return "\nscenario rollout (infergate rollout status shows the same): " + state + "\n"

@@ -29,9 +29,8 @@ import (
 const rolloutLimit = 90 * time.Second
 
 // rolloutPolicy is examples/rollout/policy.yaml with steps of seconds instead of minutes: 30, 60 and 100 %
-// of conversations, each at least step long and 15 candidate requests, judged over 5-second windows of at
-// least 20 requests an arm (enough on a loaded machine running the race detector), without a warm-up (every
-// conversation has a prompt of its own: no cache to warm).
+// of conversations, each at least step long and 15 candidate requests, judged once each arm has 20 requests
+// in the step, without a warm-up; the gates' margins and confidence are the defaults.
 func rolloutPolicy(t *testing.T, step time.Duration) string {
 	t.Helper()
 	root, err := FindRoot()
@@ -51,14 +50,9 @@ func rolloutPolicy(t *testing.T, step time.Duration) string {
 		fmt.Sprintf("      - {percent: 30, minDuration: %s, minRequests: 15}\n", step) +
 		fmt.Sprintf("      - {percent: 60, minDuration: %s, minRequests: 15}\n", step) +
 		fmt.Sprintf("      - {percent: 100, minDuration: %s, minRequests: 15}\n", step) + src[end:]
-	// TTFT here is mostly the test machine's own overhead; the engines' speed shows in TPOT, whose p95 over a
-	// 5 s window of a few dozen streams moved to 1.6× between two identical pools while `make test` ran other
-	// packages beside it. A candidate whose engine steps are three times slower measured only 2.1-2.2× in TPOT
-	// there (the streams' own overhead is not slowed), too close to ×2 to fail in the first window after the
-	// fault; the slow candidate below is six times slower, which ×2 tells apart at once.
-	r := strings.NewReplacer("window: 20s", "window: 5s", "maxTTFTP95Ratio: 1.5", "maxTTFTP95Ratio: 2.5",
-		"maxTPOTP95Ratio: 1.5", "maxTPOTP95Ratio: 2",
-		"minRequests: 50 ", "minRequests: 20 ", "warmup: 30s", "warmup: 0s")
+	// The gates keep their defaults (docs/rollouts.md); only the minimum sample is smaller, for a test of
+	// seconds, and there is no warm-up (every conversation has a prompt of its own: no cache to warm).
+	r := strings.NewReplacer("minRequests: 50 ", "minRequests: 20 ", "warmup: 30s", "warmup: 0s")
 	return r.Replace(src)
 }
 
@@ -210,7 +204,7 @@ func TestRolloutHealthyCandidateIsPromoted(t *testing.T) {
 		}
 		return s.Phase == rollout.Promoted
 	})
-	t.Logf("worst p95 ratios on the way: TTFT ×%.2f, TPOT ×%.2f", worst.TTFTRatio, worst.TPOTRatio)
+	t.Logf("worst median ratios on the way: TTFT ×%.2f, TPOT ×%.2f", worst.TTFTRatio, worst.TPOTRatio)
 	load.end(t)
 	// Entering the first step and moving to the second and third are the three progressing transitions.
 	if p, done := transitions(t, st, "progressing"), transitions(t, st, "promoted"); p != 3 || done != 1 {
@@ -234,8 +228,8 @@ func TestRolloutHealthyCandidateIsPromoted(t *testing.T) {
 	}
 }
 
-// A candidate that turns six times slower is rolled back on a window that saw it: no request is lost, and the
-// baseline's requests never wait on the slow engines.
+// A candidate that turns three times slower (the README's example) is rolled back by the default gates: no
+// request is lost, and the baseline's requests never wait on the slow engines.
 func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -250,13 +244,13 @@ func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	faultAt := time.Now()
 	for _, name := range []string{"chat-v2-0", "chat-v2-1"} {
 		r, _ := st.Fleet.Replica(name)
-		if err := r.SetFaults(fleetsim.Faults{Slowdown: 6}); err != nil {
+		if err := r.SetFaults(fleetsim.Faults{Slowdown: 3}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wait.Within(t, "the rollback", rolloutLimit, func() bool { return status(t, ctl).Phase == rollout.RolledBack })
 	s := status(t, ctl)
-	if ctl.Share("chat-8b") != 0 || !strings.Contains(s.Reason, "p95") {
+	if ctl.Share("chat-8b") != 0 || !strings.Contains(s.Reason, "×") || strings.Contains(s.Reason, "error rate") {
 		t.Fatalf("rolled back with share %v: %q", ctl.Share("chat-8b"), s.Reason)
 	}
 	// Routed after the rollback: the baseline only.
@@ -280,12 +274,10 @@ func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 		}
 	}
 	t.Logf("rolled back: %s; %d slowed candidate requests; gates %+v", s.Reason, slow, s.Gates)
-	// The verdict rests on a full window that saw the slowdown. How many windows that took depends on how
-	// fast the slowed candidate fills them, which a busy machine slows further (beside two CPU hogs the
-	// rollback came after 54 to 186 slowed requests), so it is logged, not bounded (issue #34 revisits the
-	// gates' windows).
-	if s.Gates == nil || s.Gates.CandidateRequests < 20 || s.Gates.TPOTRatio <= 2 {
-		t.Errorf("rolled back on %+v, want a full window with the candidate's TPOT over twice the baseline's", s.Gates)
+	// The verdict is a latency or goodput gate's test over the step's requests, healthy ones from before the
+	// fault among them; how many slowed requests it took depends on how busy the machine is, so it is logged.
+	if s.Gates == nil || s.Gates.Result != "fail" || s.Gates.CandidateRequests < 20 || max(s.Gates.TTFTRatio, s.Gates.TPOTRatio) <= 1.2 {
+		t.Errorf("rolled back on %+v, want a failed gate with the candidate over 1.2× the baseline", s.Gates)
 	}
 	if pb, pa := p95(baseBefore), p95(baseAfter); len(baseAfter) < 20 || pa > 2*pb+20*time.Millisecond {
 		t.Errorf("the baseline's TTFT p95 went from %v to %v (%d requests after the fault)", pb, pa, len(baseAfter))
