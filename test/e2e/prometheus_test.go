@@ -181,6 +181,10 @@ func TestPrometheusAnswersTheDashboard(t *testing.T) {
 	wait.For(t, "every dashboard query to answer", func() bool {
 		empty = empty[:0]
 		for _, q := range queries {
+			// A rollout's panels read series that exist only with a rollout: TestRolloutSeriesAnswerTheDashboard.
+			if rolloutSeries(q.Expr) {
+				continue
+			}
 			if len(prom.query(t, grafanaVars.Replace(q.Expr), "")) == 0 {
 				empty = append(empty, q.Where)
 			}

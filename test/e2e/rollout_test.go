@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/deploy/observability"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/picker"
@@ -372,4 +373,70 @@ func p95(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[(len(s)*95+99)/100-1]
+}
+
+// rolloutSeries says whether a series name or a query reads a rollout's series, which a policy without a
+// rollout does not have.
+func rolloutSeries(nameOrExpr string) bool { return strings.Contains(nameOrExpr, "infergate_rollout_") }
+
+// The rollout series the shipped dashboard and rules read are exported by a gateway running a rollout, and a
+// real Prometheus loading the rules answers every rollout panel.
+func TestRolloutSeriesAnswerTheDashboard(t *testing.T) {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st := rolloutStack(t, ctx, nil, time.Hour)
+	load := startLoad([]string{st.URL}, 4)
+	defer load.end(t)
+	dash, err := observability.DashboardSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := observability.RuleSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, name := range append(dash, rules...) {
+		if rolloutSeries(name) && !slices.Contains(want, name) {
+			want = append(want, name)
+		}
+	}
+	if len(want) < 5 {
+		t.Fatalf("the dashboard and rules read %d rollout series: %v", len(want), want)
+	}
+	wait.For(t, "every rollout series the dashboard and rules read", func() bool {
+		live := scrape(t, st.MetricsURL)
+		for _, name := range want {
+			if live[name] == nil {
+				return false
+			}
+		}
+		return true
+	})
+	queries, err := observability.DashboardQueries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := startPrometheus(t, st.MetricsURL, filepath.Join(root, "deploy/observability/rules.yaml"))
+	var asked int
+	wait.For(t, "Prometheus to answer every rollout panel", func() bool {
+		asked = 0
+		for _, q := range queries {
+			if !rolloutSeries(q.Expr) {
+				continue
+			}
+			asked++
+			if len(prom.query(t, grafanaVars.Replace(q.Expr), "")) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if asked < 3 {
+		t.Errorf("%d rollout queries on the dashboard", asked)
+	}
 }
