@@ -54,7 +54,7 @@ bench-placement: ## placement over a generated family of fleets and workloads (2
 	$(GO) run ./test/placementbench
 
 .PHONY: bench-rollout
-bench-rollout: ## rollout gates' error rates: 200 A/A rollouts and 100 of each fault through rollout.Controller on the simulated fleet, in simulated time (≈ 5 min; table for BENCHMARKS.md)
+bench-rollout: ## rollout gates' error rates: 200 A/A rollouts and 100 of each fault through rollout.Controller on the simulated fleet, in simulated time, and 200 A/A with fixed pools (≈ 5 min; table for BENCHMARKS.md)
 	$(GO) run ./test/rolloutbench
 
 .PHONY: bench-routing

@@ -111,11 +111,14 @@ var baseHardware = fleetsim.Hardware{PrefillTokensPerSecond: 30000, DecodeStep: 
 	DecodeStepPerSeq: 150 * time.Microsecond, StepOverhead: time.Millisecond}
 
 // setShare sizes the arms for the candidate's share: the candidate's replicas follow its share of traffic
-// (at least one), as a canary whose replicas scale with its weight does.
-func (f *fleet) setShare(share float64, replicas int) {
+// (at least one), as a canary whose replicas scale with its weight does; or, fixed, half the replicas each.
+func (f *fleet) setShare(share float64, replicas int, fixed bool) {
 	c := min(replicas, max(1, int(math.Round(share*float64(replicas)))))
-	if share <= 0 {
+	switch {
+	case share <= 0:
 		c = 0
+	case fixed:
+		c = replicas / 2
 	}
 	f.active[picker.ArmCandidate], f.active[picker.ArmBaseline] = c, replicas-c
 }

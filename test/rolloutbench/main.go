@@ -46,7 +46,7 @@ func main() {
 			continue
 		}
 		n := *runs
-		if f.name == faults[0].name {
+		if strings.HasPrefix(f.name, "A/A") {
 			n = *aa
 		}
 		r := runRow(dir, f, n, *seed, *parallel, *verbose)

@@ -29,6 +29,10 @@ type fault struct {
 	// 500.
 	slowdown, ttft, tpot float64
 	errorRate            float64
+	// fixedPools gives each arm half the replicas whatever the share, instead of the candidate's replicas
+	// following its share: at 100 % the candidate's pool takes the whole load and is judged against the
+	// baseline's sample at half of it, the comparison docs/rollouts.md warns of. Reported, not a target.
+	fixedPools bool
 }
 
 // faults are the rows of the report: A/A first.
@@ -42,6 +46,7 @@ var faults = []fault{
 	{name: "errors 20 %", errorRate: 0.2},
 	{name: "TTFT only ×1.5", ttft: 1.5},
 	{name: "TPOT only ×1.5", tpot: 1.5},
+	{name: "A/A, fixed pools of 5 + 5 (not a target)", fixedPools: true},
 }
 
 // replicas is the fleet's size; the candidate takes max(1, share × replicas) of them.
@@ -147,7 +152,7 @@ func runOne(dir string, f fault, seed uint64) (outcome, error) {
 	tick = func() {
 		ctrl.Tick(ctx)
 		st := ctrl.Statuses()[0]
-		fl.setShare(st.Share, replicas)
+		fl.setShare(st.Share, replicas, f.fixedPools)
 		switch st.Phase {
 		case rollout.RolledBack, rollout.Promoted:
 			out = outcome{rolledBack: st.Phase == rollout.RolledBack, reason: st.Reason, candidateRequests: fl.sent[0], at: l.now, step: st.Step}
