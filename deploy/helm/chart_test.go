@@ -22,6 +22,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/manifest"
@@ -69,12 +70,18 @@ func render(t *testing.T, valuesFile string) rendered {
 // templates' lookup (nil: none, as `helm template` sees).
 func renderIn(t *testing.T, valuesFile string, cluster engine.ClientProvider) rendered {
 	t.Helper()
+	return renderNS(t, valuesFile, "infergate", cluster)
+}
+
+// renderNS renders the release into namespace ns.
+func renderNS(t *testing.T, valuesFile, ns string, cluster engine.ClientProvider) rendered {
+	t.Helper()
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
-	rv, err := chartutil.ToRenderValues(chrt, values(t, valuesFile), chartutil.ReleaseOptions{Name: "infergate", Namespace: "infergate",
+	rv, err := chartutil.ToRenderValues(chrt, values(t, valuesFile), chartutil.ReleaseOptions{Name: "infergate", Namespace: ns,
 		IsInstall: true, Revision: 1}, caps)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +235,7 @@ func TestDefaultValues(t *testing.T) {
 		t.Fatalf("the rendered policy: %v", err)
 	}
 	for _, ref := range snap.Services() {
-		if !hasRole(r, ref.Namespace) {
+		if !hasRole(r, ref.Namespace, "infergate") {
 			t.Errorf("no Role to watch EndpointSlices in %s", ref.Namespace)
 		}
 	}
@@ -241,7 +248,8 @@ func TestDefaultValues(t *testing.T) {
 	}
 }
 
-func hasRole(r rendered, ns string) bool {
+// hasRole says whether infergate's ServiceAccount (in the release's namespace) may watch ns's EndpointSlices.
+func hasRole(r rendered, ns, release string) bool {
 	for _, role := range r.roles {
 		if role.Namespace != ns || len(role.Rules) != 1 {
 			continue
@@ -250,7 +258,7 @@ func hasRole(r rendered, ns string) bool {
 		if reflect.DeepEqual(rule.APIGroups, []string{"discovery.k8s.io"}) && reflect.DeepEqual(rule.Resources, []string{"endpointslices"}) &&
 			reflect.DeepEqual(rule.Verbs, []string{"get", "list", "watch"}) {
 			for _, b := range r.bindings {
-				if b.Namespace == ns && b.RoleRef.Name == role.Name && len(b.Subjects) == 1 && b.Subjects[0].Name == "infergate" && b.Subjects[0].Namespace == "infergate" {
+				if b.Namespace == ns && b.RoleRef.Name == role.Name && len(b.Subjects) == 1 && b.Subjects[0].Name == "infergate" && b.Subjects[0].Namespace == release {
 					return true
 				}
 			}
@@ -292,7 +300,7 @@ func TestEverythingOn(t *testing.T) {
 		t.Errorf("fallback keys: %+v", r.secrets)
 	}
 	for _, ns := range []string{"inference", "batch"} {
-		if !hasRole(r, ns) {
+		if !hasRole(r, ns, "infergate") {
 			t.Errorf("no EndpointSlice Role in %s", ns)
 		}
 	}
@@ -405,5 +413,77 @@ func TestRulesAreTheShippedOnes(t *testing.T) {
 	}
 	if !bytes.Equal(a, b) {
 		t.Error("deploy/helm/infergate/files/rules.yaml differs from deploy/observability/rules.yaml: copy it")
+	}
+}
+
+// objects is every rendered object's metadata.
+func (r rendered) objects() []metav1.Object {
+	var out []metav1.Object
+	add := func(o metav1.Object) { out = append(out, o) }
+	for _, o := range r.deployments {
+		add(o)
+	}
+	for _, o := range r.services {
+		add(o)
+	}
+	for _, o := range r.configMaps {
+		add(o)
+	}
+	for _, o := range r.secrets {
+		add(o)
+	}
+	for _, o := range r.serviceAccounts {
+		add(o)
+	}
+	for _, o := range r.pdbs {
+		add(o)
+	}
+	for _, o := range r.roles {
+		add(o)
+	}
+	for _, o := range r.bindings {
+		add(o)
+	}
+	for _, o := range r.netpols {
+		add(o)
+	}
+	for _, o := range r.claims {
+		add(o)
+	}
+	return out
+}
+
+// With the default values the chart installs into whatever namespace it is given, creating nothing elsewhere
+// (helm install -n <ns> needs no other namespace to exist): the default policy's Service and the Role that lets
+// infergate watch its EndpointSlices are in the release's namespace too.
+func TestInstallsIntoAnyNamespace(t *testing.T) {
+	for _, ns := range []string{"infergate", "llm-gateway"} {
+		t.Run(ns, func(t *testing.T) {
+			r := renderNS(t, "", ns, nil)
+			objs := r.objects()
+			if len(objs) < 8 {
+				t.Fatalf("%d objects rendered", len(objs))
+			}
+			for _, o := range objs {
+				if o.GetNamespace() != ns {
+					t.Errorf("%s is in namespace %q, want the release's %q", o.GetName(), o.GetNamespace(), ns)
+				}
+			}
+			pol := configMapNamed(r, "infergate-policy")
+			snap, err := policies.Parse("configmap/policy.yaml", []byte(pol.Data["policy.yaml"]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ref := range snap.Services() {
+				if ref.Namespace != ns || !hasRole(r, ns, ns) {
+					t.Errorf("the policy's Service %s/%s: no Role for it in the release's namespace", ref.Namespace, ref.Name)
+				}
+			}
+			for _, l := range lint.All(chartDir, map[string]any{}, ns, false).Messages {
+				if l.Severity >= support.WarningSev {
+					t.Errorf("helm lint: %s", l)
+				}
+			}
+		})
 	}
 }
