@@ -29,6 +29,7 @@ var exportedHistograms = []string{
 	"gen_ai_client_token_usage",
 	"infergate_inter_token_latency_max_seconds",
 	"infergate_queue_duration_seconds",
+	"infergate_admission_wait_seconds",
 }
 
 // exportedSeries is every series infergate exports that the rules and the dashboard may read.
@@ -64,6 +65,9 @@ var exportedSeries = append(histogramSeries(exportedHistograms),
 	"infergate_rollout_candidate_share",
 	"infergate_rollout_gate_evidence",
 	"infergate_rollout_step_requests",
+	"infergate_admission_queue_requests",
+	"infergate_admission_queue_bytes",
+	"infergate_admission_results_total",
 )
 
 func histogramSeries(hs []string) []string {
@@ -88,6 +92,7 @@ var requiredAlerts = map[string][]string{
 	"AuditLinesDropped":       {"warning"},
 	"RolloutRolledBack":       {"warning"},
 	"RolloutStalled":          {"warning"},
+	"AdmissionShedding":       {"warning"},
 }
 
 // promtool returns promtool's path; it is a test dependency, never a reason to skip.

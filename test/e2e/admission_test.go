@@ -8,11 +8,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/infergate/infergate/deploy/observability"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 	"github.com/infergate/infergate/test/loadgen"
@@ -241,5 +245,66 @@ func TestAbortWhileQueuedFreesTheQuota(t *testing.T) {
 	}
 	if n := e.received.Load(); n != 1 {
 		t.Errorf("the engine got %d requests, want only the second", n)
+	}
+}
+
+// admissionSeries says whether a series name or a query reads the admission queue's series, which appear only
+// once a request has waited.
+func admissionSeries(nameOrExpr string) bool {
+	return strings.Contains(nameOrExpr, "infergate_admission_")
+}
+
+// Once a request has waited in the admission queue, every admission series the shipped dashboard and rules read
+// is exported.
+func TestAdmissionSeriesAreExported(t *testing.T) {
+	e := newBusyEngine(t)
+	e.waiting.Store(5)
+	st := admissionStack(t, e, func(s string) string { return s }, "", nil)
+	readsBusy(t, st, 5)
+	done := make(chan int, 1)
+	go func() {
+		resp, _ := postChat(t, st, admissionChat)
+		done <- resp.StatusCode
+	}()
+	wait.For(t, "the request to queue", func() bool { return queued(t, st) == 1 })
+	e.waiting.Store(0)
+	if status := <-done; status != http.StatusOK {
+		t.Fatalf("the queued request got %d", status)
+	}
+	dash, err := observability.DashboardSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := observability.RuleSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, name := range append(dash, rules...) {
+		if admissionSeries(name) && !slices.Contains(want, name) {
+			want = append(want, name)
+		}
+	}
+	if len(want) < 4 {
+		t.Fatalf("the dashboard and rules read %d admission series: %v", len(want), want)
+	}
+	var missing []string
+	if !wait.Until(10*time.Second, func() bool {
+		missing = missing[:0]
+		live := map[string]bool{}
+		for name, f := range scrape(t, st.MetricsURL) {
+			live[name] = true
+			if f.GetType() == dto.MetricType_HISTOGRAM {
+				live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
+			}
+		}
+		for _, name := range want {
+			if !live[name] {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	}) {
+		t.Errorf("queried but not exported after a queued request: %v", missing)
 	}
 }
