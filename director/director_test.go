@@ -218,3 +218,23 @@ func TestTooManyChoicesRefused(t *testing.T) {
 		t.Errorf("%d admissions, want only the request within the cap reserved", len(adm.reserved))
 	}
 }
+
+// A routed settlement names its GenAI provider (gen_ai.provider.name): the pool's engine, or the managed API's
+// fallback name.
+func TestSettlementNamesTheProvider(t *testing.T) {
+	pool := &policies.Pool{Name: "h200", HardwareClass: "h200", Engine: "vllm", ServedModel: "meta/llama"}
+	for _, tc := range []struct {
+		name            string
+		decision        picker.Decision
+		provider, class string
+	}{
+		{"a pool", picker.Decision{Pool: pool}, "vllm", "h200"},
+		{"a managed API", picker.Decision{Pool: pool, Fallback: &policies.Fallback{Name: "together", Model: "llama-turbo"}}, "together", ManagedClass},
+		{"not routed", picker.Decision{}, "", ""},
+	} {
+		rt := &Route{tenant: &policies.Tenant{Name: "acme"}, Model: &policies.Model{Name: "llama"}, Decision: tc.decision}
+		if st := rt.settlement(); st.Provider != tc.provider || st.HardwareClass != tc.class {
+			t.Errorf("%s: provider %q class %q, want %q and %q", tc.name, st.Provider, st.HardwareClass, tc.provider, tc.class)
+		}
+	}
+}

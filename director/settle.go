@@ -18,7 +18,10 @@ type Settlement struct {
 	Tier      string // policies.TierOf the tenant
 	Model     string // canonical
 	// ServedModel is the name the engine or provider was asked for (gen_ai.response.model).
-	ServedModel   string
+	ServedModel string
+	// Provider is the GenAI conventions' gen_ai.provider.name of where a routed request went: the pool's
+	// engine (vllm, sglang, trtllm) or the managed API's fallback name ("" when not routed).
+	Provider      string
 	Pool          string
 	HardwareClass string // the pool's, or ManagedClass for a managed API
 	Endpoint      string
@@ -242,8 +245,11 @@ func (rt *Route) settlement() Settlement {
 		st.Pool, st.ServedModel, st.Arm = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm
 		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
+		if f := rt.Decision.Fallback; f != nil {
+			st.Provider = f.Name
+		}
 		if p := rt.Decision.Pool; p != nil && rt.Decision.Fallback == nil {
-			st.HardwareClass = p.HardwareClass
+			st.HardwareClass, st.Provider = p.HardwareClass, p.Engine
 		}
 	}
 	return st

@@ -236,7 +236,7 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	}
 	attrs := spanAttrs(span)
 	for k, v := range map[string]string{
-		"gen_ai.operation.name": "chat", "gen_ai.request.model": "qwen2.5-7b", "gen_ai.response.model": "qwen2.5-7b",
+		"gen_ai.operation.name": "chat", "gen_ai.provider.name": "sglang", "gen_ai.request.model": "qwen2.5-7b", "gen_ai.response.model": "qwen2.5-7b",
 		"gen_ai.usage.input_tokens": "4", "gen_ai.usage.output_tokens": "3",
 		"server.address": "10.0.1.11", "infergate.tenant": "acme", "infergate.pool": "qwen7b-l40s",
 		"infergate.hardware_class": "l40s", "infergate.outcome": "ok",

@@ -9,13 +9,16 @@ import (
 	"github.com/infergate/infergate/openai"
 )
 
-// Label names follow the OpenTelemetry GenAI conventions as Prometheus spells them (gen_ai.request.model →
-// gen_ai_request_model); the rest are infergate's. Histograms carry no tenant: tenants are counted, not
-// bucketed, to keep the series few.
+// Label names follow the OpenTelemetry GenAI semantic conventions v1.40.0 (the semconv package tracing.go
+// uses) as Prometheus spells them (gen_ai.request.model → gen_ai_request_model): the gen_ai_* histograms carry
+// the required gen_ai.operation.name and gen_ai.provider.name, the conditionally required
+// gen_ai.request.model and error.type (on errors), and the recommended gen_ai.response.model; the rest are
+// infergate's. Histograms carry no tenant: tenants are counted, not bucketed, to keep the series few.
 var (
-	requestLabels = []string{"gen_ai_request_model", "gen_ai_response_model", "pool", "hardware_class", "tier"}
-	tenantLabels  = []string{"tenant", "tier", "model"}
-	poolLabels    = []string{"model", "pool", "hardware_class"}
+	requestLabels = []string{"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model",
+		"pool", "hardware_class", "tier"}
+	tenantLabels = []string{"tenant", "tier", "model"}
+	poolLabels   = []string{"model", "pool", "hardware_class"}
 )
 
 // Buckets for the latency histograms: the GenAI conventions' advice, with more resolution where SLOs sit.
@@ -77,7 +80,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // seriesKey is what a request's series are chosen by.
 type seriesKey struct {
-	tenant, tier, model, served, pool, class string
+	op                                                 openai.Endpoint
+	provider, tenant, tier, model, served, pool, class string
 }
 
 // requestSeries are one key's series, looked up once.
@@ -91,7 +95,7 @@ func (m *Metrics) seriesFor(k seriesKey) *requestSeries {
 	if s, ok := m.series.Load(k); ok {
 		return s.(*requestSeries)
 	}
-	lv := []string{k.model, k.served, k.pool, k.class, k.tier}
+	lv := []string{operation(k.op), k.provider, k.model, k.served, k.pool, k.class, k.tier}
 	s := &requestSeries{
 		ttft: m.ttft.WithLabelValues(lv...), tpot: m.tpot.WithLabelValues(lv...), itl: m.itl.WithLabelValues(lv...),
 		e2eOK:  m.e2e.WithLabelValues(append(lv, "")...),
@@ -116,7 +120,7 @@ func (m *Metrics) Settled(st director.Settlement) {
 		m.requests.WithLabelValues(st.Tenant, st.Tier, st.Model, st.Outcome).Inc()
 		return
 	}
-	s := m.seriesFor(seriesKey{st.Tenant, st.Tier, st.Model, st.ServedModel, st.Pool, st.HardwareClass})
+	s := m.seriesFor(seriesKey{st.Operation, st.Provider, st.Tenant, st.Tier, st.Model, st.ServedModel, st.Pool, st.HardwareClass})
 	t := st.Timing
 	s.queue.Observe(t.Queued.Seconds())
 	if st.Outcome == director.OutcomeOK {
@@ -124,7 +128,8 @@ func (m *Metrics) Settled(st director.Settlement) {
 		s.e2eOK.Observe(t.E2E.Seconds())
 	} else {
 		m.requests.WithLabelValues(st.Tenant, st.Tier, st.Model, st.Outcome).Inc()
-		m.e2e.WithLabelValues(st.Model, st.ServedModel, st.Pool, st.HardwareClass, st.Tier, st.Outcome).Observe(t.E2E.Seconds())
+		m.e2e.WithLabelValues(operation(st.Operation), st.Provider, st.Model, st.ServedModel, st.Pool, st.HardwareClass, st.Tier,
+			st.Outcome).Observe(t.E2E.Seconds())
 	}
 	if st.Good {
 		s.good.Inc()

@@ -92,7 +92,7 @@ func TestMetricsFromSettlements(t *testing.T) {
 	m := NewMetrics(reg)
 	ms := time.Millisecond
 	base := director.Settlement{Routed: true, Tenant: "acme", Tier: "enterprise", Model: "llama", ServedModel: "meta/llama",
-		Pool: "h200", HardwareClass: "h200", Operation: openai.EndpointChat, Stream: true}
+		Pool: "h200", HardwareClass: "h200", Operation: openai.EndpointChat, Stream: true, Provider: "vllm"}
 	ok := base
 	ok.Outcome, ok.Good = director.OutcomeOK, true
 	ok.Usage = openai.Usage{PromptTokens: 1000, CachedTokens: 600, CompletionTokens: 50}
@@ -114,12 +114,15 @@ func TestMetricsFromSettlements(t *testing.T) {
 		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "prompt"}, 2000},
 		{"infergate_pool_tokens_total", map[string]string{"pool": "h200", "kind": "cached"}, 1200},
 	})
-	ttft := find(fams, "gen_ai_server_time_to_first_token_seconds", map[string]string{
-		"gen_ai_request_model": "llama", "gen_ai_response_model": "meta/llama", "pool": "h200", "hardware_class": "h200", "tier": "enterprise"})
+	// The GenAI conventions' required attributes are labels: the operation and the provider (the pool's engine).
+	ttft := find(fams, "gen_ai_server_time_to_first_token_seconds", map[string]string{"gen_ai_operation_name": "chat",
+		"gen_ai_provider_name": "vllm", "gen_ai_request_model": "llama", "gen_ai_response_model": "meta/llama", "pool": "h200",
+		"hardware_class": "h200", "tier": "enterprise"})
 	if h := ttft.GetHistogram(); h.GetSampleCount() != 2 || h.GetSampleSum() < 0.479 || h.GetSampleSum() > 0.481 {
 		t.Errorf("TTFT histogram count %d sum %v, want 2 and 0.48", h.GetSampleCount(), h.GetSampleSum())
 	}
-	if e := find(fams, "gen_ai_server_request_duration_seconds", map[string]string{"error_type": "upstream_5xx"}); e.GetHistogram().GetSampleCount() != 1 {
+	if e := find(fams, "gen_ai_server_request_duration_seconds", map[string]string{"error_type": "upstream_5xx",
+		"gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm"}); e.GetHistogram().GetSampleCount() != 1 {
 		t.Errorf("failed request's duration not recorded under its error type")
 	}
 	if u := find(fams, "gen_ai_client_token_usage", map[string]string{"gen_ai_token_type": "output"}); u.GetHistogram().GetSampleSum() != 100 {

@@ -320,12 +320,14 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	r.emit(span, code, m.Ended)
 }
 
-// maxSpanAttrs is how many attributes End sets at most: eight always, up to ten more when routed, the error type.
-const maxSpanAttrs = 19
+// maxSpanAttrs is how many attributes End sets at most: eight always, up to eleven more when routed, the error
+// type.
+const maxSpanAttrs = 20
 
 // appendRoutedAttrs adds the attributes of where a routed request went and what it used.
 func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []attribute.KeyValue {
 	attrs = append(attrs,
+		semconv.GenAIProviderNameKey.String(st.Provider),
 		semconv.GenAIResponseModel(st.ServedModel),
 		semconv.GenAIUsageInputTokens(int(st.Usage.PromptTokens)),
 		semconv.GenAIUsageOutputTokens(int(st.Usage.CompletionTokens)),
