@@ -487,3 +487,61 @@ func TestInstallsIntoAnyNamespace(t *testing.T) {
 		})
 	}
 }
+
+// values.schema.json refuses what the chart would otherwise ignore or render into a broken object: a misspelt
+// key, a value of the wrong type or outside its range. Valid values (the defaults and everything.yaml, above)
+// pass it.
+func TestValuesSchemaRefusesMistakes(t *testing.T) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   string
+	}{
+		{"a misspelt key", map[string]any{"tls": map[string]any{"enable": false}}, "enable"},
+		{"a misplaced key", map[string]any{"secretName": "x"}, "secretName"},
+		{"a string for a boolean", map[string]any{"tls": map[string]any{"enabled": "no"}}, "enabled"},
+		{"a port out of range", map[string]any{"ports": map[string]any{"xds": 70000}}, "xds"},
+		{"a bad duration", map[string]any{"drainTimeout": "30 seconds"}, "drainTimeout"},
+		{"an unknown log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
+		{"an unknown autoscaler", map[string]any{"autoscaling": map[string]any{"mode": "vpa"}}, "mode"},
+		{"an autoscaled pool without its deployment", map[string]any{"autoscaling": map[string]any{"pools": []any{
+			map[string]any{"model": "m", "pool": "p"}}}}, "deployment"},
+		{"a namespace that is no DNS name", map[string]any{"discovery": map[string]any{"namespaces": []any{"Inference"}}}, "namespaces"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := chartutil.ToRenderValues(chrt, tc.values, chartutil.ReleaseOptions{Name: "infergate", Namespace: "infergate",
+				IsInstall: true}, chartutil.DefaultCapabilities.Copy())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("values %v: error %v, want one naming %q", tc.values, err, tc.want)
+			}
+		})
+	}
+}
+
+// The chart's README documents every value: each key of values.yaml, nested ones by their last name
+// (`tls.enabled`, or `.storageClass` in a row that has just named `redis.persistence.size`).
+func TestReadmeDocumentsEveryValue(t *testing.T) {
+	readme, err := os.ReadFile("infergate/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(prefix string, v map[string]any)
+	walk = func(prefix string, v map[string]any) {
+		for k, sub := range v {
+			path := prefix + k
+			if m, ok := sub.(map[string]any); ok && len(m) > 0 && k != "keys" && k != "resources" {
+				walk(path+".", m)
+				continue
+			}
+			if !bytes.Contains(readme, []byte("`"+path+"`")) && !bytes.Contains(readme, []byte("`."+k+"`")) &&
+				!bytes.Contains(readme, []byte("`"+path+".")) {
+				t.Errorf("infergate/README.md does not document %s", path)
+			}
+		}
+	}
+	walk("", values(t, chartDir+"/values.yaml"))
+}
