@@ -47,6 +47,9 @@ func appendLine(b []byte, r *Record) []byte {
 	b = appendString(b, r.Outcome)
 	b = append(b, `,"good":`...)
 	b = strconv.AppendBool(b, r.Good)
+	if r.Shadow {
+		b = append(b, `,"shadow":true`...)
+	}
 	return append(b, "}\n"...)
 }
 

@@ -20,7 +20,7 @@ func RecordOf(st director.Settlement) Record {
 		DigestKey:    st.DigestKey,
 		PromptTokens: st.Usage.PromptTokens, CachedTokens: st.Usage.CachedTokens, CompletionTokens: st.Usage.CompletionTokens,
 		CostUSD: st.CostUSD, TTFTMillis: millis(t.TTFT.Seconds()), E2EMillis: millis(t.E2E.Seconds()), Status: st.Status,
-		Outcome: st.Outcome, Good: st.Good,
+		Outcome: st.Outcome, Good: st.Good, Shadow: st.Shadow,
 	}
 	if st.Started.IsZero() {
 		r.Time = time.Time{} // Write stamps it

@@ -36,4 +36,6 @@ type Record struct {
 	Outcome string `json:"outcome"`
 	// Good says whether the request met the SLO targets it was judged against.
 	Good bool `json:"good"`
+	// Shadow marks a copy sent to a rollout's candidate in its shadow phase: no client saw it, no tenant paid.
+	Shadow bool `json:"shadow,omitempty"`
 }

@@ -57,6 +57,9 @@ type Rollouts interface {
 	// ArmSeed is the rollout's secret seed of the arms' hash, shared by every replica through the rollout's
 	// state: a client that names its conversation cannot compute which arm the name falls in.
 	ArmSeed(model string) uint64
+	// ShadowShare is the share of the baseline's requests copied to the candidate: above 0 only while the
+	// rollout is in its shadow phase.
+	ShadowShare(model string) float64
 }
 
 // Options wire a Director to the stages.
@@ -79,6 +82,8 @@ type Options struct {
 	Now func() time.Time
 	// Rollouts, when set, gives each rolled-out model's candidate share (none: the candidate takes nothing).
 	Rollouts Rollouts
+	// Shadows, when set, receives copies of baseline requests for rollouts in their shadow phase.
+	Shadows Shadows
 }
 
 // Director is safe for concurrent use.
@@ -244,6 +249,9 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	rt.Edits.IncludeUsage = body.Stream && !body.IncludeUsage &&
 		(req.Endpoint == openai.EndpointChat || req.Endpoint == openai.EndpointCompletions)
 	rt.Edits.MaxTokens = inject
+	if in.Split != nil && dec.Arm == picker.ArmBaseline && dec.Fallback == nil {
+		d.shadow(req, rt, in.Split)
+	}
 	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
 		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail
 	}

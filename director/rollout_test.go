@@ -2,6 +2,7 @@ package director
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -16,6 +17,8 @@ type fixedShare float64
 func (s fixedShare) Share(string) float64 { return float64(s) }
 
 func (s fixedShare) ArmSeed(string) uint64 { return 42 }
+
+func (s fixedShare) ShadowShare(string) float64 { return 0 }
 
 // The quickstart with the llama model's L40S pool released as the candidate of a rollout; acme may test it.
 func rolloutSnapshot(t *testing.T) *policies.Snapshot {
@@ -70,6 +73,82 @@ func TestRouteSplitsARolledOutModel(t *testing.T) {
 		chosen := tc.header != "" && tc.key == "sk-demo-acme" && tc.header != "l40s" && (tc.header == "baseline" || tc.share > 0)
 		if len(heard) != 1 || heard[0].Arm != tc.wantArm || heard[0].ArmChosen != chosen {
 			t.Errorf("%s: settlements %+v", tc.name, heard)
+		}
+	}
+}
+
+// shadowing is a rollout in its shadow phase: no share, every request sampled for a copy.
+type shadowing struct{}
+
+func (shadowing) Share(string) float64       { return 0 }
+func (shadowing) ArmSeed(string) uint64      { return 42 }
+func (shadowing) ShadowShare(string) float64 { return 1 }
+
+// copies records what the director hands the shadow sender; built holds each copy's body, built as Send would.
+type copies struct {
+	all   []ShadowCopy
+	built []string
+}
+
+func (c *copies) Send(cp ShadowCopy) bool {
+	c.all, c.built = append(c.all, cp), append(c.built, string(cp.Body()))
+	return true
+}
+
+// In the shadow phase a baseline request still goes to the baseline, and a copy of it, asking for the
+// candidate's name, goes to the shadow sender with the candidate's engines; the client's own settlement is
+// the baseline's and the only one the observers hear (the copy is settled by the sender, uncharged).
+func TestShadowPhaseCopiesBaselineRequests(t *testing.T) {
+	src, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(src), "    fallbacks:\n    - name: together", "    rollout:\n      candidate: {pool: llama70b-l40s}\n"+
+		"      steps: [{percent: 10}, {percent: 100}]\n      shadow: {percent: 50}\n    fallbacks:\n    - name: together", 1)
+	snap, err := policies.Parse("policy.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		rollouts Rollouts
+		copies   int
+	}{{"shadowing", shadowing{}, 1}, {"progressing", fixedShare(0), 0}} {
+		sent := &copies{}
+		var heard []Settlement
+		d := New(Options{Policies: policies.NewStaticStore(snap), Rollouts: tc.rollouts, Shadows: sent,
+			Observers: []SettleObserver{ObserverFunc(func(s Settlement) { heard = append(heard, s) })}})
+		tenant, _ := snap.TenantForKey("sk-demo-globex")
+		body, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"llama-70b","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &Route{}
+		if err := d.Route(context.Background(), Request{Snapshot: snap, Tenant: tenant, Endpoint: openai.EndpointChat, Body: &body,
+			RequestID: "r1"}, rt); err != nil {
+			t.Fatal(err)
+		}
+		if rt.Decision.Arm != picker.ArmBaseline || rt.Pool() != "llama70b-h200" {
+			t.Errorf("%s: the client's request went to %s (%s)", tc.name, rt.Pool(), rt.Decision.Arm)
+		}
+		if len(sent.all) != tc.copies {
+			t.Fatalf("%s: %d copies, want %d", tc.name, len(sent.all), tc.copies)
+		}
+		if tc.copies > 0 {
+			cp := sent.all[0]
+			if cp.Plan == nil || cp.Plan.Share != 0.5 || cp.HardwareClass != "l40s" || len(cp.Endpoints) == 0 || !cp.Stream ||
+				!strings.Contains(sent.built[0], `"stream_options":{"include_usage":true}`) && !strings.Contains(sent.built[0], `"include_usage"`) {
+				t.Errorf("copy %+v body %s", cp, sent.built[0])
+			}
+			var served struct{ Model string }
+			if err := json.Unmarshal([]byte(sent.built[0]), &served); err != nil || served.Model == "llama-70b" || served.Model == "" {
+				t.Errorf("the copy asks for %q: want the candidate's served name", served.Model)
+			}
+		}
+		body.Release()
+		d.Settle(rt, Outcome{Status: 200})
+		if len(heard) != 1 || heard[0].Shadow || heard[0].Arm != picker.ArmBaseline {
+			t.Errorf("%s: observers heard %+v", tc.name, heard)
 		}
 	}
 }

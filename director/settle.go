@@ -50,6 +50,10 @@ type Settlement struct {
 	// ArmChosen says a tester chose it (x-infergate-rollout), so the gates leave the request out.
 	Arm       string
 	ArmChosen bool
+	// Shadow says the request is a copy sent to a rollout's candidate in its shadow phase (director.Shadows):
+	// never returned to a client and never charged; only the rollout's gates, the shadow metrics and the audit
+	// log (marked) see it.
+	Shadow bool
 }
 
 // ManagedClass is the hardware class reported for requests served by a managed API.
@@ -286,6 +290,9 @@ func timingOf(rt *Route, o Outcome, u openai.Usage) Timing {
 	}
 	return t
 }
+
+// Good says whether a settled request met its SLO (for settlements made outside the director: shadow copies).
+func Good(st Settlement) bool { return good(st) }
 
 // good says whether a settled request met its SLO: it succeeded and, when its response was seen chunk by
 // chunk as a stream, its TTFT and TPOT are within the targets; otherwise its end-to-end time is within

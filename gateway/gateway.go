@@ -33,6 +33,7 @@ import (
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/relay"
 	"github.com/infergate/infergate/rollout"
+	"github.com/infergate/infergate/shadow"
 	"github.com/infergate/infergate/telemetry"
 	"github.com/infergate/infergate/xds"
 )
@@ -156,8 +157,14 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	}
 	g.Autoscaler, g.Rollouts = g.autoscaler(engines), g.rollouts(c, engines, sealer)
 	pick := g.picker(ctx, c, inflight, engines, sealer)
+	// Shadow copies are settled with the rollout's gates and the audit log only: no tenant is charged for them.
+	shadowObs := []director.SettleObserver{g.Rollouts}
+	if auditLog != nil {
+		shadowObs = append(shadowObs, auditLog)
+	}
 	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
+		Shadows:   shadow.New(shadow.Options{Observers: shadowObs, Registry: g.Registry}),
 		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Director: dir, Logger: log, Tracing: c.Tracing,
 		DigestKey: digestKey})
@@ -457,6 +464,9 @@ func (r rolloutFleet) Endpoint(addr string) (xds.EndpointState, bool) {
 
 // Share implements xds.RolloutShares.
 func (r rolloutFleet) Share(model string) float64 { return r.shares.Share(model) }
+
+// ShadowShare implements director.Rollouts.
+func (r rolloutFleet) ShadowShare(model string) float64 { return r.shares.ShadowShare(model) }
 
 // ArmSeed implements director.Rollouts.
 func (r rolloutFleet) ArmSeed(model string) uint64 { return r.shares.ArmSeed(model) }

@@ -22,6 +22,34 @@ type Rollout struct {
 	// Testers are tenants that may choose the arm of their own requests with the x-infergate-rollout header
 	// (candidate or baseline); everyone else's header is ignored.
 	Testers []string `yaml:"testers,omitempty" json:"testers,omitempty"`
+	// Shadow, when set, is a phase before the first step in which no client request reaches the candidate: a
+	// sample of the baseline's requests is also sent to it, its answers measured and thrown away (never
+	// returned, never charged), and the gates judge them against the baseline's.
+	Shadow *RolloutShadow `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+}
+
+// RolloutShadow bounds the copies a shadow phase sends, so that it never costs the baseline's clients anything:
+// a copy that would exceed a bound is not sent.
+type RolloutShadow struct {
+	// Percent is the share of the baseline's requests copied to the candidate (default 10).
+	Percent float64 `yaml:"percent,omitempty" json:"percent,omitempty" jsonschema:"exclusiveMinimum=0,maximum=100"`
+	// MaxConcurrent is how many copies may be in flight at once (default 8).
+	MaxConcurrent int `yaml:"maxConcurrent,omitempty" json:"maxConcurrent,omitempty" jsonschema:"minimum=0"`
+	// MaxPerSecond is how many copies may start per second (default 10).
+	MaxPerSecond float64 `yaml:"maxPerSecond,omitempty" json:"maxPerSecond,omitempty" jsonschema:"minimum=0"`
+	// MinDuration and MinRequests are how long the phase runs and how many copies it needs answered before the
+	// first step (defaults 5m and 100).
+	MinDuration string `yaml:"minDuration,omitempty" json:"minDuration,omitempty"`
+	MinRequests int    `yaml:"minRequests,omitempty" json:"minRequests,omitempty" jsonschema:"minimum=0"`
+}
+
+// ShadowPlan is a rollout's shadow phase with defaults applied.
+type ShadowPlan struct {
+	Share         float64 // 0..1
+	MaxConcurrent int
+	MaxPerSecond  float64
+	MinDuration   time.Duration
+	MinRequests   int
 }
 
 // RolloutArm names a rollout's candidate: a pool of the model, or a served model name its baseline pools
@@ -113,7 +141,9 @@ type RolloutPlan struct {
 	Warmup          time.Duration
 	Gates           RolloutGates // defaults applied (MinRequests too)
 	Compatibility   RolloutCompatibility
-	testers         []string
+	// Shadow is the shadow phase before the first step; nil without one.
+	Shadow  *ShadowPlan
+	testers []string
 }
 
 // PlanStep is a resolved rollout step.
@@ -126,7 +156,11 @@ type PlanStep struct {
 // GateAlpha is one gate's share of the rollout's error budget in one step: 1 − Confidence split evenly over
 // the four gates and every step (a union bound, so the budget holds however the tests correlate).
 func (p *RolloutPlan) GateAlpha() float64 {
-	return (1 - p.Gates.Confidence) / float64(4*max(1, len(p.Steps)))
+	phases := len(p.Steps)
+	if p.Shadow != nil {
+		phases++ // the shadow phase is judged too
+	}
+	return (1 - p.Gates.Confidence) / float64(4*max(1, phases))
 }
 
 // Tester says whether a tenant may choose the arm of its own requests.
@@ -177,6 +211,17 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 		plan.Warmup = DefaultRolloutWarmup
 		if d, err := time.ParseDuration(r.Gates.Warmup); err == nil && d >= 0 {
 			plan.Warmup = d
+		}
+		if sh := r.Shadow; sh != nil {
+			plan.Shadow = &ShadowPlan{Share: orDefault(sh.Percent, 10) / 100, MaxConcurrent: sh.MaxConcurrent,
+				MaxPerSecond: orDefault(sh.MaxPerSecond, 10), MinDuration: durationOr(sh.MinDuration, DefaultRolloutStepDuration),
+				MinRequests: sh.MinRequests}
+			if plan.Shadow.MaxConcurrent == 0 {
+				plan.Shadow.MaxConcurrent = 8
+			}
+			if plan.Shadow.MinRequests == 0 {
+				plan.Shadow.MinRequests = DefaultRolloutStepRequests
+			}
 		}
 		for _, st := range r.Steps {
 			n := st.MinRequests
@@ -232,6 +277,16 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.fail(append(slices.Clone(rb), "candidate", "pool"), "the model has no other pool to be the baseline")
 	}
 	v.rolloutSteps(r.Steps, rb)
+	if sh := r.Shadow; sh != nil {
+		sb := append(slices.Clone(rb), "shadow")
+		if sh.Percent < 0 || sh.Percent > 100 {
+			v.fail(append(slices.Clone(sb), "percent"), "must be above 0 and at most 100, got %v", sh.Percent)
+		}
+		if sh.MaxConcurrent < 0 || sh.MaxPerSecond < 0 || sh.MinRequests < 0 {
+			v.fail(sb, "maxConcurrent, maxPerSecond and minRequests must not be negative")
+		}
+		v.positiveDuration(append(slices.Clone(sb), "minDuration"), sh.MinDuration)
+	}
 	v.rolloutGates(&r.Gates, append(slices.Clone(rb), "gates"))
 	tenants := map[string]bool{}
 	for _, t := range s.Tenants {

@@ -22,6 +22,7 @@ spec:
       steps: [{percent: 1, minDuration: 1m, minRequests: 50}, {percent: 100}]
       gates: {maxTTFTP95Ratio: 1.2}
       testers: [acme]
+      shadow: {percent: 5}
   - name: qwen
     pools:
     - {name: q, hardwareClass: h100, engine: vllm, endpoints: ["10.0.0.3:8000"]}
@@ -52,9 +53,13 @@ spec:
 		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || g.Confidence != DefaultRolloutConfidence {
 		t.Errorf("gates %+v", g)
 	}
-	// The error budget, 1 %, split over four gates and two steps.
-	if a := plan.GateAlpha(); math.Abs(a-0.01/8) > 1e-12 {
+	// The error budget, 1 %, split over four gates, two steps and the shadow phase.
+	if a := plan.GateAlpha(); math.Abs(a-0.01/12) > 1e-12 {
 		t.Errorf("gate alpha %v", a)
+	}
+	wantShadow := ShadowPlan{Share: 0.05, MaxConcurrent: 8, MaxPerSecond: 10, MinDuration: DefaultRolloutStepDuration, MinRequests: DefaultRolloutStepRequests}
+	if plan.Shadow == nil || *plan.Shadow != wantShadow {
+		t.Errorf("shadow %+v, want %+v", plan.Shadow, wantShadow)
 	}
 	acme, _ := snap.Tenant("acme")
 	if !plan.Tester(acme) || plan.Tester(nil) {

@@ -53,8 +53,9 @@ type Controller struct {
 	samples *Samples
 	check   checker
 	shares  atomic.Pointer[map[string]float64]
-	seeds   atomic.Pointer[map[string]uint64] // each model's State.ArmSeed as last read
-	onShare atomic.Pointer[func()]            // OnShareChange's listener
+	seeds   atomic.Pointer[map[string]uint64]  // each model's State.ArmSeed as last read
+	shadows atomic.Pointer[map[string]float64] // each model's shadow share while shadowing
+	onShare atomic.Pointer[func()]             // OnShareChange's listener
 
 	mu      sync.Mutex // one Tick or Command at a time
 	pending map[string]int
@@ -113,6 +114,7 @@ func New(o Options) *Controller {
 		since: map[string]time.Time{}, failed: map[string]string{}, samples: NewSamples()}
 	c.shares.Store(&map[string]float64{})
 	c.seeds.Store(&map[string]uint64{})
+	c.shadows.Store(&map[string]float64{})
 	return c
 }
 
@@ -122,6 +124,10 @@ func (c *Controller) Settled(st director.Settlement) { c.samples.Settled(st) }
 // Share implements director.Rollouts: the candidate's share of a model's traffic, 0 until the controller
 // has read the model's state.
 func (c *Controller) Share(model string) float64 { return (*c.shares.Load())[model] }
+
+// ShadowShare implements director.Rollouts: the share of a model's baseline requests copied to the candidate,
+// above 0 only in the shadow phase.
+func (c *Controller) ShadowShare(model string) float64 { return (*c.shadows.Load())[model] }
 
 // ArmSeed implements director.Rollouts: the secret seed of a model's arms, 0 until the controller has read the
 // model's state (the share is 0 then too).
@@ -147,7 +153,7 @@ func (c *Controller) Tick(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	snap := c.opts.Policies.Current()
-	shares, seeds := map[string]float64{}, map[string]uint64{}
+	shares, seeds, shadows := map[string]float64{}, map[string]uint64{}, map[string]float64{}
 	live := map[string]bool{}
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
@@ -163,6 +169,9 @@ func (c *Controller) Tick(ctx context.Context) {
 			continue
 		}
 		shares[m.Name], seeds[m.Name] = st.Share(plan), st.ArmSeed
+		if st.Phase == Shadowing && plan.Shadow != nil {
+			shadows[m.Name] = plan.Shadow.Share
+		}
 	}
 	for model := range c.status {
 		if !live[model] {
@@ -177,6 +186,7 @@ func (c *Controller) Tick(ctx context.Context) {
 		}
 	}
 	c.seeds.Store(&seeds)
+	c.shadows.Store(&shadows)
 	c.publish(shares)
 }
 
@@ -209,8 +219,11 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 			next.Reason = "compatibility gate: " + err.Error()
 		} else {
 			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed", ArmSeed: st.ArmSeed}
+			if plan.Shadow != nil {
+				next.Phase, next.Reason = Shadowing, "the compatibility gate passed: shadowing"
+			}
 		}
-	case Progressing, Paused:
+	case Shadowing, Progressing, Paused:
 		next, verdict = c.judge(plan, st, now)
 	default:
 		delete(c.failed, model)
@@ -237,10 +250,10 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 			return st, true
 		}
 		delete(c.failed, model)
-		if st.Phase == Checking && next.Phase == Progressing {
+		if st.Phase == Checking && (next.Phase == Progressing || next.Phase == Shadowing) {
 			c.newRun(model, next.Since)
 		}
-		if next.Phase == Progressing {
+		if next.Phase == Progressing || next.Phase == Shadowing {
 			c.samples.judgeFrom(model, judgingStart(plan, next)) // the requests until the next tick count
 		}
 		c.transition(plan, st, next, verdict)

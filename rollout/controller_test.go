@@ -568,3 +568,47 @@ func TestAFailedGateHoldsWhileUnsaved(t *testing.T) {
 		t.Fatalf("stored %s, share %v", raw, c.Share("m"))
 	}
 }
+
+// A rollout with a shadow phase gives the candidate no client request until copies of the baseline's have
+// passed the gates: then the first step starts; a candidate whose copies fail is rolled back before any client
+// reached it.
+func TestShadowPhaseJudgesCopiesBeforeAnyTraffic(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ttft time.Duration
+		want Phase
+	}{{"healthy copies", 200 * time.Millisecond, Progressing}, {"slow copies", 900 * time.Millisecond, RolledBack}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, NewMemoryStore(), "      shadow: {percent: 20, minDuration: 1m, minRequests: 30}", "m")
+			c := f.controller(nil)
+			ctx := context.Background()
+			c.Tick(ctx)
+			if s := f.status(c); s.Phase != Shadowing || c.Share("m") != 0 || c.ShadowShare("m") != 0.2 {
+				t.Fatalf("after the compatibility gate: %+v, share %v, shadow %v", s, c.Share("m"), c.ShadowShare("m"))
+			}
+			f.clock.Advance(50 * time.Second) // past the 30 s warm-up
+			for range 40 {
+				c.Settled(settle(picker.ArmBaseline, true, "ok", 200*time.Millisecond))
+				cp := settle(picker.ArmCandidate, true, "ok", tc.ttft)
+				cp.Shadow = true
+				c.Settled(cp)
+			}
+			f.clock.Advance(11 * time.Second)
+			c.Tick(ctx)
+			s := f.status(c)
+			if s.Phase != tc.want || c.ShadowShare("m") != 0 {
+				t.Fatalf("%+v, shadow share %v", s, c.ShadowShare("m"))
+			}
+			switch tc.want {
+			case Progressing:
+				if s.Step != 0 || c.Share("m") != 0.05 {
+					t.Errorf("the first step: %+v share %v", s, c.Share("m"))
+				}
+			case RolledBack:
+				if c.Share("m") != 0 || !strings.HasPrefix(s.Reason, "shadow: TTFT") {
+					t.Errorf("rolled back with share %v: %q", c.Share("m"), s.Reason)
+				}
+			}
+		})
+	}
+}

@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-var phases = []Phase{Checking, Progressing, Paused, Promoted, RolledBack, Aborted}
+var phases = []Phase{Checking, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted}
 
 // state records a model's state as read.
 func (m *Metrics) state(model string, s State, share float64) {

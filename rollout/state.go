@@ -17,6 +17,9 @@ type Phase string
 const (
 	// Checking: the compatibility gate has not passed yet; no traffic reaches the candidate.
 	Checking Phase = "checking"
+	// Shadowing: no client request reaches the candidate; copies of a sample of the baseline's do, and the
+	// gates judge the candidate's answers (the plan's shadow phase).
+	Shadowing Phase = "shadowing"
 	// Progressing: the candidate takes its step's share while the gates pass.
 	Progressing Phase = "progressing"
 	// Paused: an operator holds the step; the share stays, nothing advances or rolls back by itself.
@@ -58,7 +61,7 @@ type State struct {
 // steps, is not).
 func (s State) valid(plan *policies.RolloutPlan) bool {
 	switch s.Phase {
-	case Checking, Progressing, Paused, Promoted, RolledBack, Aborted:
+	case Checking, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted:
 	default:
 		return false
 	}
@@ -82,6 +85,9 @@ func (s State) Share(plan *policies.RolloutPlan) float64 {
 // last call: a failed gate rolls back at once; a pass after the step's duration and requests moves to the next
 // step (or promotes after the last); too little data holds. changed says whether the phase or step moved.
 func (s State) Advance(plan *policies.RolloutPlan, v Verdict, more int, now time.Time) (next State, changed bool) {
+	if s.Phase == Shadowing {
+		return s.advanceShadow(plan, v, more, now)
+	}
 	if s.Phase != Progressing {
 		return s, false
 	}
@@ -102,6 +108,25 @@ func (s State) Advance(plan *policies.RolloutPlan, v Verdict, more int, now time
 		return s, true
 	}
 	s.Step, s.StepStarted, s.StepRequests, s.Reason = s.Step+1, now, 0, "the step passed its gates"
+	return s, true
+}
+
+// advanceShadow moves a shadow phase on a verdict over the candidate's copies: a failed gate rolls back before
+// any client request reached the candidate; a pass after the phase's duration and copies starts the first step.
+func (s State) advanceShadow(plan *policies.RolloutPlan, v Verdict, more int, now time.Time) (State, bool) {
+	s.StepRequests += more
+	switch v.Result {
+	case Fail:
+		s.Phase, s.Reason = RolledBack, "shadow: "+v.Reason
+		return s, true
+	case Insufficient:
+		return s, false
+	}
+	sh := plan.Shadow
+	if sh == nil || now.Sub(s.StepStarted) < sh.MinDuration || s.StepRequests < sh.MinRequests {
+		return s, false
+	}
+	s.Phase, s.Step, s.StepStarted, s.StepRequests, s.Reason = Progressing, 0, now, 0, "the shadow phase passed its gates"
 	return s, true
 }
 
@@ -150,6 +175,9 @@ func Fingerprint(plan *policies.RolloutPlan) string {
 	}
 	for _, st := range plan.Steps {
 		fmt.Fprintf(&b, "step=%g/%v/%d;", st.Share, st.MinDuration, st.MinRequests)
+	}
+	if plan.Shadow != nil {
+		b.WriteString("shadow;") // adding or dropping a shadow phase is another rollout
 	}
 	return fmt.Sprintf("%016x", xxh3.HashString(b.String()))
 }

@@ -59,7 +59,12 @@ func rolloutPolicy(t *testing.T, step time.Duration) string {
 
 func rolloutStack(t *testing.T, ctx context.Context, redis []string, step time.Duration) *Stack {
 	t.Helper()
-	dir := stackFiles(t, map[string]string{"policy.yaml": rolloutPolicy(t, step), "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml",
+	return rolloutStackWith(t, ctx, redis, rolloutPolicy(t, step))
+}
+
+func rolloutStackWith(t *testing.T, ctx context.Context, redis []string, policy string) *Stack {
+	t.Helper()
+	dir := stackFiles(t, map[string]string{"policy.yaml": policy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml",
 		"fleet.yaml": "repo:examples/rollout/fleet.yaml"})
 	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
 		FreePorts: true, RedisAddrs: redis, RolloutInterval: 100 * time.Millisecond})
@@ -439,4 +444,50 @@ func TestRolloutSeriesAnswerTheDashboard(t *testing.T) {
 	if asked < 3 {
 		t.Errorf("%d rollout queries on the dashboard", asked)
 	}
+}
+
+// A shadow phase sends copies of the baseline's requests to the candidate, never a client's request: every
+// client answer comes from the baseline, the candidate's engines answer copies, the copies are not counted
+// as any tenant's requests, and once they pass the gates the first step starts.
+func TestRolloutShadowPhase(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	policy := strings.Replace(rolloutPolicy(t, time.Hour), "      testers: [qa]",
+		"      shadow: {percent: 50, minDuration: 2s, minRequests: 20, maxConcurrent: 4, maxPerSecond: 50}\n      testers: [qa]", 1)
+	if !strings.Contains(policy, "shadow:") {
+		t.Fatal("examples/rollout/policy.yaml lost its testers line")
+	}
+	st := rolloutStackWith(t, ctx, nil, policy)
+	ctl := st.Gateway.Rollouts
+	wait.Within(t, "the shadow phase", rolloutLimit, func() bool { return status(t, ctl).Phase == rollout.Shadowing })
+	load := startLoad([]string{st.URL}, 4)
+	for i := range 10 {
+		if by := servedBy(t, st.URL, "sk-demo-acme", "", i); !strings.HasPrefix(by, "chat-v1-") {
+			t.Fatalf("a client's request in the shadow phase was served by %s", by)
+		}
+	}
+	wait.Within(t, "the shadow phase to pass", rolloutLimit, func() bool {
+		s := status(t, ctl)
+		if s.Phase == rollout.RolledBack {
+			t.Fatalf("the healthy candidate was rolled back in its shadow phase: %s", s.Reason)
+		}
+		return s.Phase == rollout.Progressing
+	})
+	load.end(t)
+	var copied int64
+	for _, name := range []string{"chat-v2-0", "chat-v2-1"} {
+		r, _ := st.Fleet.Replica(name)
+		copied += r.Received()
+	}
+	fams := scrape(t, st.MetricsURL)
+	shadowOK := sumCounter(fams, "infergate_shadow_requests_total", func(l map[string]string) bool { return l["result"] == "ok" })
+	tenants := sumCounter(fams, "infergate_tenant_requests_total", func(map[string]string) bool { return true })
+	if copied < 20 || shadowOK < 20 {
+		t.Errorf("the candidate's engines answered %d copies, the gateway settled %v", copied, shadowOK)
+	}
+	// Tenants' requests: the load's and the ten probes, never the copies.
+	if sent := float64(load.sent.Load() + 10); tenants > sent {
+		t.Errorf("tenants' requests counted %v, more than the %v sent: copies were charged", tenants, sent)
+	}
+	t.Logf("%d copies answered by the candidate; tenants' requests %v", copied, tenants)
 }
