@@ -89,6 +89,10 @@ type RolloutGates struct {
 	// one (default 1.2: "worse by more than 20 %").
 	MaxTTFTRatio float64 `yaml:"maxTTFTRatio,omitempty" json:"maxTTFTRatio,omitempty" jsonschema:"minimum=1"`
 	MaxTPOTRatio float64 `yaml:"maxTPOTRatio,omitempty" json:"maxTPOTRatio,omitempty" jsonschema:"minimum=1"`
+	// MaxOutputRatio: the candidate's output lengths (tokens) at most this times the baseline's and at least
+	// its inverse, in the same Mann-Whitney sense — a model that starts answering in a quarter of the words, or
+	// rambling, is rolled back (default 2).
+	MaxOutputRatio float64 `yaml:"maxOutputRatio,omitempty" json:"maxOutputRatio,omitempty" jsonschema:"minimum=1"`
 	// MaxTTFTP95Ratio and MaxTPOTP95Ratio are the earlier names of MaxTTFTRatio and MaxTPOTRatio, read as
 	// them.
 	MaxTTFTP95Ratio float64 `yaml:"maxTTFTP95Ratio,omitempty" json:"maxTTFTP95Ratio,omitempty" jsonschema:"minimum=1"`
@@ -124,6 +128,7 @@ const (
 	DefaultMinGoodputRatio      = 0.95
 	DefaultMaxErrorRateIncrease = 0.01
 	DefaultMaxLatencyRatio      = 1.2
+	DefaultMaxOutputRatio       = 2
 	DefaultRolloutConfidence    = 0.99
 	DefaultRolloutGateRequests  = 50
 	DefaultRolloutWarmup        = 30 * time.Second
@@ -153,14 +158,17 @@ type PlanStep struct {
 	MinRequests int
 }
 
+// RolloutGateCount is how many gates share a phase's error budget: errors, goodput, TTFT, TPOT, output length.
+const RolloutGateCount = 5
+
 // GateAlpha is one gate's share of the rollout's error budget in one step: 1 − Confidence split evenly over
-// the four gates and every step (a union bound, so the budget holds however the tests correlate).
+// the gates and every step (a union bound, so the budget holds however the tests correlate).
 func (p *RolloutPlan) GateAlpha() float64 {
 	phases := len(p.Steps)
 	if p.Shadow != nil {
 		phases++ // the shadow phase is judged too
 	}
-	return (1 - p.Gates.Confidence) / float64(4*max(1, phases))
+	return (1 - p.Gates.Confidence) / float64(RolloutGateCount*max(1, phases))
 }
 
 // Tester says whether a tenant may choose the arm of its own requests.
@@ -205,6 +213,7 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 		g.MaxTPOTRatio = orDefault(orDefault(g.MaxTPOTRatio, g.MaxTPOTP95Ratio), DefaultMaxLatencyRatio)
 		g.MaxTTFTP95Ratio, g.MaxTPOTP95Ratio = 0, 0
 		g.Confidence = orDefault(g.Confidence, DefaultRolloutConfidence)
+		g.MaxOutputRatio = orDefault(g.MaxOutputRatio, DefaultMaxOutputRatio)
 		if g.MinRequests == 0 {
 			g.MinRequests = DefaultRolloutGateRequests
 		}
@@ -344,6 +353,9 @@ func (v *validator) rolloutGates(g *RolloutGates, gb []seg) {
 		case r.was != 0 && r.was < 1:
 			v.fail(append(slices.Clone(gb), r.old), "must be at least 1, got %v", r.was)
 		}
+	}
+	if g.MaxOutputRatio != 0 && g.MaxOutputRatio < 1 {
+		v.fail(append(slices.Clone(gb), "maxOutputRatio"), "must be at least 1, got %v", g.MaxOutputRatio)
 	}
 	if g.Confidence != 0 && (g.Confidence < 0.5 || g.Confidence > 0.9999) {
 		v.fail(append(slices.Clone(gb), "confidence"), "must be between 0.5 and 0.9999, got %v", g.Confidence)

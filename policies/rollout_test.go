@@ -53,8 +53,8 @@ spec:
 		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || g.Confidence != DefaultRolloutConfidence {
 		t.Errorf("gates %+v", g)
 	}
-	// The error budget, 1 %, split over four gates, two steps and the shadow phase.
-	if a := plan.GateAlpha(); math.Abs(a-0.01/12) > 1e-12 {
+	// The error budget, 1 %, split over five gates, two steps and the shadow phase.
+	if a := plan.GateAlpha(); math.Abs(a-0.01/15) > 1e-12 {
 		t.Errorf("gate alpha %v", a)
 	}
 	wantShadow := ShadowPlan{Share: 0.05, MaxConcurrent: 8, MaxPerSecond: 10, MinDuration: DefaultRolloutStepDuration, MinRequests: DefaultRolloutStepRequests}

@@ -39,6 +39,8 @@ type Figures struct {
 	GoodputRatio, ErrorRateIncrease float64
 	TTFTRatio, TPOTRatio            float64
 	TTFTP95Ratio, TPOTP95Ratio      float64
+	// OutputRatio is the medians' ratio of output tokens.
+	OutputRatio float64
 	// Evidence is each gate's log mixture likelihood ratio over its rejection threshold, log(1/α): a gate
 	// fails at 1 (see stats.go), keyed goodput, errors, ttft, tpot.
 	Evidence map[string]float64 `json:",omitempty"`
@@ -59,7 +61,8 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 	f := Figures{CandidateRequests: candidate.Requests, BaselineRequests: baseline.Requests,
 		ErrorRateIncrease: candidate.ErrorRate() - baseline.ErrorRate(),
 		TTFTRatio:         quantileRatio(candidate.TTFT, baseline.TTFT, 0.5), TPOTRatio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.5),
-		TTFTP95Ratio: quantileRatio(candidate.TTFT, baseline.TTFT, 0.95), TPOTP95Ratio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.95)}
+		TTFTP95Ratio: quantileRatio(candidate.TTFT, baseline.TTFT, 0.95), TPOTP95Ratio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.95),
+		OutputRatio: quantileRatio(candidate.Output, baseline.Output, 0.5)}
 	if baseline.GoodRatio() > 0 {
 		f.GoodputRatio = candidate.GoodRatio() / baseline.GoodRatio()
 	}
@@ -92,11 +95,26 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 			func() string {
 				return fmt.Sprintf("TPOT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TPOTRatio, f.TPOTP95Ratio, g.MaxTPOTRatio)
 			}},
+		// Output length is two-sided: longer or shorter, each with half the gate's share.
+		{"output", latencyShift(candidate.Output, baseline.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+			func() string {
+				return fmt.Sprintf("output ×%.2f the baseline's length at the median: more than ×%.2f", f.OutputRatio, g.MaxOutputRatio)
+			}},
+		{"output", latencyShift(baseline.Output, candidate.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+			func() string {
+				return fmt.Sprintf("output ×%.2f the baseline's length at the median: less than ×%.2f", f.OutputRatio, 1/g.MaxOutputRatio)
+			}},
 	}
 	v.Figures.Evidence = map[string]float64{}
 	for _, gate := range gates {
-		e := logMixtureLR(gate.est, gate.tau) / threshold
-		v.Figures.Evidence[gate.name] = max(e, -1) // a clearly healthy gate reads below 0; −∞ says nothing more
+		th := threshold
+		if gate.name == "output" {
+			th = math.Log(2 / alpha) // each side of the two-sided gate
+		}
+		e := logMixtureLR(gate.est, gate.tau) / th
+		if prev, ok := v.Figures.Evidence[gate.name]; !ok || e > prev {
+			v.Figures.Evidence[gate.name] = max(e, -1) // a clearly healthy gate reads below 0; −∞ says nothing more
+		}
 		if e >= 1 && v.Result != Fail {
 			v.Result, v.Reason = Fail, fmt.Sprintf("%s (at the gates' %g %% confidence, over the step's %d and %d requests)",
 				gate.why(), 100*g.Confidence, candidate.Requests, baseline.Requests)

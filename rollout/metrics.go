@@ -28,9 +28,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_state",
 			Help: "1 for the rollout's current phase: checking, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
 		Gate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_value",
-			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio."}, []string{"model", "gate"}),
+			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio, output_ratio (medians of output tokens)."}, []string{"model", "gate"}),
 		Evidence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_evidence",
-			Help: "Each gate's evidence that the candidate is worse than its margin, as a fraction of what rolls it back (1): the log mixture likelihood ratio over log(1/alpha); below 0 reads as -1."}, []string{"model", "gate"}),
+			Help: "Each gate's evidence (errors, goodput, ttft, tpot, output) that the candidate is worse than its margin, as a fraction of what rolls it back (1): the log mixture likelihood ratio over log(1/alpha); below 0 reads as -1."}, []string{"model", "gate"}),
 		Requests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_step_requests",
 			Help: "Requests of each arm the gates have sampled in the step so far, as this replica saw them."}, []string{"model", "arm"}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
@@ -72,6 +72,7 @@ func (m *Metrics) verdict(model string, v Verdict) {
 	m.Gate.WithLabelValues(model, "tpot_ratio").Set(f.TPOTRatio)
 	m.Gate.WithLabelValues(model, "ttft_p95_ratio").Set(f.TTFTP95Ratio)
 	m.Gate.WithLabelValues(model, "tpot_p95_ratio").Set(f.TPOTP95Ratio)
+	m.Gate.WithLabelValues(model, "output_ratio").Set(f.OutputRatio)
 	for gate, e := range f.Evidence {
 		m.Evidence.WithLabelValues(model, gate).Set(e)
 	}

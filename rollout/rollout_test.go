@@ -139,7 +139,12 @@ func TestEvaluateGates(t *testing.T) {
 	g, alpha := p.Gates, p.GateAlpha()
 	rng := rand.New(rand.NewPCG(1, 2))
 	arm := func(n, good, errors int, ttftMedian, tpotMedian float64) Arm {
-		return Arm{Requests: n, Good: good, Errors: errors, TTFT: sample(rng, n, ttftMedian, 0.4), TPOT: sample(rng, n, tpotMedian, 0.3)}
+		return Arm{Requests: n, Good: good, Errors: errors, TTFT: sample(rng, n, ttftMedian, 0.4), TPOT: sample(rng, n, tpotMedian, 0.3),
+			Output: sample(rng, n, 150, 0.8)}
+	}
+	withOutput := func(a Arm, median float64) Arm {
+		a.Output = sample(rng, a.Requests, median, 0.8)
+		return a
 	}
 	base := arm(400, 380, 2, 0.2, 0.03)
 	for _, tc := range []struct {
@@ -155,6 +160,9 @@ func TestEvaluateGates(t *testing.T) {
 		{"goodput", arm(400, 300, 2, 0.2, 0.03), Fail, "goodput"},
 		{"slow first token", arm(400, 380, 2, 0.5, 0.03), Fail, "TTFT"},
 		{"slow decode", arm(400, 380, 2, 0.2, 0.06), Fail, "TPOT"},
+		{"outputs 1.5× longer, within the margin", withOutput(arm(400, 380, 2, 0.2, 0.03), 225), Pass, ""},
+		{"rambling outputs", withOutput(arm(400, 380, 2, 0.2, 0.03), 600), Fail, "more than ×2.00"},
+		{"terse outputs", withOutput(arm(400, 380, 2, 0.2, 0.03), 30), Fail, "less than ×0.50"},
 	} {
 		v := Evaluate(g, alpha, tc.cand, base)
 		if v.Result != tc.want || !strings.Contains(v.Reason, tc.in) {

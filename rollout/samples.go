@@ -26,6 +26,8 @@ type Arm struct {
 	// TTFT and TPOT are log seconds of a uniform sample of the requests (TTFT of streamed ones only).
 	TTFT []float64 `json:"ttft,omitempty"`
 	TPOT []float64 `json:"tpot,omitempty"`
+	// Output is the log of the output tokens of a uniform sample of the requests that generated any.
+	Output []float64 `json:"output,omitempty"`
 }
 
 // GoodRatio is the share of requests that met their SLO.
@@ -43,7 +45,7 @@ func ratio(a, b int) float64 {
 
 func (a *Arm) merge(b *Arm) {
 	a.Requests, a.Good, a.Errors = a.Requests+b.Requests, a.Good+b.Good, a.Errors+b.Errors
-	a.TTFT, a.TPOT = append(a.TTFT, b.TTFT...), append(a.TPOT, b.TPOT...)
+	a.TTFT, a.TPOT, a.Output = append(a.TTFT, b.TTFT...), append(a.TPOT, b.TPOT...), append(a.Output, b.Output...)
 }
 
 // referencePoints is how many latency points a stored baseline reference keeps per metric.
@@ -65,11 +67,12 @@ func (a Arm) reference() Arm {
 		}
 		return out
 	}
-	return Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, TTFT: thin(a.TTFT), TPOT: thin(a.TPOT)}
+	return Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, TTFT: thin(a.TTFT), TPOT: thin(a.TPOT), Output: thin(a.Output)}
 }
 
 func (a Arm) equal(b Arm) bool {
-	return a.Requests == b.Requests && a.Good == b.Good && a.Errors == b.Errors && slices.Equal(a.TTFT, b.TTFT) && slices.Equal(a.TPOT, b.TPOT)
+	return a.Requests == b.Requests && a.Good == b.Good && a.Errors == b.Errors && slices.Equal(a.TTFT, b.TTFT) && slices.Equal(a.TPOT, b.TPOT) &&
+		slices.Equal(a.Output, b.Output)
 }
 
 // reservoir keeps a uniform sample of at most maxSamples values (Vitter's algorithm R).
@@ -96,11 +99,12 @@ func (r *reservoir) add(v float64) {
 // classArm is one arm's requests on one hardware class.
 type classArm struct {
 	requests, good, errors int
-	ttft, tpot             reservoir
+	ttft, tpot, output     reservoir
 }
 
 func (c *classArm) arm() Arm {
-	return Arm{Requests: c.requests, Good: c.good, Errors: c.errors, TTFT: slices.Clone(c.ttft.vals), TPOT: slices.Clone(c.tpot.vals)}
+	return Arm{Requests: c.requests, Good: c.good, Errors: c.errors, TTFT: slices.Clone(c.ttft.vals), TPOT: slices.Clone(c.tpot.vals),
+		Output: slices.Clone(c.output.vals)}
 }
 
 // modelSamples are one model's two arms since its step's judging began.
@@ -159,7 +163,8 @@ func (s *Samples) Settled(st director.Settlement) {
 	}
 	c := m.arms[i][st.HardwareClass]
 	if c == nil {
-		c = &classArm{ttft: reservoir{rng: 0x9e3779b97f4a7c15}, tpot: reservoir{rng: 0xbf58476d1ce4e5b9}}
+		c = &classArm{ttft: reservoir{rng: 0x9e3779b97f4a7c15}, tpot: reservoir{rng: 0xbf58476d1ce4e5b9},
+			output: reservoir{rng: 0x94d049bb133111eb}}
 		m.arms[i][st.HardwareClass] = c
 	}
 	c.requests++
@@ -175,6 +180,9 @@ func (s *Samples) Settled(st director.Settlement) {
 	}
 	if st.Timing.TPOT > 0 {
 		c.tpot.add(math.Log(st.Timing.TPOT.Seconds()))
+	}
+	if n := st.Usage.CompletionTokens; n > 0 && st.Outcome == director.OutcomeOK {
+		c.output.add(math.Log(float64(n)))
 	}
 }
 

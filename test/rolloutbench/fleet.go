@@ -8,6 +8,7 @@ import (
 
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/fleetsim"
+	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 )
 
@@ -193,13 +194,18 @@ func (f *fleet) finish(e *engine) {
 		if s.Output() > 1 {
 			tpot = (f.l.now - r.first) / time.Duration(s.Output()-1)
 		}
-		f.emit(r, director.OutcomeOK, ttft, tpot)
+		f.emitTokens(r, director.OutcomeOK, ttft, tpot, s.Output())
 	}
 	f.kick(e)
 }
 
 // emit settles a request as the gateway would observe it.
 func (f *fleet) emit(r *request, outcome string, ttft, tpot time.Duration) {
+	f.emitTokens(r, outcome, ttft, tpot, 0)
+}
+
+// emitTokens settles a request that generated output tokens.
+func (f *fleet) emitTokens(r *request, outcome string, ttft, tpot time.Duration, output int) {
 	if r.arm == picker.ArmCandidate && f.fault.ttft > 0 {
 		ttft = time.Duration(float64(ttft) * f.fault.ttft)
 	}
@@ -208,5 +214,6 @@ func (f *fleet) emit(r *request, outcome string, ttft, tpot time.Duration) {
 	}
 	good := outcome == director.OutcomeOK && ttft <= f.ttftSLO && tpot <= f.tpotSLO
 	f.settle(director.Settlement{Routed: true, Model: model, Arm: r.arm, Good: good, Outcome: outcome, HardwareClass: "h100",
-		Started: epoch.Add(r.arrived), Timing: director.Timing{TTFT: ttft, TPOT: tpot, Chunked: ttft > 0}})
+		Started: epoch.Add(r.arrived), Timing: director.Timing{TTFT: ttft, TPOT: tpot, Chunked: ttft > 0},
+		Usage: openai.Usage{CompletionTokens: int64(output)}})
 }

@@ -37,7 +37,7 @@ func main() {
 		os.Exit(1)
 	}
 	defer os.RemoveAll(dir)
-	fmt.Printf("Rollouts through rollout.Controller with its default gates (confidence 0.99, latency ratios 1.2, error increase 0.01, goodput ratio 0.95, 50 requests an arm, 30 s warm-up); steps 10/30/50/100 %% of %d replicas, 2 simulated minutes and 200 candidate requests each; 55-75 requests/s.\n\n", replicas)
+	fmt.Printf("Rollouts through rollout.Controller with its default gates (confidence 0.99, latency ratios 1.2, output ratio 2, error increase 0.01, goodput ratio 0.95, 50 requests an arm, 30 s warm-up); steps 10/30/50/100 %% of %d replicas, 2 simulated minutes and 200 candidate requests each; 55-75 requests/s.\n\n", replicas)
 	fmt.Println("| candidate | runs | rolled back | candidate requests to rollback: median (p10-p90) | simulated time to rollback: median | rollback reasons |")
 	fmt.Println("|---|---|---|---|---|---|")
 	var rows []row
