@@ -92,6 +92,7 @@ var requiredAlerts = map[string][]string{
 	"AuditLinesDropped":       {"warning"},
 	"RolloutRolledBack":       {"warning"},
 	"RolloutStalled":          {"warning"},
+	"RolloutShadowDiverging":  {"warning"},
 	"AdmissionShedding":       {"warning"},
 }
 
