@@ -87,20 +87,20 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 			func() string {
 				return fmt.Sprintf("goodput %.3f against the baseline's %.3f: below ×%.2f", candidate.GoodRatio(), baseline.GoodRatio(), g.MinGoodputRatio)
 			}},
-		{"ttft", latencyShift(candidate.TTFT, baseline.TTFT, g.MaxTTFTRatio, g.MinRequests), tauLatency,
+		{"ttft", ratioShift(candidate.TTFT, baseline.TTFT, g.MaxTTFTRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("TTFT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TTFTRatio, f.TTFTP95Ratio, g.MaxTTFTRatio)
 			}},
-		{"tpot", latencyShift(candidate.TPOT, baseline.TPOT, g.MaxTPOTRatio, g.MinRequests), tauLatency,
+		{"tpot", ratioShift(candidate.TPOT, baseline.TPOT, g.MaxTPOTRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("TPOT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TPOTRatio, f.TPOTP95Ratio, g.MaxTPOTRatio)
 			}},
 		// Output length is two-sided: longer or shorter, each with half the gate's share.
-		{"output", latencyShift(candidate.Output, baseline.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+		{"output", ratioShift(candidate.Output, baseline.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("output ×%.2f the baseline's length at the median: more than ×%.2f", f.OutputRatio, g.MaxOutputRatio)
 			}},
-		{"output", latencyShift(baseline.Output, candidate.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+		{"output", ratioShift(baseline.Output, candidate.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("output ×%.2f the baseline's length at the median: less than ×%.2f", f.OutputRatio, 1/g.MaxOutputRatio)
 			}},
@@ -123,9 +123,10 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 	return v
 }
 
-// latencyShift estimates whether the candidate's latencies exceed r times the baseline's; with fewer than
-// minSamples on either arm (a model that never streams has no TTFT) the gate has nothing to say.
-func latencyShift(candidate, baseline []float64, r float64, minSamples int) Estimate {
+// ratioShift estimates whether the candidate's values (log latencies, log output tokens) exceed r times the
+// baseline's; with fewer than minSamples on either arm (a model that never streams has no TTFT) the gate has
+// nothing to say.
+func ratioShift(candidate, baseline []float64, r float64, minSamples int) Estimate {
 	if len(candidate) < max(minSamples, 2) || len(baseline) < max(minSamples, 2) {
 		return Estimate{}
 	}

@@ -416,39 +416,24 @@ func TestRulesAreTheShippedOnes(t *testing.T) {
 	}
 }
 
-// objects is every rendered object's metadata.
+// objects is every rendered object's metadata (the kinds the default values render, and Redis's claim).
 func (r rendered) objects() []metav1.Object {
 	var out []metav1.Object
-	add := func(o metav1.Object) { out = append(out, o) }
-	for _, o := range r.deployments {
-		add(o)
-	}
-	for _, o := range r.services {
-		add(o)
-	}
-	for _, o := range r.configMaps {
-		add(o)
-	}
-	for _, o := range r.secrets {
-		add(o)
-	}
-	for _, o := range r.serviceAccounts {
-		add(o)
-	}
-	for _, o := range r.pdbs {
-		add(o)
-	}
-	for _, o := range r.roles {
-		add(o)
-	}
-	for _, o := range r.bindings {
-		add(o)
-	}
-	for _, o := range r.netpols {
-		add(o)
-	}
-	for _, o := range r.claims {
-		add(o)
+	out = appendObjects(out, r.deployments)
+	out = appendObjects(out, r.services)
+	out = appendObjects(out, r.configMaps)
+	out = appendObjects(out, r.secrets)
+	out = appendObjects(out, r.serviceAccounts)
+	out = appendObjects(out, r.pdbs)
+	out = appendObjects(out, r.roles)
+	out = appendObjects(out, r.bindings)
+	out = appendObjects(out, r.netpols)
+	return appendObjects(out, r.claims)
+}
+
+func appendObjects[T metav1.Object](out []metav1.Object, objs []T) []metav1.Object {
+	for _, o := range objs {
+		out = append(out, o)
 	}
 	return out
 }

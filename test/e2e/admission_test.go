@@ -8,15 +8,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
-	"github.com/infergate/infergate/deploy/observability"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 	"github.com/infergate/infergate/test/loadgen"
@@ -271,33 +267,14 @@ func TestAdmissionSeriesAreExported(t *testing.T) {
 	if status := <-done; status != http.StatusOK {
 		t.Fatalf("the queued request got %d", status)
 	}
-	dash, err := observability.DashboardSeries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := observability.RuleSeries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	for _, name := range append(dash, rules...) {
-		if admissionSeries(name) && !slices.Contains(want, name) {
-			want = append(want, name)
-		}
-	}
+	want := queriedSeries(t, admissionSeries)
 	if len(want) < 4 {
 		t.Fatalf("the dashboard and rules read %d admission series: %v", len(want), want)
 	}
 	var missing []string
 	if !wait.Until(10*time.Second, func() bool {
 		missing = missing[:0]
-		live := map[string]bool{}
-		for name, f := range scrape(t, st.MetricsURL) {
-			live[name] = true
-			if f.GetType() == dto.MetricType_HISTOGRAM {
-				live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
-			}
-		}
+		live := liveSeries(t, st.MetricsURL)
 		for _, name := range want {
 			if !live[name] {
 				missing = append(missing, name)

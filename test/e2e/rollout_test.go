@@ -396,27 +396,14 @@ func TestRolloutSeriesAnswerTheDashboard(t *testing.T) {
 	st := rolloutStack(t, ctx, nil, time.Hour)
 	load := startLoad([]string{st.URL}, 4)
 	defer load.end(t)
-	dash, err := observability.DashboardSeries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := observability.RuleSeries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	for _, name := range append(dash, rules...) {
-		if rolloutSeries(name) && !slices.Contains(want, name) {
-			want = append(want, name)
-		}
-	}
+	want := queriedSeries(t, rolloutSeries)
 	if len(want) < 5 {
 		t.Fatalf("the dashboard and rules read %d rollout series: %v", len(want), want)
 	}
 	wait.For(t, "every rollout series the dashboard and rules read", func() bool {
-		live := scrape(t, st.MetricsURL)
+		live := liveSeries(t, st.MetricsURL)
 		for _, name := range want {
-			if live[name] == nil {
+			if !live[name] {
 				return false
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -219,13 +220,7 @@ func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
 	// The request's series appear as its settlement's observers run, which may be after the client has read the
 	// whole stream, and the engine gauges with a scrape: wait for every one, then name those still missing.
 	missing := func() []string {
-		live := map[string]bool{}
-		for name, f := range scrape(t, st.MetricsURL) {
-			live[name] = true
-			if f.GetType() == dto.MetricType_HISTOGRAM {
-				live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
-			}
-		}
+		live := liveSeries(t, st.MetricsURL)
 		var out []string
 		for _, list := range [][]string{dash, rules} {
 			for _, name := range list {
@@ -310,4 +305,37 @@ func TestModelsGetThroughGateway(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Errorf("initech's Models.Get(%s) = %v, want 404", llama, err)
 	}
+}
+
+// liveSeries names every series the gateway at url exports now, a histogram's _bucket, _sum and _count too.
+func liveSeries(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	live := map[string]bool{}
+	for name, f := range scrape(t, url) {
+		live[name] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			live[name+"_bucket"], live[name+"_sum"], live[name+"_count"] = true, true, true
+		}
+	}
+	return live
+}
+
+// queriedSeries is every series the shipped dashboard and rules read that keep selects, once each.
+func queriedSeries(t *testing.T, keep func(string) bool) []string {
+	t.Helper()
+	dash, err := observability.DashboardSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := observability.RuleSeries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, name := range append(dash, rules...) {
+		if keep(name) && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
