@@ -224,9 +224,10 @@ func (c chunk) content() bool {
 	return false
 }
 
+// take keeps a chunk's usage; a negative count (from a broken engine) reads as 0.
 func (a *answer) take(c chunk) {
 	if c.Usage != nil {
-		a.usage, a.reported = openai.Usage{PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens}, true
+		a.usage, a.reported = openai.Usage{PromptTokens: max(0, c.Usage.PromptTokens), CompletionTokens: max(0, c.Usage.CompletionTokens)}, true
 	}
 }
 
