@@ -203,6 +203,8 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	s.send(respBody(append(sseEvent("ok"), usageAndDone...), true))
 	s.recv()
 	st := h.settlement()
+	// The span ends just after the settlement, once the last answer is sent; the stream closes after that.
+	s.expectClosed()
 	if st.TraceID != clientTrace {
 		t.Errorf("settlement trace id %q", st.TraceID)
 	}
