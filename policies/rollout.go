@@ -26,6 +26,9 @@ type Rollout struct {
 	// sample of the baseline's requests is also sent to it, its answers measured and thrown away (never
 	// returned, never charged), and the gates judge them against the baseline's.
 	Shadow *RolloutShadow `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+	// Eval, when set, is a golden set both arms answer after the compatibility gate and before any traffic
+	// (or copy) reaches the candidate: the rollout goes on only if the candidate does about as well.
+	Eval *RolloutEval `yaml:"eval,omitempty" json:"eval,omitempty"`
 }
 
 // RolloutShadow bounds the copies a shadow phase sends, so that it never costs the baseline's clients anything:
@@ -147,7 +150,9 @@ type RolloutPlan struct {
 	Gates           RolloutGates // defaults applied (MinRequests too)
 	Compatibility   RolloutCompatibility
 	// Shadow is the shadow phase before the first step; nil without one.
-	Shadow  *ShadowPlan
+	Shadow *ShadowPlan
+	// Eval is the eval gate; nil without one.
+	Eval    *EvalPlan
 	testers []string
 }
 
@@ -232,6 +237,7 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 				plan.Shadow.MinRequests = DefaultRolloutStepRequests
 			}
 		}
+		plan.Eval = compileEval(r.Eval)
 		for _, st := range r.Steps {
 			n := st.MinRequests
 			if n == 0 {
@@ -297,6 +303,7 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.positiveDuration(append(slices.Clone(sb), "minDuration"), sh.MinDuration)
 	}
 	v.rolloutGates(&r.Gates, append(slices.Clone(rb), "gates"))
+	v.eval(r.Eval, rb)
 	tenants := map[string]bool{}
 	for _, t := range s.Tenants {
 		tenants[t.Name] = true

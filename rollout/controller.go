@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -38,9 +39,12 @@ type Options struct {
 	// Engines, when set, must report fresh metrics for the candidate's endpoints before the first step.
 	Engines EngineView
 	// Client asks engines for their /v1/models (default: a 2 s timeout).
-	Client  *http.Client
-	Metrics *Metrics
-	Logger  *slog.Logger
+	Client *http.Client
+	// EvalClient asks both arms the eval gate's golden set and calls its webhooks (default: no timeout of its
+	// own; the policy's eval timeout bounds each call).
+	EvalClient *http.Client
+	Metrics    *Metrics
+	Logger     *slog.Logger
 	// Now is the clock of steps and windows (default time.Now).
 	Now func() time.Time
 }
@@ -69,6 +73,11 @@ type Controller struct {
 	since map[string]time.Time
 	// failed holds a failed gate's reason until the rollback is saved: the share is 0 meanwhile.
 	failed map[string]string
+	// id names this replica in the eval gate's lease (State.EvalBy); evals are its runs, evalReports each
+	// model's last finished one.
+	id          string
+	evals       evalJobs
+	evalReports map[string]EvalReport
 }
 
 // Status is one model's rollout as this replica last read it, for the CLI.
@@ -83,6 +92,8 @@ type Status struct {
 	Shared bool `json:"shared"`
 	// Gates is this replica's last evaluation (while progressing or paused; kept after a rollback).
 	Gates *GateStatus `json:"gates,omitempty"`
+	// Eval is the eval gate's last run on this replica, if it ran one.
+	Eval *EvalReport `json:"eval,omitempty"`
 }
 
 // GateStatus is a verdict as the CLI shows it.
@@ -100,6 +111,9 @@ func New(o Options) *Controller {
 	if o.Client == nil {
 		o.Client = &http.Client{Timeout: 2 * time.Second}
 	}
+	if o.EvalClient == nil {
+		o.EvalClient = &http.Client{}
+	}
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
@@ -111,7 +125,8 @@ func New(o Options) *Controller {
 	}
 	c := &Controller{opts: o, check: checker{engines: o.Engines, client: o.Client},
 		pending: map[string]int{}, status: map[string]Status{}, gates: map[string]*GateStatus{}, baseline: map[string]Arm{},
-		since: map[string]time.Time{}, failed: map[string]string{}, samples: NewSamples()}
+		since: map[string]time.Time{}, failed: map[string]string{}, samples: NewSamples(),
+		id: fmt.Sprintf("%016x", newArmSeed()), evals: evalJobs{}, evalReports: map[string]EvalReport{}}
 	c.shares.Store(&map[string]float64{})
 	c.seeds.Store(&map[string]uint64{})
 	c.shadows.Store(&map[string]float64{})
@@ -181,6 +196,8 @@ func (c *Controller) Tick(ctx context.Context) {
 			delete(c.baseline, model)
 			delete(c.since, model)
 			delete(c.failed, model)
+			delete(c.evalReports, model)
+			c.evals.drop(model)
 			c.samples.reset(model)
 			c.opts.Metrics.forget(model)
 		}
@@ -217,16 +234,21 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 	case Checking:
 		if err := c.check.check(ctx, plan); err != nil {
 			next.Reason = "compatibility gate: " + err.Error()
+		} else if plan.Eval != nil {
+			next = State{Plan: st.Plan, Phase: Evaluating, StepStarted: now, ArmSeed: st.ArmSeed,
+				Reason: "the compatibility gate passed: the eval gate runs next"}
 		} else {
-			next = State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: "the compatibility gate passed", ArmSeed: st.ArmSeed}
-			if plan.Shadow != nil {
-				next.Phase, next.Reason = Shadowing, "the compatibility gate passed: shadowing"
-			}
+			next = enterTraffic(plan, st, now, "the compatibility gate passed")
 		}
+	case Evaluating:
+		next = c.evaluating(plan, st, now)
 	case Shadowing, Progressing, Paused:
 		next, verdict = c.judge(plan, st, now)
 	default:
 		delete(c.failed, model)
+	}
+	if st.Phase != Evaluating {
+		c.evals.drop(model) // an operator moved the rollout on
 	}
 	if next.ArmSeed == 0 {
 		next.ArmSeed = newArmSeed() // a state saved before arms were keyed
@@ -250,9 +272,10 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 			return st, true
 		}
 		delete(c.failed, model)
-		if st.Phase == Checking && (next.Phase == Progressing || next.Phase == Shadowing) {
+		if (st.Phase == Checking || st.Phase == Evaluating) && (next.Phase == Progressing || next.Phase == Shadowing) {
 			c.newRun(model, next.Since)
 		}
+		c.followEval(plan, next)
 		if next.Phase == Progressing || next.Phase == Shadowing {
 			c.samples.judgeFrom(model, judgingStart(plan, next)) // the requests until the next tick count
 		}
@@ -261,6 +284,15 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 	}
 	c.remember(plan, st, verdict)
 	return st, true
+}
+
+// enterTraffic is the state in which the candidate first takes traffic, or shadow copies, now.
+func enterTraffic(plan *policies.RolloutPlan, st State, now time.Time, reason string) State {
+	next := State{Plan: st.Plan, Phase: Progressing, StepStarted: now, Since: now, Reason: reason, ArmSeed: st.ArmSeed}
+	if plan.Shadow != nil {
+		next.Phase, next.Reason = Shadowing, reason+": shadowing"
+	}
+	return next
 }
 
 // judge tests a progressing or paused rollout's gates on this replica's samples of the current step and
@@ -409,6 +441,9 @@ func (c *Controller) remember(plan *policies.RolloutPlan, st State, v *Verdict) 
 		c.gates[plan.Model.Name] = &GateStatus{Result: v.Result.String(), Reason: v.Reason, Figures: v.Figures}
 	}
 	s.Gates = c.gates[plan.Model.Name]
+	if r, ok := c.evalReports[plan.Model.Name]; ok {
+		s.Eval = &r
+	}
 	c.status[plan.Model.Name] = s
 	c.opts.Metrics.state(plan.Model.Name, st, s.Share)
 }

@@ -14,6 +14,8 @@ type Metrics struct {
 	Evidence    *prometheus.GaugeVec
 	Requests    *prometheus.GaugeVec
 	Transitions *prometheus.CounterVec
+	// EvalPassRate is each arm's pass rate in the eval gate's last run on this replica.
+	EvalPassRate *prometheus.GaugeVec
 	// Forged counts shared states that did not open with the message key (SealedStore).
 	Forged prometheus.Counter
 }
@@ -26,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Share: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_candidate_share",
 			Help: "The candidate's share of the model's conversation groups, 0 to 1."}, []string{"model"}),
 		Phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_state",
-			Help: "1 for the rollout's current phase: checking, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
+			Help: "1 for the rollout's current phase: checking, evaluating, shadowing, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
 		Gate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_value",
 			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio, output_ratio (medians of output tokens)."}, []string{"model", "gate"}),
 		Evidence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_evidence",
@@ -35,16 +37,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests of each arm the gates have sampled in the step so far, as this replica saw them."}, []string{"model", "arm"}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
 			Help: "Rollout transitions this replica made, by the phase entered."}, []string{"model", "phase"}),
+		EvalPassRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_eval_pass_rate",
+			Help: "Each arm's pass rate over the eval gate's golden set, 0 to 1, in its last run on this replica (the replica that ran it)."}, []string{"model", "arm"}),
 		Forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_rollout_state_forged_total",
 			Help: "Rollout states read from Redis that did not open with the message key (unsigned or forged): each is read as none and replaced."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests, m.Transitions, m.Forged)
+		reg.MustRegister(m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests, m.Transitions, m.EvalPassRate, m.Forged)
 	}
 	return m
 }
 
-var phases = []Phase{Checking, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted}
+var phases = []Phase{Checking, Evaluating, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted}
 
 // state records a model's state as read.
 func (m *Metrics) state(model string, s State, share float64) {
@@ -80,9 +84,15 @@ func (m *Metrics) verdict(model string, v Verdict) {
 	m.Requests.WithLabelValues(model, "baseline").Set(float64(f.BaselineRequests))
 }
 
+// eval records an eval gate's run.
+func (m *Metrics) eval(model string, r EvalReport) {
+	m.EvalPassRate.WithLabelValues(model, "candidate").Set(r.Candidate)
+	m.EvalPassRate.WithLabelValues(model, "baseline").Set(r.Baseline)
+}
+
 // forget drops the series of a model whose rollout left the policy.
 func (m *Metrics) forget(model string) {
-	for _, v := range []*prometheus.GaugeVec{m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests} {
+	for _, v := range []*prometheus.GaugeVec{m.Step, m.Share, m.Phase, m.Gate, m.Evidence, m.Requests, m.EvalPassRate} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
 }

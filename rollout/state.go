@@ -17,6 +17,9 @@ type Phase string
 const (
 	// Checking: the compatibility gate has not passed yet; no traffic reaches the candidate.
 	Checking Phase = "checking"
+	// Evaluating: the compatibility gate passed; one replica runs the eval gate's golden set against both arms
+	// (the plan's eval gate). No traffic reaches the candidate.
+	Evaluating Phase = "evaluating"
 	// Shadowing: no client request reaches the candidate; copies of a sample of the baseline's do, and the
 	// gates judge the candidate's answers (the plan's shadow phase).
 	Shadowing Phase = "shadowing"
@@ -55,13 +58,17 @@ type State struct {
 	// ArmSeed keys the hash that puts a conversation in an arm (picker.Split.Seed): drawn at random when the
 	// rollout begins, the same on every replica, never shown to clients.
 	ArmSeed uint64 `json:"armSeed,omitempty"`
+	// EvalBy is the replica running the eval gate, until EvalUntil (its lease: past it, another replica may run
+	// the gate). With EvalBy empty, EvalUntil is when an inconclusive run is tried again.
+	EvalBy    string    `json:"evalBy,omitempty"`
+	EvalUntil time.Time `json:"evalUntil,omitzero"`
 }
 
 // valid says whether a stored state can be in force for a plan (a corrupt document, or one of another number of
 // steps, is not).
 func (s State) valid(plan *policies.RolloutPlan) bool {
 	switch s.Phase {
-	case Checking, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted:
+	case Checking, Evaluating, Shadowing, Progressing, Paused, Promoted, RolledBack, Aborted:
 	default:
 		return false
 	}
@@ -153,6 +160,7 @@ func (s State) Apply(c Command, now time.Time) (State, bool) {
 		// The candidate was changed (or is tried again): it passes the compatibility gate again, then starts
 		// from the first step.
 		s.Phase, s.Step, s.StepStarted, s.StepRequests, s.Reason = Checking, 0, now, 0, "restarted by an operator"
+		s.EvalBy, s.EvalUntil = "", time.Time{}
 	case c == Abort && s.Phase != Aborted && s.Phase != Promoted:
 		s.Phase, s.Reason = Aborted, "aborted by an operator"
 	case c == Promote && s.Phase != Promoted:
@@ -178,6 +186,9 @@ func Fingerprint(plan *policies.RolloutPlan) string {
 	}
 	if plan.Shadow != nil {
 		b.WriteString("shadow;") // adding or dropping a shadow phase is another rollout
+	}
+	if plan.Eval != nil {
+		b.WriteString("eval;") // so is adding or dropping an eval gate (not editing its cases)
 	}
 	return fmt.Sprintf("%016x", xxh3.HashString(b.String()))
 }

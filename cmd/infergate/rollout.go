@@ -199,5 +199,8 @@ func printStatuses(w io.Writer, list []rollout.Status) {
 			}
 			fmt.Fprintln(w)
 		}
+		if e := s.Eval; e != nil {
+			fmt.Fprintf(w, "%s eval gate (its last run on this replica): %s\n", s.Model, e)
+		}
 	}
 }

@@ -170,3 +170,14 @@ func TestAdminOverMutualTLS(t *testing.T) {
 		t.Fatalf("another client's certificate: exit %d %s", code, errOut)
 	}
 }
+
+// The status shows the eval gate's last run with its cases and rates.
+func TestPrintStatusesShowsTheEvalGate(t *testing.T) {
+	var b strings.Builder
+	printStatuses(&b, []rollout.Status{{Model: "chat-8b", Candidate: "chat-v2", State: rollout.State{Phase: rollout.RolledBack, Reason: "eval gate"},
+		Eval: &rollout.EvalReport{Cases: 3, Candidate: 2.0 / 3, Baseline: 1, Margin: 0.05, Regressed: []string{"capital"}}}})
+	want := "chat-8b eval gate (its last run on this replica): candidate passed 66.7% of 3 cases, the baseline 100.0% (margin 5.0 points); worse on capital\n"
+	if !strings.Contains(b.String(), want) || !strings.Contains(b.String(), "rolled_back") {
+		t.Fatalf("status:\n%s\nwant the line %q", b.String(), want)
+	}
+}
