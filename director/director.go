@@ -168,7 +168,12 @@ type Route struct {
 	inFlight  inFlight
 	settled   bool
 	split     picker.Split
+	pair      bool // a shadow copy was sent for pairing: the answer's text goes to Shadows.Answered
 }
+
+// PairsAnswer says the protocol stage should keep the answer's generated text (up to MaxPairedAnswer) for
+// Outcome.AnswerText: the request's shadow copy is judged against it.
+func (r *Route) PairsAnswer() bool { return r != nil && r.pair }
 
 // Settled says the route's request has been settled: Settle accounts for a request once, and the protocol
 // stage asks here rather than keeping a flag of its own.

@@ -3,6 +3,7 @@ package director
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -86,13 +87,18 @@ func (shadowing) ShadowShare(string) float64 { return 1 }
 
 // copies records what the director hands the shadow sender; built holds each copy's body, built as Send would.
 type copies struct {
-	all   []ShadowCopy
-	built []string
+	all      []ShadowCopy
+	built    []string
+	answered []string
 }
 
 func (c *copies) Send(cp ShadowCopy) bool {
 	c.all, c.built = append(c.all, cp), append(c.built, string(cp.Body()))
 	return true
+}
+
+func (c *copies) Answered(id string, ok bool, text []byte) {
+	c.answered = append(c.answered, fmt.Sprintf("%s %v %s", id, ok, text))
 }
 
 // In the shadow phase a baseline request still goes to the baseline, and a copy of it, asking for the

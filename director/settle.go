@@ -34,9 +34,11 @@ type Settlement struct {
 	Outcome  string // the class: one of the Outcome* constants
 	Usage    openai.Usage
 	Reported bool // Usage came from the engine rather than an estimate
-	CostUSD  float64
-	Started  time.Time
-	Timing   Timing
+	// FinishReason is why the engine stopped generating (openai.Finish*), "" when the gateway did not see it.
+	FinishReason string
+	CostUSD      float64
+	Started      time.Time
+	Timing       Timing
 	// Targets is the SLO the request was judged against; Good says whether it met it.
 	Targets policies.Targets
 	Good    bool
@@ -103,6 +105,10 @@ type Outcome struct {
 	// text's bytes of a JSON body that reported no usage.
 	BodySeen        bool
 	OutputTextBytes int64
+	// FinishReason is the answer's finish reason (openai.Finish*), "" when none was seen.
+	FinishReason string
+	// AnswerText is the generated text, kept only when the route PairsAnswer (at most MaxPairedAnswer bytes).
+	AnswerText []byte
 	// Served is the endpoint Envoy reports it sent the request to ("" when it did not say).
 	Served string
 	// FirstContent and LastContent are when the first and last chunks carrying generated content passed (zero
@@ -148,7 +154,7 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	st := rt.settlement()
 	st.Routed, st.Endpoint, st.Status, st.Result = true, endpoint, o.Status, result
 	st.Outcome = outcomeOf(o)
-	st.Usage, st.Reported, st.CostUSD = usage, o.Reported, cost
+	st.Usage, st.Reported, st.CostUSD, st.FinishReason = usage, o.Reported, cost, o.FinishReason
 	st.Timing = timingOf(rt, o, usage)
 	st.Good = good(st)
 	if !rt.placed.IsZero() && st.Outcome == OutcomeOK && o.Chunked && !o.FirstContent.IsZero() && rt.Decision.Fallback == nil {
@@ -157,6 +163,9 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 		d.starts.observe(model.Name, o.FirstContent.Sub(rt.placed))
 	}
 	st.PromptDigest, st.OutputDigest, st.DigestKey, st.TraceID = o.PromptDigest, o.OutputDigest, o.DigestKey, o.TraceID
+	if rt.pair && d.opts.Shadows != nil {
+		d.opts.Shadows.Answered(rt.requestID, st.Outcome == OutcomeOK, o.AnswerText)
+	}
 	if est := rt.Decision.EstimatedPromptTokens; est > 0 {
 		st.PrefixShare = min(1, float64(rt.Decision.ExpectedCachedTokens)/float64(est))
 	}

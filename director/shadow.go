@@ -15,11 +15,31 @@ type Shadows interface {
 	// Send starts a copy unless that would exceed the phase's bounds; it never waits, so the client whose
 	// request is copied is not delayed. false: not sent.
 	Send(c ShadowCopy) bool
+	// Answered hands over the baseline's answer to a request whose copy was sent for pairing (ShadowCopy.Pair):
+	// its generated text (bounded by MaxPairedAnswer), and whether it ended well. It never waits.
+	Answered(requestID string, ok bool, text []byte)
+}
+
+// MaxPairedAnswer bounds the text kept of each side of a shadow pair.
+const MaxPairedAnswer = 32 << 10
+
+// ShadowPair is a copied request's two answers, the baseline's to the client and the candidate's to the copy,
+// for the rollout's judge (policies.EvalShadowPairs).
+type ShadowPair struct {
+	Model, RequestID string
+	// Request is the copy's body, as the candidate was asked.
+	Request             []byte
+	Baseline, Candidate []byte
 }
 
 // ShadowCopy is one request's copy for the candidate: its body as the candidate is asked for it, where it may
 // go, and what the original is judged against, so that the copy's settlement compares with the original's.
 type ShadowCopy struct {
+	// RequestID is the baseline request's, so that the copy's audit line and span name what it copied.
+	RequestID string
+	// Pair says the rollout judges pairs of answers (policies.EvalShadowPairs): the copy's answer text is kept,
+	// and the baseline's comes through Shadows.Answered.
+	Pair        bool
 	Model, Tier string
 	Plan        *policies.ShadowPlan
 	Endpoint    openai.Endpoint
@@ -52,7 +72,7 @@ func (d *Director) shadow(req *Request, rt *Route, sp *picker.Split) {
 	if plan.Candidate != nil {
 		pools = []*policies.Pool{plan.Candidate}
 	}
-	c := ShadowCopy{Model: plan.Model.Name, Tier: policies.TierOf(req.Tenant), Plan: plan.Shadow, Endpoint: req.Endpoint,
+	c := ShadowCopy{RequestID: req.RequestID, Model: plan.Model.Name, Tier: policies.TierOf(req.Tenant), Plan: plan.Shadow, Endpoint: req.Endpoint,
 		Stream: req.Body.Stream, Targets: rt.targets}
 	for _, p := range pools {
 		c.Endpoints = append(c.Endpoints, p.Endpoints...)
@@ -69,5 +89,8 @@ func (d *Director) shadow(req *Request, rt *Route, sp *picker.Split) {
 	edits := openai.Edits{Model: served, MaxTokens: rt.Edits.MaxTokens, IncludeUsage: req.Body.Stream && !req.Body.IncludeUsage &&
 		(req.Endpoint == openai.EndpointChat || req.Endpoint == openai.EndpointCompletions)}
 	c.Body = func() []byte { return req.Body.Rewrite(nil, edits) }
-	d.opts.Shadows.Send(c)
+	c.Pair = plan.Eval != nil && plan.Eval.ShadowPairs != nil
+	if d.opts.Shadows.Send(c) && c.Pair {
+		rt.pair = true
+	}
 }

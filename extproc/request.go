@@ -92,8 +92,9 @@ type requestState struct {
 	traceparent, tracestate string
 	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
-	output                  hash.Hash // the generated text's digest, with Options.DigestKey
-	promptDigest            string    // the prompt's, taken as the request is routed
+	output                  hash.Hash    // the generated text's digest, with Options.DigestKey
+	answer                  *boundedText // the generated text, kept for a shadow pair (Route.PairsAnswer)
+	promptDigest            string       // the prompt's, taken as the request is routed
 }
 
 func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }

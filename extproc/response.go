@@ -44,6 +44,7 @@ func (rs *requestState) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.P
 			rs.sse.RenameModel = rs.route.RenameModel
 		}
 		rs.startOutputDigest()
+		rs.startAnswerCapture()
 	} else if rename {
 		rs.rename = &openai.ModelRenamer{Name: rs.route.RenameModel}
 	}

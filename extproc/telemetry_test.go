@@ -163,6 +163,12 @@ func spanAttrs(s *tracepb.Span) map[string]string {
 			out[kv.GetKey()] = x.StringValue
 		case *commonpb.AnyValue_IntValue:
 			out[kv.GetKey()] = fmt.Sprint(x.IntValue)
+		case *commonpb.AnyValue_ArrayValue:
+			var vs []string
+			for _, e := range x.ArrayValue.GetValues() {
+				vs = append(vs, e.GetStringValue())
+			}
+			out[kv.GetKey()] = "[" + strings.Join(vs, ",") + "]"
 		default:
 			out[kv.GetKey()] = fmt.Sprint(v.GetValue())
 		}
@@ -200,9 +206,12 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 	}
 	s.send(respHeaders("200", false, "content-type", "text/event-stream"))
 	s.recv()
-	s.send(respBody(append(sseEvent("ok"), usageAndDone...), true))
+	s.send(respBody(append(sseEvent("ok"), "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n"+usageAndDone...), true))
 	s.recv()
 	st := h.settlement()
+	if st.FinishReason != "length" {
+		t.Errorf("settlement finish reason %q, want length", st.FinishReason)
+	}
 	// The span ends just after the settlement, once the last answer is sent; the stream closes after that.
 	s.expectClosed()
 	if st.TraceID != clientTrace {
@@ -241,7 +250,7 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 		"gen_ai.operation.name": "chat", "gen_ai.provider.name": "sglang", "gen_ai.request.model": "qwen2.5-7b", "gen_ai.response.model": "qwen2.5-7b",
 		"gen_ai.usage.input_tokens": "4", "gen_ai.usage.output_tokens": "3",
 		"server.address": "10.0.1.11", "infergate.tenant": "acme", "infergate.pool": "qwen7b-l40s",
-		"infergate.hardware_class": "l40s", "infergate.outcome": "ok",
+		"infergate.hardware_class": "l40s", "infergate.outcome": "ok", "gen_ai.response.finish_reasons": "[length]",
 	} {
 		if attrs[k] != v {
 			t.Errorf("attribute %s = %q, want %q", k, attrs[k], v)

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/hex"
+	"io"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -75,18 +76,53 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 	case rs.sse != nil:
 		o.Usage, o.Reported = rs.sse.Usage()
 		o.ContentEvents = rs.sse.ContentEvents()
+		o.FinishReason = rs.sse.FinishReason()
 	case rs.respBody != nil:
 		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
+		o.FinishReason = openai.FinishReason(rs.respBody)
+		if rs.route.PairsAnswer() && rs.answer == nil {
+			rs.answer = &boundedText{max: director.MaxPairedAnswer}
+			openai.OutputText(rs.respBody, rs.answer)
+		}
 		if !o.Reported {
 			var n byteCounter
 			openai.OutputText(rs.respBody, &n)
 			o.OutputTextBytes = int64(n)
 		}
 	}
+	if rs.answer != nil {
+		o.AnswerText = rs.answer.b
+	}
 	if rs.srv.opts.DigestKey != nil {
 		rs.digests(&o)
 	}
 	return o
+}
+
+// startAnswerCapture keeps a stream's generated text when its request's shadow copy is judged against it.
+func (rs *requestState) startAnswerCapture() {
+	if !rs.route.PairsAnswer() || rs.sse == nil || rs.answer != nil {
+		return
+	}
+	rs.answer = &boundedText{max: director.MaxPairedAnswer}
+	if rs.sse.Text != nil {
+		rs.sse.Text = io.MultiWriter(rs.sse.Text, rs.answer)
+	} else {
+		rs.sse.Text = rs.answer
+	}
+}
+
+// boundedText keeps the first max bytes written to it and drops the rest.
+type boundedText struct {
+	b   []byte
+	max int
+}
+
+func (t *boundedText) Write(p []byte) (int, error) {
+	if room := t.max - len(t.b); room > 0 {
+		t.b = append(t.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
 }
 
 // digestPrompt takes the digest of the prompt field's bytes as the client sent them, while the request still

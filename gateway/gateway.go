@@ -164,7 +164,8 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	}
 	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
-		Shadows:   shadow.New(shadow.Options{Observers: shadowObs, Registry: g.Registry}),
+		Shadows: shadow.New(shadow.Options{Observers: shadowObs, Registry: g.Registry, Tracing: c.Tracing,
+			Pairs: g.Rollouts.ShadowPair}),
 		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Director: dir, Logger: log, Tracing: c.Tracing,
 		DigestKey: digestKey})

@@ -115,6 +115,7 @@ type SSEScanner struct {
 	held     []byte // a usage-only data line waiting for the blank line that makes it droppable
 	midEvent bool   // a line other than a blank one has been seen since the last event ended
 	complete bool   // the stream's terminal event passed
+	finish   string // the first finish reason a choice reported (a constant of finish.go)
 }
 
 // Complete reports whether the stream's terminal event passed: `data: [DONE]` (chat and completions) or a
@@ -269,6 +270,9 @@ func (s *SSEScanner) dataLine(text []byte) (usageOnly bool) {
 		if s.Text != nil {
 			writeChoicesText(s.Text, choices, "delta")
 		}
+		if s.finish == "" {
+			s.finish = choicesFinish(choices)
+		}
 	}
 	obj := doc.Get("usage")
 	if obj == nil || obj.Type() != fastjson.TypeObject {
@@ -293,6 +297,9 @@ func (s *SSEScanner) responsesEvent(doc *fastjson.Value, typ []byte) {
 		}
 	case "response.completed", "response.incomplete", "response.failed":
 		s.complete = true
+		if resp := doc.Get("response"); resp != nil && s.finish == "" {
+			s.finish = responsesFinish(resp)
+		}
 		if obj := doc.Get("response", "usage"); obj != nil && obj.Type() == fastjson.TypeObject {
 			if u, ok := parseUsageObject(obj); ok {
 				s.usage, s.sawUsage = u, true

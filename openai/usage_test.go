@@ -147,6 +147,9 @@ func FuzzSSEScanner(f *testing.F) {
 			if u1 != u2 || ok1 != ok2 {
 				t.Fatalf("drop=%v: usage differs: %+v/%v vs %+v/%v", drop, u1, ok1, u2, ok2)
 			}
+			if whole.FinishReason() != split.FinishReason() || !knownFinish(whole.FinishReason()) {
+				t.Fatalf("drop=%v: finish reason %q whole, %q split", drop, whole.FinishReason(), split.FinishReason())
+			}
 			if !drop && rename == nil && !bytes.Equal(got, data) {
 				t.Fatal("scan mode changed the stream")
 			}
@@ -223,6 +226,9 @@ func FuzzUsageFromJSON(f *testing.F) {
 	f.Add([]byte(`{"usage":` + strings.Repeat("[", 1000)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		OutputText(body, io.Discard) // must not panic on any body
+		if r := FinishReason(body); !knownFinish(r) {
+			t.Fatalf("finish reason %q is not one of the constants", r)
+		}
 		u, ok := UsageFromJSON(body)
 		if !ok && u != (Usage{}) {
 			t.Fatalf("usage %+v reported without ok", u)
@@ -254,4 +260,13 @@ func TestSSEScannerComplete(t *testing.T) {
 			t.Errorf("%q: complete %v, want %v", tc.stream, s.Complete(), tc.want)
 		}
 	}
+}
+
+// knownFinish says whether a recorded finish reason is one of the few the gateway records.
+func knownFinish(r string) bool {
+	switch r {
+	case "", FinishStop, FinishLength, FinishToolCalls, FinishContentFilter, FinishOther:
+		return true
+	}
+	return false
 }

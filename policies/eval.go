@@ -17,13 +17,30 @@ import (
 // rate is at least the baseline's minus Margin; otherwise it is rolled back with no client request served by
 // the candidate.
 type RolloutEval struct {
-	Cases []EvalCase `yaml:"cases" json:"cases" jsonschema:"minItems=1"`
+	// Cases are the golden set (none: no evaluating phase, only ShadowPairs).
+	Cases []EvalCase `yaml:"cases,omitempty" json:"cases,omitempty"`
 	// Margin is how far below the baseline's pass rate the candidate's may be, as a fraction (default 0.05).
 	Margin float64 `yaml:"margin,omitempty" json:"margin,omitempty" jsonschema:"minimum=0,maximum=1"`
 	// Timeout bounds each answer and each webhook call (default "60s").
 	Timeout string `yaml:"timeout,omitempty" json:"timeout,omitempty"`
 	// Concurrency is how many cases run at once, each asking both arms (default 4).
 	Concurrency int `yaml:"concurrency,omitempty" json:"concurrency,omitempty" jsonschema:"minimum=0"`
+	// ShadowPairs, with a shadow phase, has a webhook judge pairs of real answers: for a sample of the copied
+	// requests, the baseline's answer to the client and the candidate's to the copy. The first step needs
+	// MinPairs judged, and the candidate's mean score within Margin of the baseline's.
+	ShadowPairs *EvalShadowPairs `yaml:"shadowPairs,omitempty" json:"shadowPairs,omitempty"`
+}
+
+// EvalShadowPairs is where shadow pairs are judged and how many the shadow phase needs.
+type EvalShadowPairs struct {
+	// Webhook is an http(s) URL, POSTed {"case": "shadow", "request", "baseline", "candidate"} (the request as
+	// the candidate was asked it) and answering {"baseline": s, "candidate": s}, each from 0 to 1. It receives
+	// clients' prompts and answers: it must be a service trusted with them.
+	Webhook string `yaml:"webhook" json:"webhook" jsonschema:"minLength=1"`
+	// MinPairs is how many judged pairs the shadow phase needs before the first step (default 50).
+	MinPairs int `yaml:"minPairs,omitempty" json:"minPairs,omitempty" jsonschema:"minimum=0"`
+	// MaxConcurrent bounds the judge's calls in flight; a pair beyond it is not judged (default 4).
+	MaxConcurrent int `yaml:"maxConcurrent,omitempty" json:"maxConcurrent,omitempty" jsonschema:"minimum=0"`
 }
 
 // EvalCase is one prompt of the golden set and the check its answer must pass: exactly one of exact, regex,
@@ -67,7 +84,15 @@ type EvalPlan struct {
 	Margin      float64
 	Timeout     time.Duration
 	Concurrency int
+	// ShadowPairs is the shadow pairs' judge, defaults applied; nil without one.
+	ShadowPairs *EvalShadowPairs
 }
+
+// Default shadow-pair bounds.
+const (
+	DefaultShadowPairs         = 50
+	DefaultShadowPairsInFlight = 4
+)
 
 // EvalCasePlan is one compiled case.
 type EvalCasePlan struct {
@@ -129,6 +154,16 @@ func compileEval(e *RolloutEval) *EvalPlan {
 		c, _ := compileEvalCase(&e.Cases[i]) // validated: it compiles
 		plan.Cases = append(plan.Cases, c)
 	}
+	if sp := e.ShadowPairs; sp != nil {
+		pairs := *sp
+		if pairs.MinPairs == 0 {
+			pairs.MinPairs = DefaultShadowPairs
+		}
+		if pairs.MaxConcurrent == 0 {
+			pairs.MaxConcurrent = DefaultShadowPairsInFlight
+		}
+		plan.ShadowPairs = &pairs
+	}
 	return plan
 }
 
@@ -178,13 +213,26 @@ func oneLine(err error) string {
 }
 
 // eval validates a rollout's eval gate.
-func (v *validator) eval(e *RolloutEval, rb []seg) {
+func (v *validator) eval(e *RolloutEval, shadow bool, rb []seg) {
 	if e == nil {
 		return
 	}
 	eb := append(slices.Clone(rb), "eval")
-	if len(e.Cases) == 0 || len(e.Cases) > maxEvalCases {
-		v.fail(append(slices.Clone(eb), "cases"), "between 1 and %d cases are required, got %d", maxEvalCases, len(e.Cases))
+	switch {
+	case len(e.Cases) > maxEvalCases:
+		v.fail(append(slices.Clone(eb), "cases"), "at most %d cases, got %d", maxEvalCases, len(e.Cases))
+	case len(e.Cases) == 0 && e.ShadowPairs == nil:
+		v.fail(eb, "set cases, shadowPairs or both")
+	}
+	if sp := e.ShadowPairs; sp != nil {
+		pb := append(slices.Clone(eb), "shadowPairs")
+		if !shadow {
+			v.fail(pb, "shadow pairs need a shadow phase (rollout.shadow)")
+		}
+		v.webhookURL(append(slices.Clone(pb), "webhook"), sp.Webhook)
+		if sp.MinPairs < 0 || sp.MaxConcurrent < 0 {
+			v.fail(pb, "minPairs and maxConcurrent must not be negative")
+		}
 	}
 	if e.Margin < 0 || e.Margin > 1 {
 		v.fail(append(slices.Clone(eb), "margin"), "must be between 0 and 1, got %v", e.Margin)
@@ -224,9 +272,7 @@ func (v *validator) evalCase(c *EvalCase, cb []seg, names map[string]bool) {
 		v.fail(cb, "set exactly one check: exact, regex, jsonSchema or webhook")
 	}
 	if c.Webhook != "" {
-		if u, err := url.Parse(c.Webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			v.fail(append(slices.Clone(cb), "webhook"), "must be an http or https URL, got %q", c.Webhook)
-		}
+		v.webhookURL(append(slices.Clone(cb), "webhook"), c.Webhook)
 	}
 	if _, err := compileEvalCase(c); err != nil {
 		field := "regex"
@@ -234,5 +280,12 @@ func (v *validator) evalCase(c *EvalCase, cb []seg, names map[string]bool) {
 			field = "jsonSchema"
 		}
 		v.fail(append(slices.Clone(cb), field), "%s", oneLine(err))
+	}
+}
+
+// webhookURL checks a judge's address: an absolute http(s) URL.
+func (v *validator) webhookURL(path []seg, s string) {
+	if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.fail(path, "must be an http or https URL, got %q", s)
 	}
 }

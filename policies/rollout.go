@@ -87,6 +87,11 @@ type RolloutGates struct {
 	// MaxErrorRateIncrease: the candidate's error rate (upstream 5xx, resets, timeouts) at most the baseline's
 	// plus this, as a fraction (default 0.01).
 	MaxErrorRateIncrease float64 `yaml:"maxErrorRateIncrease,omitempty" json:"maxErrorRateIncrease,omitempty" jsonschema:"minimum=0,maximum=1"`
+	// MaxUnfinishedIncrease: the candidate's share of answers that did not end on their own — cut at max
+	// tokens, filtered, aborted: a finish reason other than stop and tool_calls — at most the baseline's plus
+	// this, as a fraction (default 0.02). A model that stops rambling into max_tokens less or more often is
+	// a different model.
+	MaxUnfinishedIncrease float64 `yaml:"maxUnfinishedIncrease,omitempty" json:"maxUnfinishedIncrease,omitempty" jsonschema:"minimum=0,maximum=1"`
 	// MaxTTFTRatio and MaxTPOTRatio: the candidate's latencies at most this times the baseline's, in the
 	// Mann-Whitney sense — a candidate request is no likelier than not to be slower than r times a baseline
 	// one (default 1.2: "worse by more than 20 %").
@@ -126,15 +131,16 @@ type RolloutCompatibility struct {
 
 // Rollout defaults.
 const (
-	DefaultRolloutStepDuration  = 5 * time.Minute
-	DefaultRolloutStepRequests  = 100
-	DefaultMinGoodputRatio      = 0.95
-	DefaultMaxErrorRateIncrease = 0.01
-	DefaultMaxLatencyRatio      = 1.2
-	DefaultMaxOutputRatio       = 2
-	DefaultRolloutConfidence    = 0.99
-	DefaultRolloutGateRequests  = 50
-	DefaultRolloutWarmup        = 30 * time.Second
+	DefaultRolloutStepDuration   = 5 * time.Minute
+	DefaultRolloutStepRequests   = 100
+	DefaultMinGoodputRatio       = 0.95
+	DefaultMaxErrorRateIncrease  = 0.01
+	DefaultMaxUnfinishedIncrease = 0.02
+	DefaultMaxLatencyRatio       = 1.2
+	DefaultMaxOutputRatio        = 2
+	DefaultRolloutConfidence     = 0.99
+	DefaultRolloutGateRequests   = 50
+	DefaultRolloutWarmup         = 30 * time.Second
 )
 
 // RolloutPlan is a model's rollout resolved against its pools, with defaults applied.
@@ -163,8 +169,9 @@ type PlanStep struct {
 	MinRequests int
 }
 
-// RolloutGateCount is how many gates share a phase's error budget: errors, goodput, TTFT, TPOT, output length.
-const RolloutGateCount = 5
+// RolloutGateCount is how many gates share a phase's error budget: errors, goodput, TTFT, TPOT, output length,
+// finish reasons.
+const RolloutGateCount = 6
 
 // GateAlpha is one gate's share of the rollout's error budget in one step: 1 − Confidence split evenly over
 // the gates and every step (a union bound, so the budget holds however the tests correlate).
@@ -214,6 +221,7 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 		g := &plan.Gates
 		g.MinGoodputRatio = orDefault(g.MinGoodputRatio, DefaultMinGoodputRatio)
 		g.MaxErrorRateIncrease = orDefault(g.MaxErrorRateIncrease, DefaultMaxErrorRateIncrease)
+		g.MaxUnfinishedIncrease = orDefault(g.MaxUnfinishedIncrease, DefaultMaxUnfinishedIncrease)
 		g.MaxTTFTRatio = orDefault(orDefault(g.MaxTTFTRatio, g.MaxTTFTP95Ratio), DefaultMaxLatencyRatio)
 		g.MaxTPOTRatio = orDefault(orDefault(g.MaxTPOTRatio, g.MaxTPOTP95Ratio), DefaultMaxLatencyRatio)
 		g.MaxTTFTP95Ratio, g.MaxTPOTP95Ratio = 0, 0
@@ -303,7 +311,7 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.positiveDuration(append(slices.Clone(sb), "minDuration"), sh.MinDuration)
 	}
 	v.rolloutGates(&r.Gates, append(slices.Clone(rb), "gates"))
-	v.eval(r.Eval, rb)
+	v.eval(r.Eval, r.Shadow != nil, rb)
 	tenants := map[string]bool{}
 	for _, t := range s.Tenants {
 		tenants[t.Name] = true
@@ -347,6 +355,9 @@ func (v *validator) rolloutGates(g *RolloutGates, gb []seg) {
 	}
 	if g.MaxErrorRateIncrease < 0 || g.MaxErrorRateIncrease > 1 {
 		v.fail(append(slices.Clone(gb), "maxErrorRateIncrease"), "must be between 0 and 1, got %v", g.MaxErrorRateIncrease)
+	}
+	if g.MaxUnfinishedIncrease < 0 || g.MaxUnfinishedIncrease > 1 {
+		v.fail(append(slices.Clone(gb), "maxUnfinishedIncrease"), "must be between 0 and 1, got %v", g.MaxUnfinishedIncrease)
 	}
 	for _, r := range []struct {
 		name, old  string

@@ -50,11 +50,12 @@ spec:
 	g := plan.Gates
 	// maxTTFTP95Ratio is read as its new name, maxTTFTRatio.
 	if g.MaxTTFTRatio != 1.2 || g.MaxTPOTRatio != DefaultMaxLatencyRatio || g.MinGoodputRatio != DefaultMinGoodputRatio ||
-		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || g.Confidence != DefaultRolloutConfidence {
+		g.MaxErrorRateIncrease != DefaultMaxErrorRateIncrease || g.Confidence != DefaultRolloutConfidence ||
+		g.MaxUnfinishedIncrease != DefaultMaxUnfinishedIncrease {
 		t.Errorf("gates %+v", g)
 	}
-	// The error budget, 1 %, split over five gates, two steps and the shadow phase.
-	if a := plan.GateAlpha(); math.Abs(a-0.01/15) > 1e-12 {
+	// The error budget, 1 %, split over six gates, two steps and the shadow phase.
+	if a := plan.GateAlpha(); math.Abs(a-0.01/18) > 1e-12 {
 		t.Errorf("gate alpha %v", a)
 	}
 	wantShadow := ShadowPlan{Share: 0.05, MaxConcurrent: 8, MaxPerSecond: 10, MinDuration: DefaultRolloutStepDuration, MinRequests: DefaultRolloutStepRequests}

@@ -78,6 +78,8 @@ type Controller struct {
 	id          string
 	evals       evalJobs
 	evalReports map[string]EvalReport
+	// pairs are the judged shadow pairs of each model's run.
+	pairs pairTallies
 }
 
 // Status is one model's rollout as this replica last read it, for the CLI.
@@ -234,7 +236,7 @@ func (c *Controller) round(ctx context.Context, plan *policies.RolloutPlan) (Sta
 	case Checking:
 		if err := c.check.check(ctx, plan); err != nil {
 			next.Reason = "compatibility gate: " + err.Error()
-		} else if plan.Eval != nil {
+		} else if plan.Eval != nil && len(plan.Eval.Cases) > 0 {
 			next = State{Plan: st.Plan, Phase: Evaluating, StepStarted: now, ArmSeed: st.ArmSeed,
 				Reason: "the compatibility gate passed: the eval gate runs next"}
 		} else {
@@ -316,6 +318,9 @@ func (c *Controller) judge(plan *policies.RolloutPlan, st State, now time.Time) 
 	}
 	v := Evaluate(plan.Gates, plan.GateAlpha(), cand, base)
 	c.opts.Metrics.verdict(model, v)
+	if st.Phase == Shadowing {
+		v = c.judgePairs(plan, v)
+	}
 	more := c.pending[model] + c.samples.TakeCount(model)
 	c.pending[model] = 0
 	if reason, ok := c.failed[model]; ok && st.Phase == Progressing {
@@ -347,6 +352,7 @@ func judgingStart(plan *policies.RolloutPlan, st State) time.Time {
 // baseline reference start empty, so nothing of a previous run is judged.
 func (c *Controller) newRun(model string, since time.Time) {
 	c.samples.reset(model)
+	c.pairs.reset(model)
 	c.since[model], c.pending[model] = since, 0
 	delete(c.baseline, model)
 }

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 )
@@ -203,20 +205,33 @@ func (e evaluator) answer(ctx context.Context, ev *policies.EvalPlan, c *policie
 
 // webhookAsk is what a case's webhook is sent.
 type webhookAsk struct {
-	Case      string `json:"case"`
-	Baseline  string `json:"baseline"`
-	Candidate string `json:"candidate"`
+	Case string `json:"case"`
+	// Request is a shadow pair's request, as the candidate was asked it (golden cases leave it out).
+	Request   json.RawMessage `json:"request,omitempty"`
+	Baseline  string          `json:"baseline"`
+	Candidate string          `json:"candidate"`
 }
 
 // webhook has a case's webhook score the pair of answers.
 func (e evaluator) webhook(ctx context.Context, ev *policies.EvalPlan, c *policies.EvalCasePlan, base, cand string) (float64, float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, ev.Timeout)
+	return e.ask(ctx, ev.Timeout, c.Webhook, webhookAsk{Case: c.Name, Baseline: base, Candidate: cand})
+}
+
+// pair has the shadow pairs' judge score a copied request's two answers.
+func (e evaluator) pair(ctx context.Context, ev *policies.EvalPlan, p director.ShadowPair) (float64, float64, error) {
+	return e.ask(ctx, ev.Timeout, ev.ShadowPairs.Webhook, webhookAsk{Case: "shadow", Request: p.Request,
+		Baseline: string(p.Baseline), Candidate: string(p.Candidate)})
+}
+
+// ask POSTs a pair to a judge and reads its scores.
+func (e evaluator) ask(ctx context.Context, timeout time.Duration, url string, q webhookAsk) (float64, float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	b, err := json.Marshal(webhookAsk{Case: c.Name, Baseline: base, Candidate: cand})
+	b, err := json.Marshal(q)
 	if err != nil {
 		return 0, 0, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Webhook, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
 	if err != nil {
 		return 0, 0, err
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/fakeclock"
 	"github.com/infergate/infergate/test/wait"
@@ -341,5 +343,63 @@ func TestEvalLease(t *testing.T) {
 	e := &policies.EvalPlan{Cases: make([]policies.EvalCasePlan, 9), Concurrency: 4, Timeout: 10 * time.Second}
 	if got := evalLease(e); got != 3*3*10*time.Second+time.Minute {
 		t.Fatalf("lease %v", got)
+	}
+}
+
+// With shadowPairs, the shadow phase also needs the judge's verdict on pairs of real answers: it holds until
+// minPairs pairs are judged, then goes on when the candidate scores within the margin of the baseline, and is
+// rolled back when it does not.
+func TestShadowPairsJudgeTheShadowPhase(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cand     float64
+		want     Phase
+		inReason string
+	}{{"as good", 0.9, Progressing, ""}, {"worse", 0.5, RolledBack, "shadow pairs: the judge scored the candidate 0.500 against the baseline's 0.900 over 10 pairs"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked atomic.Int64
+			hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var ask webhookAsk
+				if err := json.NewDecoder(r.Body).Decode(&ask); err != nil || ask.Case != "shadow" || ask.Baseline != "base says" ||
+					ask.Candidate != "cand says" || !strings.Contains(string(ask.Request), `"messages"`) {
+					http.Error(w, "bad ask", http.StatusBadRequest)
+					return
+				}
+				asked.Add(1)
+				fmt.Fprintf(w, `{"baseline": 0.9, "candidate": %v}`, tc.cand)
+			}))
+			t.Cleanup(hook.Close)
+			f := newFixture(t, NewMemoryStore(), fmt.Sprintf(`      shadow: {percent: 20, minDuration: 1m, minRequests: 30}
+      eval: {margin: 0.1, shadowPairs: {webhook: %q, minPairs: 10, maxConcurrent: 2}}`, hook.URL), "m")
+			c := f.controller(nil)
+			ctx := context.Background()
+			c.Tick(ctx)
+			if s := f.status(c); s.Phase != Shadowing {
+				t.Fatalf("no evaluating phase without cases, straight to shadowing: %+v", s)
+			}
+			f.clock.Advance(50 * time.Second)
+			for range 40 {
+				c.Settled(settle(picker.ArmBaseline, true, "ok", 200*time.Millisecond))
+				cp := settle(picker.ArmCandidate, true, "ok", 200*time.Millisecond)
+				cp.Shadow = true
+				c.Settled(cp)
+			}
+			f.clock.Advance(11 * time.Second)
+			c.Tick(ctx)
+			if s := f.status(c); s.Phase != Shadowing || !strings.Contains(s.Gates.Reason, "need 10 judged shadow pairs, have 0") {
+				t.Fatalf("without pairs: %+v gates %+v", s, s.Gates)
+			}
+			pair := director.ShadowPair{Model: "m", RequestID: "r", Request: []byte(`{"messages":[]}`), Baseline: []byte("base says"),
+				Candidate: []byte("cand says")}
+			for asked.Load() < 10 {
+				c.ShadowPair(pair) // two at a time at most: the rest are dropped, and sent again here
+				wait.For(t, "the judge's answers", func() bool { return c.pairs.read("m").inflight == 0 })
+			}
+			c.Tick(ctx)
+			s := f.status(c)
+			if s.Phase != tc.want || !strings.Contains(s.Reason, tc.inReason) {
+				t.Fatalf("%s: %q, want %s", s.Phase, s.Reason, tc.want)
+			}
+		})
 	}
 }

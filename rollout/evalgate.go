@@ -78,7 +78,7 @@ func (c *Controller) evaluating(plan *policies.RolloutPlan, st State, now time.T
 			return next
 		}
 		c.evalReports[model] = job.report
-		c.opts.Metrics.eval(model, job.report)
+		c.opts.Metrics.eval(model, "golden", job.report)
 		if job.report.Passed() {
 			return enterTraffic(plan, st, now, "the eval gate passed: "+job.report.String())
 		}

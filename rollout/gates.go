@@ -41,6 +41,9 @@ type Figures struct {
 	TTFTP95Ratio, TPOTP95Ratio      float64
 	// OutputRatio is the medians' ratio of output tokens.
 	OutputRatio float64
+	// UnfinishedRateIncrease is the candidate's share of answers that did not end on their own (finish
+	// reason length, content_filter, other) less the baseline's.
+	UnfinishedRateIncrease float64
 	// Evidence is each gate's log mixture likelihood ratio over its rejection threshold, log(1/α): a gate
 	// fails at 1 (see stats.go), keyed goodput, errors, ttft, tpot.
 	Evidence map[string]float64 `json:",omitempty"`
@@ -62,7 +65,7 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 		ErrorRateIncrease: candidate.ErrorRate() - baseline.ErrorRate(),
 		TTFTRatio:         quantileRatio(candidate.TTFT, baseline.TTFT, 0.5), TPOTRatio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.5),
 		TTFTP95Ratio: quantileRatio(candidate.TTFT, baseline.TTFT, 0.95), TPOTP95Ratio: quantileRatio(candidate.TPOT, baseline.TPOT, 0.95),
-		OutputRatio: quantileRatio(candidate.Output, baseline.Output, 0.5)}
+		OutputRatio: quantileRatio(candidate.Output, baseline.Output, 0.5), UnfinishedRateIncrease: candidate.UnfinishedRate() - baseline.UnfinishedRate()}
 	if baseline.GoodRatio() > 0 {
 		f.GoodputRatio = candidate.GoodRatio() / baseline.GoodRatio()
 	}
@@ -95,6 +98,11 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 			func() string {
 				return fmt.Sprintf("TPOT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TPOTRatio, f.TPOTP95Ratio, g.MaxTPOTRatio)
 			}},
+		{"finish", finishIncrease(candidate, baseline, g), tauErrors,
+			func() string {
+				return fmt.Sprintf("unfinished answers (cut at max tokens, filtered, aborted) %.3f against the baseline's %.3f: more than +%.3f",
+					candidate.UnfinishedRate(), baseline.UnfinishedRate(), g.MaxUnfinishedIncrease)
+			}},
 		// Output length is two-sided: longer or shorter, each with half the gate's share.
 		{"output", ratioShift(candidate.Output, baseline.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
 			func() string {
@@ -121,6 +129,16 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 		}
 	}
 	return v
+}
+
+// finishIncrease estimates how far the candidate's share of unfinished answers exceeds the baseline's plus the
+// margin; with fewer than minRequests answers of known finish reason on either arm (an engine or a body mode
+// that does not show them) the gate has nothing to say, and does not hold the step.
+func finishIncrease(candidate, baseline Arm, g policies.RolloutGates) Estimate {
+	if candidate.Finished < max(g.MinRequests, 1) || baseline.Finished < max(g.MinRequests, 1) {
+		return Estimate{}
+	}
+	return rateIncrease(candidate.Unfinished, candidate.Finished, baseline.Unfinished, baseline.Finished, g.MaxUnfinishedIncrease)
 }
 
 // ratioShift estimates whether the candidate's values (log latencies, log output tokens) exceed r times the

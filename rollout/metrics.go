@@ -30,15 +30,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_state",
 			Help: "1 for the rollout's current phase: checking, evaluating, shadowing, progressing, paused, promoted, rolled_back or aborted."}, []string{"model", "phase"}),
 		Gate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_value",
-			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio, output_ratio (medians of output tokens)."}, []string{"model", "gate"}),
+			Help: "The candidate against the baseline over the step so far, as this replica sampled it: goodput_ratio, error_rate_increase, ttft_ratio and tpot_ratio (medians), ttft_p95_ratio, tpot_p95_ratio, output_ratio (medians of output tokens), unfinished_rate_increase (answers cut at max tokens, filtered or aborted)."}, []string{"model", "gate"}),
 		Evidence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_gate_evidence",
-			Help: "Each gate's evidence (errors, goodput, ttft, tpot, output) that the candidate is worse than its margin, as a fraction of what rolls it back (1): the log mixture likelihood ratio over log(1/alpha); below 0 reads as -1."}, []string{"model", "gate"}),
+			Help: "Each gate's evidence (errors, goodput, ttft, tpot, output, finish) that the candidate is worse than its margin, as a fraction of what rolls it back (1): the log mixture likelihood ratio over log(1/alpha); below 0 reads as -1."}, []string{"model", "gate"}),
 		Requests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_step_requests",
 			Help: "Requests of each arm the gates have sampled in the step so far, as this replica saw them."}, []string{"model", "arm"}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_rollout_transitions_total",
 			Help: "Rollout transitions this replica made, by the phase entered."}, []string{"model", "phase"}),
 		EvalPassRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "infergate_rollout_eval_pass_rate",
-			Help: "Each arm's pass rate over the eval gate's golden set, 0 to 1, in its last run on this replica (the replica that ran it)."}, []string{"model", "arm"}),
+			Help: "Each arm's pass rate, 0 to 1: set=golden over the eval gate's golden set in its last run on this replica (the replica that ran it); set=shadow the judge's mean score of this replica's shadow pairs so far."}, []string{"model", "set", "arm"}),
 		Forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_rollout_state_forged_total",
 			Help: "Rollout states read from Redis that did not open with the message key (unsigned or forged): each is read as none and replaced."}),
 	}
@@ -77,6 +77,7 @@ func (m *Metrics) verdict(model string, v Verdict) {
 	m.Gate.WithLabelValues(model, "ttft_p95_ratio").Set(f.TTFTP95Ratio)
 	m.Gate.WithLabelValues(model, "tpot_p95_ratio").Set(f.TPOTP95Ratio)
 	m.Gate.WithLabelValues(model, "output_ratio").Set(f.OutputRatio)
+	m.Gate.WithLabelValues(model, "unfinished_rate_increase").Set(f.UnfinishedRateIncrease)
 	for gate, e := range f.Evidence {
 		m.Evidence.WithLabelValues(model, gate).Set(e)
 	}
@@ -84,10 +85,10 @@ func (m *Metrics) verdict(model string, v Verdict) {
 	m.Requests.WithLabelValues(model, "baseline").Set(float64(f.BaselineRequests))
 }
 
-// eval records an eval gate's run.
-func (m *Metrics) eval(model string, r EvalReport) {
-	m.EvalPassRate.WithLabelValues(model, "candidate").Set(r.Candidate)
-	m.EvalPassRate.WithLabelValues(model, "baseline").Set(r.Baseline)
+// eval records an eval gate's run over a set (golden, shadow).
+func (m *Metrics) eval(model, set string, r EvalReport) {
+	m.EvalPassRate.WithLabelValues(model, set, "candidate").Set(r.Candidate)
+	m.EvalPassRate.WithLabelValues(model, set, "baseline").Set(r.Baseline)
 }
 
 // forget drops the series of a model whose rollout left the policy.

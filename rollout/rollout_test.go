@@ -146,7 +146,11 @@ func TestEvaluateGates(t *testing.T) {
 		a.Output = sample(rng, a.Requests, median, 0.8)
 		return a
 	}
-	base := arm(400, 380, 2, 0.2, 0.03)
+	withFinish := func(a Arm, finished, unfinished int) Arm {
+		a.Finished, a.Unfinished = finished, unfinished
+		return a
+	}
+	base := withFinish(arm(400, 380, 2, 0.2, 0.03), 398, 20)
 	for _, tc := range []struct {
 		name string
 		cand Arm
@@ -163,11 +167,28 @@ func TestEvaluateGates(t *testing.T) {
 		{"outputs 1.5× longer, within the margin", withOutput(arm(400, 380, 2, 0.2, 0.03), 225), Pass, ""},
 		{"rambling outputs", withOutput(arm(400, 380, 2, 0.2, 0.03), 600), Fail, "more than ×2.00"},
 		{"terse outputs", withOutput(arm(400, 380, 2, 0.2, 0.03), 30), Fail, "less than ×0.50"},
+		{"as many cut short", withFinish(arm(400, 380, 2, 0.2, 0.03), 398, 24), Pass, ""},
+		{"more cut at max tokens", withFinish(arm(400, 380, 2, 0.2, 0.03), 398, 90), Fail, "unfinished answers"},
+		{"finish reasons unseen", withFinish(arm(400, 380, 2, 0.2, 0.03), 0, 0), Pass, ""},
 	} {
 		v := Evaluate(g, alpha, tc.cand, base)
 		if v.Result != tc.want || !strings.Contains(v.Reason, tc.in) {
 			t.Errorf("%s: %v %q, want %v containing %q (evidence %v)", tc.name, v.Result, v.Reason, tc.want, tc.in, v.Figures.Evidence)
 		}
+	}
+}
+
+// The finish gate is the error gate's test on the answers of known finish reason: θ̂ = p̂C − p̂B − margin with
+// the Agresti-Caffo adjustment, by hand for 30 of 200 against 10 of 200 and a margin of 0.02.
+func TestFinishGateStatistic(t *testing.T) {
+	g := policies.RolloutGates{MaxUnfinishedIncrease: 0.02, MinRequests: 50}
+	e := finishIncrease(Arm{Finished: 200, Unfinished: 30}, Arm{Finished: 200, Unfinished: 10}, g)
+	p1, p2 := 31.0/202, 11.0/202
+	if math.Abs(e.Theta-(p1-p2-0.02)) > 1e-12 || math.Abs(e.Variance-(p1*(1-p1)/202+p2*(1-p2)/202)) > 1e-12 {
+		t.Errorf("estimate %+v", e)
+	}
+	if e := finishIncrease(Arm{Finished: 49, Unfinished: 49}, Arm{Finished: 200}, g); e != (Estimate{}) {
+		t.Errorf("judged on 49 answers of known finish: %+v", e)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 )
 
@@ -23,6 +24,10 @@ type Arm struct {
 	Requests int `json:"requests"`
 	Good     int `json:"good"`
 	Errors   int `json:"errors"`
+	// Finished counts the answers whose finish reason the gateway saw; Unfinished those of them that did not
+	// end on their own (cut at max tokens, filtered, aborted: not stop or tool_calls).
+	Finished   int `json:"finished,omitempty"`
+	Unfinished int `json:"unfinished,omitempty"`
 	// TTFT and TPOT are log seconds of a uniform sample of the requests (TTFT of streamed ones only).
 	TTFT []float64 `json:"ttft,omitempty"`
 	TPOT []float64 `json:"tpot,omitempty"`
@@ -32,6 +37,9 @@ type Arm struct {
 
 // GoodRatio is the share of requests that met their SLO.
 func (a Arm) GoodRatio() float64 { return ratio(a.Good, a.Requests) }
+
+// UnfinishedRate is the share of answers with a finish reason that did not end on their own.
+func (a Arm) UnfinishedRate() float64 { return ratio(a.Unfinished, a.Finished) }
 
 // ErrorRate is the share of requests that failed on the serving side (5xx, resets, timeouts).
 func (a Arm) ErrorRate() float64 { return ratio(a.Errors, a.Requests) }
@@ -45,6 +53,7 @@ func ratio(a, b int) float64 {
 
 func (a *Arm) merge(b *Arm) {
 	a.Requests, a.Good, a.Errors = a.Requests+b.Requests, a.Good+b.Good, a.Errors+b.Errors
+	a.Finished, a.Unfinished = a.Finished+b.Finished, a.Unfinished+b.Unfinished
 	a.TTFT, a.TPOT, a.Output = append(a.TTFT, b.TTFT...), append(a.TPOT, b.TPOT...), append(a.Output, b.Output...)
 }
 
@@ -67,11 +76,13 @@ func (a Arm) reference() Arm {
 		}
 		return out
 	}
-	return Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, TTFT: thin(a.TTFT), TPOT: thin(a.TPOT), Output: thin(a.Output)}
+	return Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, Finished: a.Finished, Unfinished: a.Unfinished,
+		TTFT: thin(a.TTFT), TPOT: thin(a.TPOT), Output: thin(a.Output)}
 }
 
 func (a Arm) equal(b Arm) bool {
-	return a.Requests == b.Requests && a.Good == b.Good && a.Errors == b.Errors && slices.Equal(a.TTFT, b.TTFT) && slices.Equal(a.TPOT, b.TPOT) &&
+	return a.Requests == b.Requests && a.Good == b.Good && a.Errors == b.Errors && a.Finished == b.Finished &&
+		a.Unfinished == b.Unfinished && slices.Equal(a.TTFT, b.TTFT) && slices.Equal(a.TPOT, b.TPOT) &&
 		slices.Equal(a.Output, b.Output)
 }
 
@@ -99,11 +110,12 @@ func (r *reservoir) add(v float64) {
 // classArm is one arm's requests on one hardware class.
 type classArm struct {
 	requests, good, errors int
+	finished, unfinished   int
 	ttft, tpot, output     reservoir
 }
 
 func (c *classArm) arm() Arm {
-	return Arm{Requests: c.requests, Good: c.good, Errors: c.errors, TTFT: slices.Clone(c.ttft.vals), TPOT: slices.Clone(c.tpot.vals),
+	return Arm{Requests: c.requests, Good: c.good, Errors: c.errors, Finished: c.finished, Unfinished: c.unfinished, TTFT: slices.Clone(c.ttft.vals), TPOT: slices.Clone(c.tpot.vals),
 		Output: slices.Clone(c.output.vals)}
 }
 
@@ -183,6 +195,12 @@ func (s *Samples) Settled(st director.Settlement) {
 	}
 	if n := st.Usage.CompletionTokens; n > 0 && st.Outcome == director.OutcomeOK {
 		c.output.add(math.Log(float64(n)))
+	}
+	if st.FinishReason != "" && st.Outcome == director.OutcomeOK {
+		c.finished++
+		if st.FinishReason != openai.FinishStop && st.FinishReason != openai.FinishToolCalls {
+			c.unfinished++
+		}
 	}
 }
 

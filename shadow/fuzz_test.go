@@ -2,6 +2,7 @@ package shadow
 
 import (
 	"bytes"
+	"github.com/infergate/infergate/director"
 	"testing"
 	"time"
 )
@@ -15,13 +16,17 @@ func FuzzReadAnswer(f *testing.F) {
 	f.Add([]byte("data:" + string(bytes.Repeat([]byte("["), 1<<16))))
 	now := func() time.Time { return time.Unix(1, 0) }
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, read := range []func() (answer, error){
-			func() (answer, error) { return readStream(bytes.NewReader(b), now) },
-			func() (answer, error) { return readJSON(bytes.NewReader(b), now) },
+		for _, read := range []func(a *answer) error{
+			func(a *answer) error { return a.readStream(bytes.NewReader(b), now) },
+			func(a *answer) error { return a.readJSON(bytes.NewReader(b)) },
 		} {
-			a, _ := read()
+			a := answer{keep: true}
+			_ = read(&a)
 			if a.usage.PromptTokens < 0 || a.usage.CompletionTokens < 0 {
 				t.Fatalf("negative usage %+v from %q", a.usage, b)
+			}
+			if len(a.text) > director.MaxPairedAnswer {
+				t.Fatalf("kept %d bytes of text", len(a.text))
 			}
 		}
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/telemetry"
 )
 
 // maxAnswer bounds what is read of one copy's answer (the candidate is trusted as much as any engine).
@@ -34,6 +35,12 @@ type Options struct {
 	Observers []director.SettleObserver
 	Now       func() time.Time
 	Registry  prometheus.Registerer
+	// Pairs, when set, is given each copied request's two answers when the rollout judges shadow pairs
+	// (director.ShadowCopy.Pair) and both ended well; it must not wait.
+	Pairs func(director.ShadowPair)
+	// Tracing, when set, gives each copy a span of its own (infergate.shadow true, the baseline request's id),
+	// whose context goes to the candidate's engine.
+	Tracing *telemetry.Tracing
 }
 
 // Sender is director.Shadows.
@@ -44,6 +51,7 @@ type Sender struct {
 	mu     sync.Mutex
 	models map[string]*bounds
 	wg     sync.WaitGroup
+	pairs  pairs
 }
 
 // bounds are one model's copies in flight and its token bucket of starts.
@@ -63,7 +71,7 @@ func New(o Options) *Sender {
 	}
 	s := &Sender{opts: o, models: map[string]*bounds{},
 		copies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_shadow_requests_total",
-			Help: "Copies of baseline requests for a rollout's candidate in its shadow phase, by result: dropped (a bound was reached), ok, error."},
+			Help: "Copies of baseline requests for a rollout's candidate in its shadow phase, by result: dropped (a bound was reached), ok, error; and paired: copies whose answer and the baseline's went to the rollout's judge."},
 			[]string{"model", "result"})}
 	if o.Registry != nil {
 		o.Registry.MustRegister(s.copies)
@@ -79,11 +87,17 @@ func (s *Sender) Send(c director.ShadowCopy) bool {
 	}
 	body := c.Body()
 	ep := c.Endpoints[int(s.next.Add(1)%uint64(len(c.Endpoints)))]
+	pair := c.Pair && s.pairs.open(c.Model, c.RequestID, body, s.opts.Now())
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer s.release(c.Model)
-		st := s.run(c, ep, body)
+		st, text := s.run(c, ep, body, pair)
+		if pair {
+			if whole, ok := s.pairs.answer(c.RequestID, 0, st.Outcome == director.OutcomeOK, text); ok {
+				s.judge(whole)
+			}
+		}
 		result := "ok"
 		if st.Outcome != director.OutcomeOK {
 			result = "error"
@@ -127,33 +141,43 @@ func (s *Sender) release(model string) {
 	s.models[model].inflight--
 }
 
-// run sends one copy and settles it as the gateway settles a routed request.
-func (s *Sender) run(c director.ShadowCopy, ep string, body []byte) director.Settlement {
+// run sends one copy and settles it as the gateway settles a routed request; with keep, it also returns the
+// answer's generated text (up to director.MaxPairedAnswer).
+func (s *Sender) run(c director.ShadowCopy, ep string, body []byte, keep bool) (director.Settlement, []byte) {
 	start := s.opts.Now()
-	st := director.Settlement{Routed: true, Model: c.Model, Tier: c.Tier, Arm: picker.ArmCandidate, Shadow: true, Operation: c.Endpoint,
+	st := director.Settlement{RequestID: c.RequestID, Routed: true, Model: c.Model, Tier: c.Tier, Arm: picker.ArmCandidate, Shadow: true, Operation: c.Endpoint,
 		Stream: c.Stream, HardwareClass: c.HardwareClass, Provider: c.Provider, Endpoint: ep, Started: start, Targets: c.Targets}
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, "http://"+ep+path(c.Endpoint), bytes.NewReader(body))
 	if err != nil {
 		st.Outcome = director.OutcomeReset
-		return st
+		return st, nil
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Infergate-Shadow", "1") // the engine's logs can tell a copy from a client's request
+	trace := s.opts.Tracing.Begin("", "", "", c.Endpoint, start)
+	if tp, ts := trace.Upstream(); tp != "" {
+		req.Header.Set("traceparent", tp)
+		if ts != "" {
+			req.Header.Set("tracestate", ts)
+		}
+	}
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		st.Outcome = director.OutcomeReset
 		if errors.Is(err, context.DeadlineExceeded) {
 			st.Outcome = director.OutcomeTimeout
 		}
-		return st
+		st.Result, st.TraceID = "upstream_error", trace.TraceID()
+		trace.End(st, telemetry.Marks{Routed: start, Ended: s.opts.Now()})
+		return st, nil
 	}
 	defer resp.Body.Close()
 	st.Status = resp.StatusCode
-	var a answer
+	a := answer{keep: keep}
 	if c.Stream {
-		a, err = readStream(resp.Body, s.opts.Now)
+		err = a.readStream(resp.Body, s.opts.Now)
 	} else {
-		a, err = readJSON(resp.Body, s.opts.Now)
+		err = a.readJSON(resp.Body)
 	}
 	end := s.opts.Now()
 	switch {
@@ -166,7 +190,7 @@ func (s *Sender) run(c director.ShadowCopy, ep string, body []byte) director.Set
 	default:
 		st.Outcome = director.OutcomeOK
 	}
-	st.Usage, st.Reported = a.usage, a.reported
+	st.Usage, st.Reported, st.FinishReason = a.usage, a.reported, a.finish
 	st.Timing.E2E = end.Sub(start)
 	if !a.first.IsZero() {
 		st.Timing.TTFT, st.Timing.Chunked = a.first.Sub(start), true
@@ -179,7 +203,9 @@ func (s *Sender) run(c director.ShadowCopy, ep string, body []byte) director.Set
 		st.Result = "upstream_error"
 	}
 	st.Good = director.Good(st)
-	return st
+	st.TraceID = trace.TraceID()
+	trace.End(st, telemetry.Marks{Routed: start, FirstToken: a.first, Ended: end})
+	return st, a.text
 }
 
 func path(e openai.Endpoint) string {
@@ -194,11 +220,24 @@ func path(e openai.Endpoint) string {
 	return openai.PathChat
 }
 
-// answer is what a copy's response told: its usage and when its first content came (zero unless streamed).
+// answer is what a copy's response told: its usage, its finish reason and when its first content came (zero
+// unless streamed).
 type answer struct {
 	usage    openai.Usage
 	reported bool
+	finish   string
 	first    time.Time
+	// keep says to keep the generated text, up to director.MaxPairedAnswer.
+	keep bool
+	text []byte
+}
+
+// Write keeps generated text, bounded (openai.OutputText writes here).
+func (a *answer) Write(p []byte) (int, error) {
+	if room := director.MaxPairedAnswer - len(a.text); room > 0 {
+		a.text = append(a.text, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
 }
 
 // chunk is the part of a response (or a stream's chunk) the settlement reads.
@@ -231,9 +270,9 @@ func (a *answer) take(c chunk) {
 	}
 }
 
-// readStream reads a server-sent event stream to its end: the first chunk with content, and the usage.
-func readStream(r io.Reader, now func() time.Time) (answer, error) {
-	var a answer
+// readStream reads a server-sent event stream to its end: the first chunk with content, the usage, the finish
+// reason and, when kept, the text.
+func (a *answer) readStream(r io.Reader, now func() time.Time) error {
 	sc := bufio.NewScanner(io.LimitReader(r, maxAnswer))
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for sc.Scan() {
@@ -243,7 +282,7 @@ func readStream(r io.Reader, now func() time.Time) (answer, error) {
 		}
 		data = bytes.TrimSpace(data)
 		if bytes.Equal(data, []byte("[DONE]")) {
-			return a, nil
+			return nil
 		}
 		var c chunk
 		if json.Unmarshal(data, &c) != nil {
@@ -252,25 +291,37 @@ func readStream(r io.Reader, now func() time.Time) (answer, error) {
 		if a.first.IsZero() && c.content() {
 			a.first = now()
 		}
+		if a.finish == "" {
+			a.finish = openai.FinishReason(data)
+		}
+		if a.keep {
+			for _, ch := range c.Choices {
+				_, _ = io.WriteString(a, ch.Delta.Content)
+				_, _ = io.WriteString(a, ch.Text)
+			}
+		}
 		a.take(c)
 	}
 	if err := sc.Err(); err != nil {
-		return a, err
+		return err
 	}
-	return a, io.ErrUnexpectedEOF // no [DONE]: the stream was cut
+	return io.ErrUnexpectedEOF // no [DONE]: the stream was cut
 }
 
-// readJSON reads a whole answer and its usage.
-func readJSON(r io.Reader, now func() time.Time) (answer, error) {
-	var a answer
+// readJSON reads a whole answer: its usage, finish reason and, when kept, text.
+func (a *answer) readJSON(r io.Reader) error {
 	b, err := io.ReadAll(io.LimitReader(r, maxAnswer))
 	if err != nil {
-		return a, err
+		return err
 	}
 	var c chunk
 	if err := json.Unmarshal(b, &c); err != nil {
-		return a, err
+		return err
 	}
 	a.take(c)
-	return a, nil
+	a.finish = openai.FinishReason(b)
+	if a.keep {
+		openai.OutputText(b, a)
+	}
+	return nil
 }

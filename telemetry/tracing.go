@@ -309,6 +309,9 @@ func (r *Request) End(st director.Settlement, m Marks) {
 		attribute.Bool("infergate.good", st.Good),
 		attribute.Float64("infergate.queue.duration", st.Timing.Queued.Seconds()),
 	)
+	if st.Shadow {
+		span.Attributes = append(span.Attributes, attribute.Bool("infergate.shadow", true))
+	}
 	if st.Routed {
 		span.Attributes = appendRoutedAttrs(span.Attributes, st)
 		span.Events = marks(r.t.newEvents(), m)
@@ -320,9 +323,9 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	r.emit(span, code, m.Ended)
 }
 
-// maxSpanAttrs is how many attributes End sets at most: eight always, up to eleven more when routed, the error
-// type.
-const maxSpanAttrs = 20
+// maxSpanAttrs is how many attributes End sets at most: eight always, the shadow mark, up to twelve more when
+// routed, the error type.
+const maxSpanAttrs = 22
 
 // appendRoutedAttrs adds the attributes of where a routed request went and what it used.
 func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []attribute.KeyValue {
@@ -347,8 +350,21 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 	if st.Status != 0 {
 		attrs = append(attrs, semconv.HTTPResponseStatusCode(st.Status))
 	}
+	if a, ok := finishAttrs[st.FinishReason]; ok {
+		attrs = append(attrs, a)
+	}
 	return attrs
 }
+
+// finishAttrs are gen_ai.response.finish_reasons for each finish reason the gateway records, built once: a
+// span's attribute costs no allocation.
+var finishAttrs = func() map[string]attribute.KeyValue {
+	m := map[string]attribute.KeyValue{}
+	for _, r := range []string{openai.FinishStop, openai.FinishLength, openai.FinishToolCalls, openai.FinishContentFilter, openai.FinishOther} {
+		m[r] = semconv.GenAIResponseFinishReasons(r)
+	}
+	return m
+}()
 
 // marks are the span's events: when it was routed (where to: the span's pool and server attributes) and when
 // its first token came.

@@ -213,7 +213,18 @@ func (f *fleet) emitTokens(r *request, outcome string, ttft, tpot time.Duration,
 		tpot = time.Duration(float64(tpot) * f.fault.tpot)
 	}
 	good := outcome == director.OutcomeOK && ttft <= f.ttftSLO && tpot <= f.tpotSLO
+	finish := ""
+	if outcome == director.OutcomeOK {
+		cut := baseUnfinished
+		if r.arm == picker.ArmCandidate {
+			cut += f.fault.unfinished
+		}
+		finish = openai.FinishStop
+		if f.rng.Float64() < cut {
+			finish = openai.FinishLength
+		}
+	}
 	f.settle(director.Settlement{Routed: true, Model: model, Arm: r.arm, Good: good, Outcome: outcome, HardwareClass: "h100",
 		Started: epoch.Add(r.arrived), Timing: director.Timing{TTFT: ttft, TPOT: tpot, Chunked: ttft > 0},
-		Usage: openai.Usage{CompletionTokens: int64(output)}})
+		Usage: openai.Usage{CompletionTokens: int64(output)}, FinishReason: finish})
 }

@@ -29,6 +29,9 @@ type fault struct {
 	// 500.
 	slowdown, ttft, tpot float64
 	errorRate            float64
+	// unfinished adds to the candidate's share of answers cut at max tokens (every run's answers are cut at
+	// baseUnfinished on both arms).
+	unfinished float64
 	// fixedPools gives each arm half the replicas whatever the share, instead of the candidate's replicas
 	// following its share: at 100 % the candidate's pool takes the whole load and is judged against the
 	// baseline's sample at half of it, the comparison docs/rollouts.md warns of. Reported, not a target.
@@ -46,8 +49,12 @@ var faults = []fault{
 	{name: "errors 20 %", errorRate: 0.2},
 	{name: "TTFT only ×1.5", ttft: 1.5},
 	{name: "TPOT only ×1.5", tpot: 1.5},
+	{name: "cut at max tokens +10 points", unfinished: 0.10},
 	{name: "A/A, fixed pools of 5 + 5 (not a target)", fixedPools: true},
 }
+
+// baseUnfinished is the share of both arms' answers that end at max tokens (finish reason length).
+const baseUnfinished = 0.08
 
 // replicas is the fleet's size; the candidate takes max(1, share × replicas) of them.
 const replicas = 10
