@@ -393,7 +393,9 @@ func TestRolloutSeriesAnswerTheDashboard(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st := rolloutStack(t, ctx, nil, time.Hour)
+	// An eval gate of one case, so that its pass rates are exported too.
+	eval := "      eval:\n        cases:\n        - {name: words, prompt: \"Once upon a time\", maxTokens: 4, regex: '\\w'}\n"
+	st := rolloutStackWith(t, ctx, nil, strings.Replace(rolloutPolicy(t, time.Hour), "      testers: [qa]", eval+"      testers: [qa]", 1))
 	load := startLoad([]string{st.URL}, 4)
 	defer load.end(t)
 	want := queriedSeries(t, rolloutSeries)
