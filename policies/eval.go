@@ -46,6 +46,7 @@ type EvalShadowPairs struct {
 // EvalCase is one prompt of the golden set and the check its answer must pass: exactly one of exact, regex,
 // jsonSchema and webhook.
 type EvalCase struct {
+	// Name names the case in reasons and reports.
 	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
 	// Messages (a chat completion) or Prompt (a completion): what both arms are asked, at temperature 0.
 	Messages []EvalMessage `yaml:"messages,omitempty" json:"messages,omitempty"`
@@ -66,6 +67,7 @@ type EvalCase struct {
 
 // EvalMessage is one chat message of an eval case.
 type EvalMessage struct {
+	// Role and Content are the message's, as the OpenAI API has them (system, user, assistant).
 	Role    string `yaml:"role" json:"role"`
 	Content string `yaml:"content" json:"content"`
 }

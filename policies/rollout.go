@@ -15,7 +15,8 @@ type Rollout struct {
 	Baseline RolloutBaseline `yaml:"baseline,omitempty" json:"baseline,omitempty"`
 	// Steps are the candidate's shares of traffic, in increasing order, the last 100.
 	Steps []RolloutStep `yaml:"steps" json:"steps" jsonschema:"minItems=1"`
-	Gates RolloutGates  `yaml:"gates,omitempty" json:"gates,omitempty"`
+	// Gates are the tests comparing the arms over each step (docs/rollouts.md).
+	Gates RolloutGates `yaml:"gates,omitempty" json:"gates,omitempty"`
 	// Compatibility is checked before the first step: the candidate's engines must be healthy and report
 	// these (empty: not checked).
 	Compatibility RolloutCompatibility `yaml:"compatibility,omitempty" json:"compatibility,omitempty"`
@@ -58,12 +59,15 @@ type ShadowPlan struct {
 // RolloutArm names a rollout's candidate: a pool of the model, or a served model name its baseline pools
 // also serve (vLLM --served-model-name with a second name, a LoRA-free revision behind the same engines).
 type RolloutArm struct {
-	Pool        string `yaml:"pool,omitempty" json:"pool,omitempty"`
+	// Pool is a pool of the model that serves the candidate.
+	Pool string `yaml:"pool,omitempty" json:"pool,omitempty"`
+	// ServedModel is another name the baseline's engines serve, the candidate (vLLM --served-model-name).
 	ServedModel string `yaml:"servedModel,omitempty" json:"servedModel,omitempty"`
 }
 
 // RolloutBaseline lists the baseline's pools.
 type RolloutBaseline struct {
+	// Pools are the baseline's pools, by name.
 	Pools []string `yaml:"pools,omitempty" json:"pools,omitempty"`
 }
 

@@ -13,6 +13,19 @@ import (
 // JSONSchema returns a JSON Schema of the policy document, so editors (yaml-language-server and the like)
 // complete fields and flag typos before the file ever reaches `infergate validate`.
 func JSONSchema() ([]byte, error) {
+	s, err := policySchema()
+	if err != nil {
+		return nil, err
+	}
+	out, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("marshal policy schema: %w", err)
+	}
+	return append(out, '\n'), nil
+}
+
+// policySchema reflects the policy's types into a schema (docs/reference/policy.md is generated from it too).
+func policySchema() (*jsonschema.Schema, error) {
 	r := &jsonschema.Reflector{
 		FieldNameTag:               "yaml",
 		RequiredFromJSONSchemaTags: false,
@@ -25,11 +38,7 @@ func JSONSchema() ([]byte, error) {
 	s.ID = "https://infergate.io/schemas/policy-v1alpha1.json"
 	s.Title = "infergate Policy"
 	s.Description = "Routing policy for an infergate LLM gateway: hardware classes, models, pools, fallbacks and tenants."
-	out, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("marshal policy schema: %w", err)
-	}
-	return append(out, '\n'), nil
+	return s, nil
 }
 
 // Patterns the validator enforces that struct tags cannot say (they apply to list items): the same rules, so an

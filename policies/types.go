@@ -14,22 +14,30 @@ const Kind = "Policy"
 // Policy is one policy document exactly as written in YAML. The request path never reads it directly: it reads
 // the compiled Snapshot, so lookups are maps rather than scans.
 type Policy struct {
-	APIVersion string    `yaml:"apiVersion" json:"apiVersion" jsonschema:"enum=infergate.io/v1alpha1"`
-	Kind       string    `yaml:"kind" json:"kind" jsonschema:"enum=Policy"`
-	Metadata   *Metadata `yaml:"metadata,omitempty" json:"metadata,omitempty"`
-	Spec       Spec      `yaml:"spec" json:"spec"`
+	// APIVersion and Kind name the document: infergate.io/v1alpha1, Policy.
+	APIVersion string `yaml:"apiVersion" json:"apiVersion" jsonschema:"enum=infergate.io/v1alpha1"`
+	Kind       string `yaml:"kind" json:"kind" jsonschema:"enum=Policy"`
+	// Metadata names the policy, for logs.
+	Metadata *Metadata `yaml:"metadata,omitempty" json:"metadata,omitempty"`
+	// Spec is the policy itself.
+	Spec Spec `yaml:"spec" json:"spec"`
 }
 
 // Metadata names a policy so that logs and metrics can say which one is live.
 type Metadata struct {
+	// Name is the policy's name, for logs and `infergate validate`.
 	Name string `yaml:"name,omitempty" json:"name,omitempty"`
 }
 
 // Spec is the body of a policy: gateway limits, hardware, models with their pools, and tenants.
 type Spec struct {
-	Gateway         Gateway                  `yaml:"gateway,omitempty" json:"gateway,omitempty"`
-	Quotas          QuotaSettings            `yaml:"quotas,omitempty" json:"quotas,omitempty"`
-	Routing         Routing                  `yaml:"routing,omitempty" json:"routing,omitempty"`
+	// Gateway bounds what the gateway accepts and adds to requests (body size, output bound, choices).
+	Gateway Gateway `yaml:"gateway,omitempty" json:"gateway,omitempty"`
+	// Quotas says how tenants' quotas are kept: Redis, the fail mode, the conversation header.
+	Quotas QuotaSettings `yaml:"quotas,omitempty" json:"quotas,omitempty"`
+	// Routing tunes replica choice: the scorers' weights, bounded load, SLO placement.
+	Routing Routing `yaml:"routing,omitempty" json:"routing,omitempty"`
+	// HardwareClasses are the accelerators pools run on, by name: their price and speed.
 	HardwareClasses map[string]HardwareClass `yaml:"hardwareClasses" json:"hardwareClasses"`
 	// Tiers say which hardware classes and models tenants of each tier may use. When tiers are defined, every
 	// tenant's tier must be one of them; without tiers a tenant's tier is only a label.
@@ -40,8 +48,10 @@ type Spec struct {
 	// then degrades or sheds them, instead of shedding them at once.
 	Admission *Admission `yaml:"admission,omitempty" json:"admission,omitempty"`
 	// Audit says how long the audit log (infergate serve --audit-log) keeps what it wrote.
-	Audit   Audit    `yaml:"audit,omitempty" json:"audit,omitempty"`
-	Models  []Model  `yaml:"models" json:"models"`
+	Audit Audit `yaml:"audit,omitempty" json:"audit,omitempty"`
+	// Models are what clients may ask for, each with its pools of replicas and its fallbacks.
+	Models []Model `yaml:"models" json:"models"`
+	// Tenants are who may call: their keys, models, tier and quotas.
 	Tenants []Tenant `yaml:"tenants" json:"tenants"`
 }
 
@@ -172,7 +182,9 @@ const (
 type HardwareClass struct {
 	// CostPerHour is the price of one replica-hour in USD: with the decode speed it gives the cost per token
 	// that breaks ties between equally good endpoints.
-	CostPerHour            float64 `yaml:"costPerHour" json:"costPerHour" jsonschema:"minimum=0"`
+	CostPerHour float64 `yaml:"costPerHour" json:"costPerHour" jsonschema:"minimum=0"`
+	// PrefillTokensPerSecond and DecodeTokensPerSecond are one replica's speeds (prompt tokens computed, output
+	// tokens generated per second), which SLO placement predicts latency from and cost per token divides by.
 	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond" json:"prefillTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
 	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond" json:"decodeTokensPerSecond" jsonschema:"exclusiveMinimum=0"`
 	// GPUModel names the accelerator (a GPUPresets key: a100, h100, h200, l40s, mi300x) for `infergate plan`,
@@ -191,14 +203,19 @@ type HardwareClass struct {
 
 // Model is one model as clients name it, with the pools that serve it and the managed APIs behind them.
 type Model struct {
-	Name    string   `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Name is the model's canonical name, as clients ask for it.
+	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Aliases are other names clients may use for the model.
 	Aliases []string `yaml:"aliases,omitempty" json:"aliases,omitempty"`
-	Pricing Pricing  `yaml:"pricing,omitempty" json:"pricing,omitempty"`
+	// Pricing is what tenants are charged per million tokens: spend quotas and the cost metrics use it.
+	Pricing Pricing `yaml:"pricing,omitempty" json:"pricing,omitempty"`
 	// ContextTokens is the engines' context window (vLLM --max-model-len): the largest max_tokens a request
 	// may ask, and the cap on the bound injected into requests that ask none (default 131072).
-	ContextTokens int64      `yaml:"contextTokens,omitempty" json:"contextTokens,omitempty" jsonschema:"minimum=1"`
-	Pools         []Pool     `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
-	Fallbacks     []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
+	ContextTokens int64 `yaml:"contextTokens,omitempty" json:"contextTokens,omitempty" jsonschema:"minimum=1"`
+	// Pools are the model's sets of identical replicas, one per hardware class or engine version.
+	Pools []Pool `yaml:"pools" json:"pools" jsonschema:"minItems=1"`
+	// Fallbacks are managed APIs that take the model's overflow, in order.
+	Fallbacks []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
 	// Rollout, when set, releases a candidate pool or served model in steps gated on goodput (see Rollout).
 	Rollout *Rollout `yaml:"rollout,omitempty" json:"rollout,omitempty"`
 	// Adapters are LoRA adapters every pool of the model can serve (vLLM --lora-modules), named as clients
@@ -209,13 +226,16 @@ type Model struct {
 
 // Pricing is what a tenant is charged, per million tokens, in USD.
 type Pricing struct {
+	// InputPerMTok and OutputPerMTok are USD per million prompt and output tokens.
 	InputPerMTok  float64 `yaml:"inputPerMTok,omitempty" json:"inputPerMTok,omitempty" jsonschema:"minimum=0"`
 	OutputPerMTok float64 `yaml:"outputPerMTok,omitempty" json:"outputPerMTok,omitempty" jsonschema:"minimum=0"`
 }
 
 // Pool is a set of identical replicas of one model on one hardware class: one Envoy cluster.
 type Pool struct {
-	Name          string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Name names the pool's Envoy cluster (pool/<model>/<name>) and its metrics.
+	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// HardwareClass names one of spec.hardwareClasses: what the replicas run on.
 	HardwareClass string `yaml:"hardwareClass" json:"hardwareClass"`
 	// Engine is what the replicas run; it decides the metrics dialect that is scraped. The names allowed are
 	// fleet.EngineNames() (validation and the JSON Schema's enum both read that registry).
@@ -242,6 +262,7 @@ type Pool struct {
 
 // ServiceRef names a Kubernetes Service and the port of its EndpointSlices that serves the engine's API.
 type ServiceRef struct {
+	// Namespace and Name are the Service's.
 	Namespace string `yaml:"namespace" json:"namespace" jsonschema:"minLength=1"`
 	Name      string `yaml:"name" json:"name" jsonschema:"minLength=1"`
 	// Port is the EndpointSlice port's name (e.g. "http"), or its number when it has none.
@@ -259,13 +280,17 @@ const (
 
 // Fallback is a managed API (Together, Fireworks, …) that takes a model's overflow.
 type Fallback struct {
-	Name    string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Name names the fallback's Envoy cluster (fallback/<model>/<name>).
+	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// BaseURL is the provider's OpenAI-compatible API, e.g. https://api.together.xyz/v1.
 	BaseURL string `yaml:"baseURL" json:"baseURL" jsonschema:"format=uri"`
 	// Model is the provider's name for the model; the body is rewritten to it on that leg.
 	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
 	// APIKeyFrom says where the provider key lives ("env:NAME" or "file:/path"); the key itself is never in the policy.
-	APIKeyFrom string   `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
-	When       []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable,enum=slo"`
+	APIKeyFrom string `yaml:"apiKeyFrom" json:"apiKeyFrom" jsonschema:"pattern=^(env|file):.+"`
+	// When says which overflow the fallback takes: saturated (every replica full), unavailable (none
+	// healthy), slo (none predicted in time).
+	When []string `yaml:"when" json:"when" jsonschema:"minItems=1,enum=saturated,enum=unavailable,enum=slo"`
 	// Pricing is what the provider charges the platform per million tokens: the cost of overflow, which
 	// placement weighs against the fleet's and reports.
 	Pricing Pricing `yaml:"pricing,omitempty" json:"pricing,omitempty"`
@@ -279,6 +304,7 @@ const DefaultProviderCAFile = "/etc/ssl/certs/ca-certificates.crt"
 
 // Tier is what tenants of one tier may use; an empty list allows everything of that kind.
 type Tier struct {
+	// HardwareClasses the tier's requests may be placed on (empty: every class).
 	HardwareClasses []string `yaml:"hardwareClasses,omitempty" json:"hardwareClasses,omitempty"`
 	// Models by canonical name or alias.
 	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
@@ -356,8 +382,9 @@ type SLO struct {
 type ModelSLO struct {
 	// Model by canonical name or alias.
 	Model string `yaml:"model" json:"model" jsonschema:"minLength=1"`
-	TTFT  string `yaml:"ttft,omitempty" json:"ttft,omitempty"`
-	TPOT  string `yaml:"tpot,omitempty" json:"tpot,omitempty"`
+	// TTFT and TPOT are the model's targets, e.g. "2s" and "80ms", in place of the tier's.
+	TTFT string `yaml:"ttft,omitempty" json:"ttft,omitempty"`
+	TPOT string `yaml:"tpot,omitempty" json:"tpot,omitempty"`
 }
 
 // DefaultSLOObjective is the share of good requests an SLO asks for when it names none.
@@ -371,13 +398,16 @@ type Audit struct {
 
 // Tenant is a customer of the platform: who they are (API key hashes), what they may use, and how much.
 type Tenant struct {
+	// Name is the tenant's name in metrics, audit files and logs.
 	Name string `yaml:"name" json:"name" jsonschema:"minLength=1"`
+	// Tier names one of spec.tiers: the tenant's hardware, models, SLO and queue priority.
 	Tier string `yaml:"tier,omitempty" json:"tier,omitempty"`
 	// APIKeys are "sha256:<hex>" digests of the bearer keys; plaintext keys never appear in a policy.
 	APIKeys []string `yaml:"apiKeys" json:"apiKeys" jsonschema:"minItems=1"`
 	// Models the tenant may call, by canonical name or alias; "*" allows every model.
 	Models []string `yaml:"models" json:"models" jsonschema:"minItems=1"`
-	Quota  Quota    `yaml:"quota,omitempty" json:"quota,omitempty"`
+	// Quota limits the tenant across every model.
+	Quota Quota `yaml:"quota,omitempty" json:"quota,omitempty"`
 	// ModelQuotas add limits for this tenant on one model, on top of the tenant-wide quota.
 	ModelQuotas []ModelQuota `yaml:"modelQuotas,omitempty" json:"modelQuotas,omitempty"`
 	// QueueWeight is the tenant's share against the other tenants of its tier in the admission queue
@@ -390,12 +420,15 @@ type Tenant struct {
 
 // ModelQuota is a tenant's quota on one model.
 type ModelQuota struct {
+	// Model is the model the limits apply to, by canonical name or alias.
 	Model string `yaml:"model" json:"model"`
 	Quota `yaml:",inline" json:",inline"`
 }
 
 // Quota bounds a tenant's use of the fleet; a zero field means "no limit of that kind".
 type Quota struct {
+	// RequestsPerSecond, TokensPerMinute (prompt and output), MaxConcurrent (requests in flight) and
+	// MonthlySpendUSD are the limits; 0 is none. A request over one gets a 429 with retry-after.
 	RequestsPerSecond float64 `yaml:"requestsPerSecond,omitempty" json:"requestsPerSecond,omitempty" jsonschema:"minimum=0"`
 	TokensPerMinute   int64   `yaml:"tokensPerMinute,omitempty" json:"tokensPerMinute,omitempty" jsonschema:"minimum=0"`
 	MaxConcurrent     int     `yaml:"maxConcurrent,omitempty" json:"maxConcurrent,omitempty" jsonschema:"minimum=0"`

@@ -254,8 +254,21 @@ func TestRulesTestsCatchMutations(t *testing.T) {
 
 // rules.yaml defines every required alert, each with a severity and human-readable annotations, names its
 // recording rules level:metric:operations, and reads only series infergate exports.
+// runbookBase is where every alert's runbook_url points: a section of docs/operations.md named after it.
+const runbookBase = "https://github.com/infergate/infergate/blob/main/docs/operations.md#"
+
 func TestRules(t *testing.T) {
 	rf := loadRules(t)
+	ops, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runbooks := map[string]bool{}
+	for _, line := range strings.Split(string(ops), "\n") {
+		if name, ok := strings.CutPrefix(line, "### "); ok {
+			runbooks[strings.ToLower(name)] = true
+		}
+	}
 	severities := map[string][]string{}
 	for _, g := range rf.Groups {
 		for _, r := range g.Rules {
@@ -281,6 +294,12 @@ func TestRules(t *testing.T) {
 				if strings.TrimSpace(r.Annotations[a]) == "" {
 					t.Errorf("alert %s (%s): no %s annotation", r.Alert, sev, a)
 				}
+			}
+			if want := runbookBase + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+				t.Errorf("alert %s (%s): runbook_url %q, want %q", r.Alert, sev, r.Annotations["runbook_url"], want)
+			}
+			if !runbooks[strings.ToLower(r.Alert)] {
+				t.Errorf("alert %s: docs/operations.md has no section %q", r.Alert, "### "+r.Alert)
 			}
 			if strings.Contains(r.Expr, "keep_firing_for") {
 				t.Errorf("alert %s: keep_firing_for needs Prometheus 2.44, Debian's promtool is 2.42", r.Alert)
@@ -460,7 +479,7 @@ func TestPrometheusRuleMatchesRules(t *testing.T) {
 		if !reflect.DeepEqual(got[i], wantGroups[i]) {
 			g, _ := json.MarshalIndent(got[i], "", "  ")
 			w, _ := json.MarshalIndent(wantGroups[i], "", "  ")
-			t.Errorf("group %d differs from rules.yaml (regenerate, see README.md)\ngot:  %s\nwant: %s", i, g, w)
+			t.Errorf("group %d differs from rules.yaml (regenerate, see deploy/observability/README.md)\ngot:  %s\nwant: %s", i, g, w)
 		}
 	}
 }

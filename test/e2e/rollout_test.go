@@ -234,7 +234,7 @@ func TestRolloutHealthyCandidateIsPromoted(t *testing.T) {
 	}
 }
 
-// A candidate that turns three times slower (the README's example) is rolled back by the default gates: no
+// A candidate that turns three times slower (docs/rollouts.md's example) is rolled back by the default gates: no
 // request is lost, and the baseline's requests never wait on the slow engines.
 func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())

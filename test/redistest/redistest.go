@@ -34,7 +34,7 @@ type Server struct {
 func Start(t testing.TB) *Server { return start(t, false) }
 
 // StartPersistent runs a standalone server that writes every command to its append-only file, so a Kill and
-// Restart keep the data, as the persistence the README asks for does.
+// Restart keep the data, as the persistence docs/request-path.md asks for does.
 func StartPersistent(t testing.TB) *Server {
 	t.Helper()
 	return startWith(t, &Server{t: t, persist: true})
