@@ -15,9 +15,10 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// tierRow is one tier's goodput as infergate's own /metrics reports it since it started.
+// tierRow is one tier's goodput on one model as infergate's own /metrics reports it since it started: a model's
+// requests are judged against its own targets (a per-model override of the tier's), so each pair is a row.
 type tierRow struct {
-	tier               string
+	tier, model        string
 	requests, good     float64 // eligible requests (not the tenant's own client errors or quota refusals), good ones
 	ttftP95, tpotP95   float64 // seconds; NaN without observations
 	ttftTarget, tpotTg float64 // the policy's targets (seconds), 0 when none
@@ -39,34 +40,34 @@ func goodputFrom(r io.Reader) ([]tierRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows := map[string]*tierRow{}
-	row := func(tier string) *tierRow {
-		if rows[tier] == nil {
-			rows[tier] = &tierRow{tier: tier, ttftP95: math.NaN(), tpotP95: math.NaN()}
+	rows := map[rowKey]*tierRow{}
+	row := func(k rowKey) *tierRow {
+		if rows[k] == nil {
+			rows[k] = &tierRow{tier: k.tier, model: k.model, ttftP95: math.NaN(), tpotP95: math.NaN()}
 		}
-		return rows[tier]
+		return rows[k]
 	}
 	for _, m := range fams["infergate_tenant_requests_total"].GetMetric() {
 		if o := labelOf(m, "outcome"); o != "client_error" && o != "quota" {
-			row(labelOf(m, "tier")).requests += m.GetCounter().GetValue()
+			row(rowKey{labelOf(m, "tier"), labelOf(m, "model")}).requests += m.GetCounter().GetValue()
 		}
 	}
 	for _, m := range fams["infergate_tenant_good_requests_total"].GetMetric() {
-		row(labelOf(m, "tier")).good += m.GetCounter().GetValue()
+		row(rowKey{labelOf(m, "tier"), labelOf(m, "model")}).good += m.GetCounter().GetValue()
 	}
-	for tier, h := range mergeByTier(fams["gen_ai_server_time_to_first_token_seconds"]) {
-		row(tier).ttftP95 = quantile(0.95, h)
+	for k, h := range mergeByTier(fams["gen_ai_server_time_to_first_token_seconds"]) {
+		row(k).ttftP95 = quantile(0.95, h)
 	}
-	for tier, h := range mergeByTier(fams["gen_ai_server_time_per_output_token_seconds"]) {
-		row(tier).tpotP95 = quantile(0.95, h)
+	for k, h := range mergeByTier(fams["gen_ai_server_time_per_output_token_seconds"]) {
+		row(k).tpotP95 = quantile(0.95, h)
 	}
-	// The targets differ per model; the table shows the tier's tightest.
+	// Each row shows its own model's targets in its tier.
 	for name, set := range map[string]func(*tierRow, float64){
-		"infergate_slo_ttft_target_seconds": func(r *tierRow, v float64) { r.ttftTarget = minTarget(r.ttftTarget, v) },
-		"infergate_slo_tpot_target_seconds": func(r *tierRow, v float64) { r.tpotTg = minTarget(r.tpotTg, v) },
+		"infergate_slo_ttft_target_seconds": func(r *tierRow, v float64) { r.ttftTarget = v },
+		"infergate_slo_tpot_target_seconds": func(r *tierRow, v float64) { r.tpotTg = v },
 	} {
 		for _, m := range fams[name].GetMetric() {
-			if r := rows[labelOf(m, "tier")]; r != nil {
+			if r := rows[rowKey{labelOf(m, "tier"), labelOf(m, "gen_ai_request_model")}]; r != nil {
 				set(r, m.GetGauge().GetValue())
 			}
 		}
@@ -75,16 +76,14 @@ func goodputFrom(r io.Reader) ([]tierRow, error) {
 	for _, r := range rows {
 		out = append(out, *r)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].tier < out[j].tier })
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].tier < out[j].tier || out[i].tier == out[j].tier && out[i].model < out[j].model
+	})
 	return out, nil
 }
 
-func minTarget(cur, v float64) float64 {
-	if cur == 0 || v < cur {
-		return v
-	}
-	return cur
-}
+// rowKey is a table row's tier and model.
+type rowKey struct{ tier, model string }
 
 func labelOf(m *dto.Metric, name string) string {
 	for _, lp := range m.GetLabel() {
@@ -98,11 +97,11 @@ func labelOf(m *dto.Metric, name string) string {
 // bucket is a cumulative histogram bucket.
 type bucket struct{ upper, count float64 }
 
-// mergeByTier sums a histogram family's series per tier.
-func mergeByTier(f *dto.MetricFamily) map[string][]bucket {
-	sums := map[string]map[float64]float64{}
+// mergeByTier sums a histogram family's series per tier and requested model.
+func mergeByTier(f *dto.MetricFamily) map[rowKey][]bucket {
+	sums := map[rowKey]map[float64]float64{}
 	for _, m := range f.GetMetric() {
-		tier := labelOf(m, "tier")
+		tier := rowKey{labelOf(m, "tier"), labelOf(m, "gen_ai_request_model")}
 		if sums[tier] == nil {
 			sums[tier] = map[float64]float64{}
 		}
@@ -113,7 +112,7 @@ func mergeByTier(f *dto.MetricFamily) map[string][]bucket {
 		}
 		sums[tier][math.Inf(1)] += float64(m.GetHistogram().GetSampleCount())
 	}
-	out := map[string][]bucket{}
+	out := map[rowKey][]bucket{}
 	for tier, byUpper := range sums {
 		var bs []bucket
 		for u, c := range byUpper {
@@ -155,15 +154,15 @@ func quantile(q float64, bs []bucket) float64 {
 	return lower
 }
 
-// renderGoodput prints the per-tier goodput table.
+// renderGoodput prints the goodput table, a row per tier and model.
 func renderGoodput(w io.Writer, rows []tierRow) {
-	fmt.Fprintf(w, "\n%-11s %6s %9s %18s %18s   (infergate's own metrics)\n", "TIER", "REQS", "GOODPUT", "TTFT p95 / SLO", "TPOT p95 / SLO")
+	fmt.Fprintf(w, "\n%-11s %-14s %6s %9s %18s %18s   (infergate's own metrics)\n", "TIER", "MODEL", "REQS", "GOODPUT", "TTFT p95 / SLO", "TPOT p95 / SLO")
 	for _, r := range rows {
 		good := "-"
 		if r.requests > 0 {
 			good = fmt.Sprintf("%.1f%%", 100*r.good/r.requests)
 		}
-		fmt.Fprintf(w, "%-11s %6.0f %9s %18s %18s\n", r.tier, r.requests, good, vsTarget(r.ttftP95, r.ttftTarget), vsTarget(r.tpotP95, r.tpotTg))
+		fmt.Fprintf(w, "%-11s %-14s %6.0f %9s %18s %18s\n", r.tier, r.model, r.requests, good, vsTarget(r.ttftP95, r.ttftTarget), vsTarget(r.tpotP95, r.tpotTg))
 	}
 }
 

@@ -16,19 +16,20 @@ infergate_tenant_requests_total{model="m",outcome="ok",tenant="initech",tier="fr
 infergate_tenant_good_requests_total{model="m",tenant="acme",tier="enterprise"} 80
 infergate_tenant_good_requests_total{model="m",tenant="initech",tier="free"} 4
 # TYPE gen_ai_server_time_to_first_token_seconds histogram
-gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="0.1"} 50
-gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="0.2"} 50
-gen_ai_server_time_to_first_token_seconds_bucket{pool="a",tier="enterprise",le="+Inf"} 50
-gen_ai_server_time_to_first_token_seconds_sum{pool="a",tier="enterprise"} 2
-gen_ai_server_time_to_first_token_seconds_count{pool="a",tier="enterprise"} 50
-gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="0.1"} 0
-gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="0.2"} 50
-gen_ai_server_time_to_first_token_seconds_bucket{pool="b",tier="enterprise",le="+Inf"} 50
-gen_ai_server_time_to_first_token_seconds_sum{pool="b",tier="enterprise"} 7
-gen_ai_server_time_to_first_token_seconds_count{pool="b",tier="enterprise"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="a",tier="enterprise",le="0.1"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="a",tier="enterprise",le="0.2"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="a",tier="enterprise",le="+Inf"} 50
+gen_ai_server_time_to_first_token_seconds_sum{gen_ai_request_model="m",pool="a",tier="enterprise"} 2
+gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="m",pool="a",tier="enterprise"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="b",tier="enterprise",le="0.1"} 0
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="b",tier="enterprise",le="0.2"} 50
+gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="m",pool="b",tier="enterprise",le="+Inf"} 50
+gen_ai_server_time_to_first_token_seconds_sum{gen_ai_request_model="m",pool="b",tier="enterprise"} 7
+gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="m",pool="b",tier="enterprise"} 50
 # TYPE infergate_slo_ttft_target_seconds gauge
 infergate_slo_ttft_target_seconds{gen_ai_request_model="m",tier="enterprise"} 0.2
 infergate_slo_ttft_target_seconds{gen_ai_request_model="n",tier="enterprise"} 0.5
+infergate_tenant_requests_total{model="n",outcome="ok",tenant="acme",tier="enterprise"} 5
 `
 
 func TestGoodputFromMetrics(t *testing.T) {
@@ -36,8 +37,12 @@ func TestGoodputFromMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 || rows[0].tier != "enterprise" || rows[1].tier != "free" {
+	// A row per tier and model: each model is judged against its own target in the tier.
+	if len(rows) != 3 || rows[0].tier != "enterprise" || rows[0].model != "m" || rows[1].model != "n" || rows[2].tier != "free" {
 		t.Fatalf("rows %+v", rows)
+	}
+	if n := rows[1]; n.ttftTarget != 0.5 || n.requests != 5 || !math.IsNaN(n.ttftP95) {
+		t.Errorf("model n's row %+v: want its own 500 ms target", n)
 	}
 	e := rows[0]
 	if e.requests != 100 || e.good != 80 {

@@ -90,12 +90,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, duration)
-		defer cancel()
-	}
-	if err := run(ctx, *bin, *envoyFile, *listen); err != nil {
+	if err := run(ctx, *bin, *envoyFile, *listen, duration); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -110,7 +105,7 @@ const (
 	fleetFile   = "examples/quickstart/fleet.yaml"
 )
 
-func run(ctx context.Context, bin, envoyFile, listen string) error {
+func run(ctx context.Context, bin, envoyFile, listen string, duration time.Duration) error {
 	root, err := e2e.FindRoot()
 	if err != nil {
 		return err
@@ -192,9 +187,17 @@ func run(ctx context.Context, bin, envoyFile, listen string) error {
 	}
 	start := time.Now()
 	s.start = start
+	// DEMO_DURATION counts from the traffic's start, so that the summary's elapsed time is what was asked.
+	var deadline <-chan time.Time
+	if duration > 0 {
+		deadline = time.After(duration)
+	}
 	sc, err := scenarioFor(os.Getenv("DEMO_SCENARIO"))
 	if err != nil {
 		return err
+	}
+	if b, ok := sc.(*burst); ok {
+		b.record = s.add // a burst's requests are the tenant's too: its 429s belong in the tenant table
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -202,6 +205,8 @@ loop:
 	for {
 		select {
 		case <-ctx.Done():
+			break loop
+		case <-deadline:
 			break loop
 		case err := <-served:
 			return fmt.Errorf("infergate exited: %v (log: %s)", err, logFile.Name())

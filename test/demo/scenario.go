@@ -194,6 +194,8 @@ type burst struct {
 	started       bool
 	mu            sync.Mutex
 	results       []sample
+	// record, when set, also counts each answer in the demo's tables (the tenant's 429s among them).
+	record func(sample)
 }
 
 func (b *burst) step(st *e2e.Stack, elapsed time.Duration) {
@@ -218,6 +220,9 @@ func (b *burst) step(st *e2e.Stack, elapsed time.Duration) {
 				b.mu.Lock()
 				b.results = append(b.results, x)
 				b.mu.Unlock()
+				if b.record != nil {
+					b.record(x)
+				}
 			}()
 		}
 	}()
