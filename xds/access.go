@@ -23,6 +23,11 @@ import (
 // common name) — or, where the server runs without TLS, a loopback connection (Envoy beside infergate on one
 // host, the default bind). Every other client gets the same clusters and routes without any secret; a client
 // that claims an allowed id it cannot prove is refused.
+//
+// A client whose verified certificate names an allowed id may also receive secrets under a node id it cannot
+// choose — an Istio ingress gateway's is istiod's "router~<ip>~<pod>…" (deploy/istio): its connection vouches
+// for that node id while it is open, and another connection claiming the same node id must prove an allowed
+// identity too, or is refused.
 
 // Peer is what a connection proves about its client.
 type Peer struct {
@@ -75,10 +80,14 @@ type secretGate struct {
 	mu      sync.RWMutex
 	allowed map[string]bool
 	streams map[int64]Peer
+	// vouched are node ids an open connection with an allowed identity claimed, by how many such streams;
+	// vouchedBy the node id each of those streams vouched for.
+	vouched   map[string]int
+	vouchedBy map[int64]string
 }
 
 func newSecretGate() *secretGate {
-	return &secretGate{allowed: map[string]bool{}, streams: map[int64]Peer{}}
+	return &secretGate{allowed: map[string]bool{}, streams: map[int64]Peer{}, vouched: map[string]int{}, vouchedBy: map[int64]string{}}
 }
 
 func (g *secretGate) allow(ids []string) {
@@ -95,22 +104,46 @@ func (g *secretGate) allow(ids []string) {
 func (g *secretGate) mayHaveSecrets(id string) bool {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
-	return g.allowed[id]
+	return g.allowed[id] || g.vouched[id] > 0
 }
 
-// check refuses a request whose node claims an allowed id the stream's connection does not prove.
+// check refuses a request whose node claims an allowed id the stream's connection does not prove, or a node id
+// another connection vouched for with an identity this one lacks; a connection whose certificate names an
+// allowed identity vouches for the node id it claims.
 func (g *secretGate) check(streamID int64, node *corev3.Node) error {
-	if node == nil || !g.mayHaveSecrets(node.GetId()) {
+	if node == nil {
 		return nil
 	}
-	g.mu.RLock()
+	id := node.GetId()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	p := g.streams[streamID]
-	g.mu.RUnlock()
-	if !p.Proves(node.GetId()) {
+	switch {
+	case g.allowed[id]:
+		if !p.Proves(id) {
+			return status.Error(codes.PermissionDenied, fmt.Sprintf(
+				"node id %q may receive secrets, and this connection does not prove it: present a client certificate naming it", id))
+		}
+	case g.namesAllowed(p):
+		if _, done := g.vouchedBy[streamID]; !done {
+			g.vouchedBy[streamID] = id
+			g.vouched[id]++
+		}
+	case g.vouched[id] > 0:
 		return status.Error(codes.PermissionDenied, fmt.Sprintf(
-			"node id %q may receive secrets, and this connection does not prove it: present a client certificate naming it", node.GetId()))
+			"node id %q is in use by a client certified to receive secrets, and this connection is not", id))
 	}
 	return nil
+}
+
+// namesAllowed says whether a connection's verified certificate names an allowed identity.
+func (g *secretGate) namesAllowed(p Peer) bool {
+	for _, n := range p.Names {
+		if g.allowed[n] {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *secretGate) open(ctx context.Context, streamID int64) {
@@ -122,8 +155,14 @@ func (g *secretGate) open(ctx context.Context, streamID int64) {
 
 func (g *secretGate) closed(streamID int64) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	delete(g.streams, streamID)
-	g.mu.Unlock()
+	if id, ok := g.vouchedBy[streamID]; ok {
+		delete(g.vouchedBy, streamID)
+		if g.vouched[id]--; g.vouched[id] <= 0 {
+			delete(g.vouched, id)
+		}
+	}
 }
 
 // callbacks wires the gate into go-control-plane's stream handling, state of the world and delta alike.

@@ -24,6 +24,7 @@ import (
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/tlstest"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // askSecret opens an ADS stream as node id and asks for the fallback's secret; it returns the secret value, or
@@ -143,6 +144,65 @@ func TestSecretsNeedACertificateNamingTheNode(t *testing.T) {
 	other := tlstest.NewCA(t, "other-ca")
 	if _, err := askSecret(t, dial(other.Client(t, "envoy-1")), "envoy-1"); err == nil {
 		t.Error("a certificate from an unknown CA was served")
+	}
+}
+
+// A gateway whose node id it cannot choose (Istio's ingress gateway: "router~<ip>~<pod>…") receives the key
+// when its certificate names an allowed identity; while it is connected, another client claiming its node id
+// without such a certificate is refused, and once it has gone that node id is nobody's again.
+func TestACertifiedIdentityVouchesForItsNodeID(t *testing.T) {
+	t.Setenv("TOGETHER_API_KEY", providerKey)
+	serverCA, clientCA := tlstest.NewCA(t, "server-ca"), tlstest.NewCA(t, "client-ca")
+	s := NewServer(nil)
+	s.AllowSecrets("infergate-envoy-client")
+	if err := s.Update(quickstart(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCA.Server(t).Cert},
+		ClientCAs: clientCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))
+	s.Register(ctx, gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	dial := func(leaf *tlstest.Leaf) *grpc.ClientConn {
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(serverCA, leaf))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
+	}
+	const istioNode = "router~10.0.0.7~istio-ingressgateway-5d9f.istio-system~istio-system.svc.cluster.local"
+	gateway := dial(clientCA.Client(t, "infergate-envoy-client"))
+	// The gateway's stream stays open while the intruder tries.
+	sctx, closeGateway := context.WithCancel(context.Background())
+	ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(gateway).StreamAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := contract.SecretName("llama-3.3-70b", "together")
+	if err := ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: istioNode}, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ads.Recv()
+	var sec tlsv3.Secret
+	if err != nil || len(resp.GetResources()) != 1 || resp.GetResources()[0].UnmarshalTo(&sec) != nil ||
+		sec.GetGenericSecret().GetSecret().GetInlineString() != "Bearer "+providerKey {
+		t.Fatalf("the certified gateway under istiod's node id: %v, %v", resp, err)
+	}
+	if v, err := askSecret(t, dial(clientCA.Client(t, "intruder")), istioNode); status.Code(err) != codes.PermissionDenied || v != "" {
+		t.Errorf("an uncertified client claiming the gateway's node id: %q %v", v, err)
+	}
+	closeGateway()
+	// Once the gateway's stream is gone, its node id vouches for nobody.
+	wait.Within(t, "the closed stream noticed", 10*time.Second, func() bool { return !s.gate.mayHaveSecrets(istioNode) })
+	if v, err := askSecret(t, dial(clientCA.Client(t, "intruder")), istioNode); err != nil || v != "" {
+		t.Errorf("after the gateway left, its node id: %q %v", v, err)
 	}
 }
 

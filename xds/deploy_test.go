@@ -7,10 +7,15 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	credinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	istionetworking "istio.io/api/networking/v1alpha3"
@@ -99,13 +104,103 @@ func TestIstioEnvoyFilter(t *testing.T) {
 				oh.GetOverrideHostSources()[0].GetHeader() != contract.HeaderDestination || oh.GetSelectedHostKey() == nil {
 				t.Errorf("cluster %s: no override_host policy on %s", name, contract.HeaderDestination)
 			}
-			r := routes[name]
-			if r == nil || r.GetRoute().GetCluster() != name || len(r.GetMatch().GetHeaders()) != 1 ||
-				r.GetMatch().GetHeaders()[0].GetName() != contract.HeaderPool || r.GetMatch().GetHeaders()[0].GetStringMatch().GetExact() != p.Name {
-				t.Errorf("no route on %s: %s to %s: %v", contract.HeaderPool, p.Name, name, r)
-			}
 		}
 	}
+	checkIstioMatchesXDS(t, extproc, clusters, routes)
+}
+
+// checkIstioMatchesXDS holds the EnvoyFilter's managed-API path to what infergate's own xDS serves Envoy for the
+// same policy: every route (a pool's, retrying on another replica with previous_hosts, to its failover aggregate;
+// the fallback's), every failover aggregate and fallback cluster, equal but for what Istio names otherwise — the
+// ext_proc cluster (Istio's outbound cluster for the infergate Service) and where the key comes from (infergate's
+// SDS over the infergate-xds cluster, which presents the chart's client certificate from Istio's agent).
+func checkIstioMatchesXDS(t *testing.T, extproc *extprocfilterv3.ExternalProcessor, clusters map[string]*clusterv3.Cluster, routes map[string]*routev3.Route) {
+	t.Helper()
+	t.Setenv("TOGETHER_API_KEY", "a key")
+	res, err := Build(quickstart(t), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	istioExtProc := extproc.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	xdsSource := &corev3.ConfigSource{ResourceApiVersion: corev3.ApiVersion_V3, ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{
+		ApiConfigSource: &corev3.ApiConfigSource{ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "infergate-xds"}}}}}}}
+	for _, r := range res.Clusters {
+		want := proto.Clone(r.(*clusterv3.Cluster)).(*clusterv3.Cluster)
+		name := want.GetName()
+		if strings.HasPrefix(name, "pool/") {
+			continue // STRICT_DNS on the pool's Service instead of EDS: checked above
+		}
+		if opts, err := upstreamOptions(want); err == nil && opts != nil {
+			istioUpstream(t, opts, istioExtProc, xdsSource)
+			want.TypedExtensionProtocolOptions[upstreamOptionsKey] = mustAny(opts)
+		}
+		got := clusters[name]
+		if got == nil || !proto.Equal(normalizedAny(t, got), normalizedAny(t, want)) {
+			t.Errorf("cluster %s differs from infergate's xDS:\n got  %v\n want %v", name, got, want)
+		}
+	}
+	var want []*routev3.Route
+	for _, r := range res.Routes {
+		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			want = append(want, vh.GetRoutes()...)
+		}
+	}
+	for _, w := range want {
+		if w.GetName() == "default" {
+			continue // Istio's own routes come after infergate's
+		}
+		if got := routes[w.GetName()]; got == nil || !proto.Equal(got, w) {
+			t.Errorf("route %s differs from infergate's xDS:\n got  %v\n want %v", w.GetName(), got, w)
+		}
+	}
+	xds := clusters["infergate-xds"]
+	var up tlsv3.UpstreamTlsContext
+	if xds == nil || xds.GetTransportSocket().GetTypedConfig().UnmarshalTo(&up) != nil ||
+		len(up.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()) != 1 ||
+		up.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()[0].GetName() != "kubernetes://infergate-envoy-client" {
+		t.Errorf("infergate-xds cluster %v: want mutual TLS with the chart's client certificate", xds)
+	}
+}
+
+// istioUpstream rewrites a fallback cluster's upstream filters as the EnvoyFilter must have them.
+func istioUpstream(t *testing.T, opts *upstreamhttpv3.HttpProtocolOptions, extproc string, source *corev3.ConfigSource) {
+	t.Helper()
+	for _, f := range opts.GetHttpFilters() {
+		switch f.GetName() {
+		case "envoy.filters.http.ext_proc":
+			var ep extprocfilterv3.ExternalProcessor
+			if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+				t.Fatal(err)
+			}
+			ep.GetGrpcService().GetEnvoyGrpc().ClusterName = extproc
+			f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&ep)}
+		case "envoy.filters.http.credential_injector":
+			var ci credinjectorv3.CredentialInjector
+			var g genericv3.Generic
+			if err := f.GetTypedConfig().UnmarshalTo(&ci); err != nil || ci.GetCredential().GetTypedConfig().UnmarshalTo(&g) != nil {
+				t.Fatal(err)
+			}
+			g.GetCredential().SdsConfig = source
+			ci.GetCredential().TypedConfig = mustAny(&g)
+			f.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&ci)}
+		}
+	}
+}
+
+// normalizedAny re-encodes a cluster so that the Any values inside it compare by content (YAML-decoded and
+// built messages may serialise their fields in another order).
+func normalizedAny(t *testing.T, c *clusterv3.Cluster) *clusterv3.Cluster {
+	t.Helper()
+	b, err := protojson.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out clusterv3.Cluster
+	if err := protojson.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
 }
 
 // checkIstioExtProcTLS decodes the DestinationRule into Istio's type: the ingress gateway's connection to
