@@ -149,7 +149,13 @@ func TestShippedBufferedTimeoutsMatchThePolicyDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The Istio filter streams (FULL_DUPLEX_STREAMED has no message timer); were it BUFFERED, its timeout must match.
-	if strings.Contains(string(istio), "request_body_mode: BUFFERED") && !strings.Contains(string(istio), "message_timeout: "+policies.DefaultBufferedMessageTimeout.String()) {
+	// Only the downstream filter, the first patch, queues: the fallback cluster's upstream ext_proc (which renames
+	// the model on that leg) buffers its body and is answered at once.
+	downstream, _, _ := strings.Cut(string(istio), "applyTo: CLUSTER")
+	if !strings.Contains(downstream, "envoy.filters.http.ext_proc") {
+		t.Fatal("deploy/istio/envoyfilter.yaml: no ext_proc filter before its clusters")
+	}
+	if strings.Contains(downstream, "request_body_mode: BUFFERED") && !strings.Contains(downstream, "message_timeout: "+policies.DefaultBufferedMessageTimeout.String()) {
 		t.Errorf("deploy/istio/envoyfilter.yaml: BUFFERED without message_timeout: %v", policies.DefaultBufferedMessageTimeout)
 	}
 }
