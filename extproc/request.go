@@ -3,7 +3,6 @@ package extproc
 import (
 	"context"
 	"crypto/rand"
-	"hash"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/openai"
@@ -92,9 +92,9 @@ type requestState struct {
 	traceparent, tracestate string
 	trace                   *telemetry.Request // nil without tracing
 	timing                  responseTiming
-	output                  hash.Hash    // the generated text's digest, with Options.DigestKey
-	answer                  *boundedText // the generated text, kept for a shadow pair (Route.PairsAnswer)
-	promptDigest            string       // the prompt's, taken as the request is routed
+	output                  *audit.Digester // the generated text's digest, with Options.DigestKey
+	answer                  *boundedText    // the generated text, kept for a shadow pair (Route.PairsAnswer)
+	promptDigest            string          // the prompt's, taken as the request is routed
 }
 
 func (rs *requestState) log() *slog.Logger { return rs.srv.opts.Logger }

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"encoding/hex"
 	"io"
 	"time"
 
@@ -48,7 +47,7 @@ func chunked(mode bodyMode) bool {
 // startOutputDigest prepares the digest of the generated text, when settlements carry digests.
 func (rs *requestState) startOutputDigest() {
 	if rs.srv.opts.DigestKey != nil && rs.output == nil {
-		rs.output = rs.srv.opts.DigestKey.New()
+		rs.output = rs.srv.opts.DigestKey.Digester()
 		if rs.sse != nil {
 			rs.sse.Text = rs.output
 		}
@@ -137,10 +136,19 @@ func (rs *requestState) digestPrompt(prompt []byte) {
 func (rs *requestState) digests(o *director.Outcome) {
 	o.PromptDigest, o.DigestKey = rs.promptDigest, rs.srv.opts.DigestKey.ID
 	if rs.output == nil && rs.respBody != nil && rs.endpoint != openai.EndpointEmbeddings {
-		rs.output = rs.srv.opts.DigestKey.New()
+		rs.output = rs.srv.opts.DigestKey.Digester()
 		openai.OutputText(rs.respBody, rs.output)
 	}
-	if rs.output != nil && o.Status < 400 && o.Status != 0 {
-		o.OutputDigest = hex.EncodeToString(rs.output.Sum(nil))
+	if rs.output == nil {
+		return
 	}
+	if o.Status < 400 && o.Status != 0 {
+		o.OutputDigest = rs.output.Hex()
+	}
+	// Settled: nothing more is written to it. The event scanner lets go of it first.
+	if rs.sse != nil {
+		rs.sse.Text = nil
+	}
+	rs.output.Release()
+	rs.output = nil
 }
