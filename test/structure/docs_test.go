@@ -12,6 +12,9 @@ import (
 // map of docs/; the rest lives in docs/.
 const readmeLimit = 15 << 10
 
+// benchmarksLimit bounds BENCHMARKS.md (issue #37): the current result of each benchmark, not a diary.
+const benchmarksLimit = 25 << 10
+
 // operatorDocs are the documents an operator reads, whose links must lead somewhere.
 func operatorDocs(t *testing.T) []string {
 	t.Helper()
@@ -92,5 +95,8 @@ func TestDocsLinksResolve(t *testing.T) {
 	}
 	if fi, err := os.Stat("../../README.md"); err != nil || fi.Size() > readmeLimit {
 		t.Errorf("README.md is %d bytes, over %d: move detail to docs/", fi.Size(), readmeLimit)
+	}
+	if fi, err := os.Stat("../../BENCHMARKS.md"); err != nil || fi.Size() > benchmarksLimit {
+		t.Errorf("BENCHMARKS.md is %d bytes, over %d: it holds each benchmark's current result; history stays in git", fi.Size(), benchmarksLimit)
 	}
 }
