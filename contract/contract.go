@@ -34,11 +34,22 @@ const MinimumEnvoy = "1.38"
 // reservedPrefixes are the header families clients may never set: infergate strips them and sets its own.
 var reservedPrefixes = [...]string{"x-gateway-", "x-infergate-"}
 
+// disaggregationHeaders are llm-d's prefill/decode routing headers, which its routing sidecar in a decode pod
+// obeys: from a client, x-prefiller-host-port would have the sidecar send the prompt to an address of the
+// client's choosing. A gateway sets them; clients never do.
+var disaggregationHeaders = [...]string{"x-prefiller-host-port", "x-prefiller-url", "x-encoder-hosts-ports",
+	"x-data-parallel-host-port", "x-kv-cache-source-host-port"}
+
 // Reserved reports whether a (lower-case) header name belongs to the contract, so a client-supplied one must be
 // stripped.
 func Reserved(name string) bool {
 	for _, p := range reservedPrefixes {
 		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	for _, h := range disaggregationHeaders {
+		if name == h {
 			return true
 		}
 	}

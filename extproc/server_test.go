@@ -46,14 +46,17 @@ func TestBufferedChatRouting(t *testing.T) {
 	s := h.open(t, modeBuffered, modeStreamed)
 	s.send(postHeaders("/v1/chat/completions", keyAcme,
 		"content-length", strconv.Itoa(len(chatBody)),
-		"x-gateway-destination-endpoint", "6.6.6.6:22", "X-Infergate-Pool", "evil", "x-infergate-tenant", "root"))
+		"x-gateway-destination-endpoint", "6.6.6.6:22", "X-Infergate-Pool", "evil", "x-infergate-tenant", "root",
+		"x-prefiller-host-port", "169.254.169.254:80", "x-kv-cache-source-host-port", "10.9.9.9:8000"))
 	// BUFFERED: headers are answered at once (Envoy only then sends the body), forged headers removed.
 	hr := s.recv().GetRequestHeaders()
 	if hr == nil {
 		t.Fatal("expected a request_headers response")
 	}
 	removed := sorted(hr.GetResponse().GetHeaderMutation().GetRemoveHeaders())
-	for _, want := range []string{"authorization", "x-gateway-destination-endpoint", "x-infergate-pool", "x-infergate-tenant"} {
+	// llm-d's prefill/decode headers too: a decode pod's routing sidecar would send the prompt to that address.
+	for _, want := range []string{"authorization", "x-gateway-destination-endpoint", "x-infergate-pool", "x-infergate-tenant",
+		"x-prefiller-host-port", "x-kv-cache-source-host-port"} {
 		if !slices.Contains(removed, want) {
 			t.Errorf("header %q not removed (removed %v)", want, removed)
 		}

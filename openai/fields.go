@@ -19,6 +19,13 @@ const (
 	fieldN
 	fieldBestOf
 	fieldUser
+	// The engines' prefill/decode protocol fields (vLLM's kv_transfer_params, SGLang's bootstrap address): a
+	// gateway sets them on a disaggregated request's legs; from a client they would make an engine pull KV
+	// cache from, or hand it to, an address of the client's choosing.
+	fieldKVTransferParams
+	fieldBootstrapHost
+	fieldBootstrapPort
+	fieldBootstrapRoom
 	numFields
 )
 
@@ -27,7 +34,8 @@ var fieldNames = [numFields]string{
 	fieldModel: "model", fieldStream: "stream", fieldStreamOptions: "stream_options",
 	fieldMaxTokens: "max_tokens", fieldMaxCompletionTokens: "max_completion_tokens",
 	fieldMaxOutputTokens: "max_output_tokens", fieldInstructions: "instructions", fieldN: "n",
-	fieldBestOf: "best_of", fieldUser: "user",
+	fieldBestOf: "best_of", fieldUser: "user", fieldKVTransferParams: "kv_transfer_params",
+	fieldBootstrapHost: "bootstrap_host", fieldBootstrapPort: "bootstrap_port", fieldBootstrapRoom: "bootstrap_room",
 }
 
 // span locates a value in the body: [start, end), end 0 when absent.

@@ -226,6 +226,9 @@ func (req *Request) readField(field int, at span, limits *tokenLimits, idx *body
 	v := req.body[at.start:at.end]
 	var e *Error
 	switch field {
+	case fieldKVTransferParams, fieldBootstrapHost, fieldBootstrapPort, fieldBootstrapRoom:
+		name := fieldNames[field]
+		return BadRequest(name, "'%s' is set by the gateway when it splits prefill from decode; a request may not set it.", name)
 	case fieldModel:
 		model, ok := stringValue(v)
 		if !ok {
