@@ -61,8 +61,8 @@ func (d *decision) candidates() (blockTokens int) {
 	}
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]
-		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
-			continue
+		if !pool.ServesWhole() || in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
+			continue // a prefill-only pool takes no whole request
 		}
 		speed := snap.Speed(pool)
 		for _, ep := range pool.Endpoints {

@@ -29,8 +29,8 @@ func (p *LeastInFlight) Pick(snap *policies.Snapshot, in Input) (Decision, error
 	var all []candidate
 	for i := range model.Pools {
 		pool := &model.Pools[i]
-		if in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
-			continue
+		if !pool.ServesWhole() || in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
+			continue // a prefill-only pool takes no whole request
 		}
 		for _, ep := range pool.Endpoints {
 			all = append(all, candidate{pool: pool, endpoint: ep})

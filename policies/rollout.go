@@ -215,6 +215,8 @@ func (s *Snapshot) compileRollouts(pol *Policy) {
 			switch {
 			case pool.Name == r.Candidate.Pool:
 				plan.Candidate, plan.CandidateServed = pool, pool.ServedModel
+			case !pool.ServesWhole():
+				// A prefill-only pool takes no whole request: it is in neither arm.
 			case len(r.Baseline.Pools) == 0 || slices.Contains(r.Baseline.Pools, pool.Name):
 				plan.Baseline = append(plan.Baseline, pool)
 			}
@@ -294,10 +296,15 @@ func (v *validator) rollout(s *Spec, m *Model, base []seg) {
 		v.fail(append(slices.Clone(rb), "candidate", "pool"), "unknown pool %q of model %q", c.Pool, m.Name)
 	case c.Pool != "" && slices.Contains(r.Baseline.Pools, c.Pool):
 		v.fail(append(slices.Clone(rb), "candidate", "pool"), "pool %q is also in the baseline", c.Pool)
+	case c.Pool != "" && !pools[c.Pool].ServesWhole():
+		v.fail(append(slices.Clone(rb), "candidate", "pool"), "pool %q only prefills: a rollout's arms take whole requests", c.Pool)
 	}
 	for k, name := range r.Baseline.Pools {
-		if pools[name] == nil {
+		switch {
+		case pools[name] == nil:
 			v.fail(append(slices.Clone(rb), "baseline", "pools", k), "unknown pool %q of model %q", name, m.Name)
+		case !pools[name].ServesWhole():
+			v.fail(append(slices.Clone(rb), "baseline", "pools", k), "pool %q only prefills: a rollout's arms take whole requests", name)
 		}
 	}
 	if c.Pool != "" && len(r.Baseline.Pools) == 0 && len(m.Pools) < 2 {

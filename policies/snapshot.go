@@ -249,11 +249,11 @@ func (s *Snapshot) tierAllows(t *Tenant, m *Model) bool {
 		return false
 	}
 	for i := range m.Pools {
-		if s.PoolAllowed(t, &m.Pools[i]) {
+		if m.Pools[i].ServesWhole() && s.PoolAllowed(t, &m.Pools[i]) {
 			return true
 		}
 	}
-	return false // the tier may use none of the model's hardware
+	return false // the tier may use none of the model's hardware (a prefill-only pool takes no request of its own)
 }
 
 // PoolSpeed is how fast one replica of a pool runs its model: the pool's own figures where it states them,

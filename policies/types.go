@@ -218,6 +218,9 @@ type Model struct {
 	Fallbacks []Fallback `yaml:"fallbacks,omitempty" json:"fallbacks,omitempty"`
 	// Rollout, when set, releases a candidate pool or served model in steps gated on goodput (see Rollout).
 	Rollout *Rollout `yaml:"rollout,omitempty" json:"rollout,omitempty"`
+	// Disaggregation, when set, lets a request's prefill run on one replica and its decode on another, the KV
+	// cache moved between them (docs/disaggregation.md); the pools' roles say which may do which.
+	Disaggregation *Disaggregation `yaml:"disaggregation,omitempty" json:"disaggregation,omitempty"`
 	// Adapters are LoRA adapters every pool of the model can serve (vLLM --lora-modules), named as clients
 	// call them. A request for an adapter keeps its name upstream, prefers endpoints that have it loaded, and
 	// never overflows to a managed fallback, which does not have it.
@@ -258,7 +261,25 @@ type Pool struct {
 	// faster than a 70B one on the same GPU. They feed the TTFT prediction and the cost per token.
 	PrefillTokensPerSecond float64 `yaml:"prefillTokensPerSecond,omitempty" json:"prefillTokensPerSecond,omitempty" jsonschema:"minimum=0"`
 	DecodeTokensPerSecond  float64 `yaml:"decodeTokensPerSecond,omitempty" json:"decodeTokensPerSecond,omitempty" jsonschema:"minimum=0"`
+	// Role is what the pool's replicas do when the model disaggregates prefill from decode (spec.models[].
+	// disaggregation, docs/disaggregation.md): both (default), prefill (they only prefill for a decode replica,
+	// and take no whole request) or decode (they take whole requests, and decode disaggregated ones).
+	Role string `yaml:"role,omitempty" json:"role,omitempty" jsonschema:"enum=both,enum=prefill,enum=decode"`
 }
+
+// Pool roles.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// ServesWhole says whether the pool takes whole requests (prefill and decode on one replica): every pool but a
+// prefill-only one.
+func (p *Pool) ServesWhole() bool { return p.Role != RolePrefill }
+
+// Prefills says whether the pool can prefill for a decode replica of another.
+func (p *Pool) Prefills() bool { return p.Role != RoleDecode }
 
 // ServiceRef names a Kubernetes Service and the port of its EndpointSlices that serves the engine's API.
 type ServiceRef struct {

@@ -433,6 +433,7 @@ func (v *validator) pools(s *Spec, m *Model, base []seg) {
 	if len(m.Pools) == 0 {
 		v.fail(append(base, "pools"), "at least one pool is required")
 	}
+	v.disaggregation(m, base)
 	poolNames := map[string]bool{}
 	endpoints := map[string]string{}
 	for j := range m.Pools {

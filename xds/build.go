@@ -111,8 +111,11 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			cla, healthy, util := poolEndpoints(m, p, fleet)
 			out.Endpoints = append(out.Endpoints, cla)
 			hc := snap.Policy.Spec.HardwareClasses[p.HardwareClass]
-			// Live capacity: healthy replicas × class throughput × headroom.
-			capacities[name] = float64(healthy) * hc.PrefillTokensPerSecond * (1 - util)
+			// Live capacity: healthy replicas × class throughput × headroom; a prefill-only pool takes no
+			// whole request, so proxyless clients send it none.
+			if p.ServesWhole() {
+				capacities[name] = float64(healthy) * hc.PrefillTokensPerSecond * (1 - util)
+			}
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   contract.ClusterName(m.Name, p.Name),
 				Match:  headerMatch(contract.HeaderPool, p.Name),

@@ -1,0 +1,64 @@
+package policies
+
+import "slices"
+
+// Disaggregation is how a model's requests may be split between a prefill replica and a decode replica.
+type Disaggregation struct {
+	// Protocol is how the decode replica learns its prefiller: llm-d (the request goes to the decode pod's
+	// routing sidecar with x-prefiller-host-port; vLLM's NIXL connector moves the KV cache).
+	Protocol string `yaml:"protocol" json:"protocol" jsonschema:"enum=llm-d"`
+	// MinUncachedTokens is the least prompt a request must leave to prefill (after its cached prefix) for it to
+	// be split; shorter ones run whole on one replica (default 1024).
+	MinUncachedTokens int `yaml:"minUncachedTokens,omitempty" json:"minUncachedTokens,omitempty" jsonschema:"minimum=0"`
+	// KVBytesPerToken is the model's KV cache per token (layers × KV heads × head size × 2 × bytes a value,
+	// e.g. 163840 for Llama-3.3-70B in FP8): with TransferGbps, what moving a prompt's cache costs.
+	KVBytesPerToken int64 `yaml:"kvBytesPerToken" json:"kvBytesPerToken" jsonschema:"minimum=1"`
+	// TransferGbps is the link between prefill and decode replicas, in gigabits a second (default 100: one
+	// 100 Gb/s RDMA NIC).
+	TransferGbps float64 `yaml:"transferGbps,omitempty" json:"transferGbps,omitempty" jsonschema:"minimum=0"`
+}
+
+// Disaggregation defaults.
+const (
+	ProtocolLLMD                   = "llm-d"
+	DefaultDisaggMinUncachedTokens = 1024
+	DefaultDisaggTransferGbps      = 100
+)
+
+// disaggregation validates a model's pool roles against its disaggregation.
+func (v *validator) disaggregation(m *Model, base []seg) {
+	split := false
+	prefill, decode := false, false
+	for j := range m.Pools {
+		p := &m.Pools[j]
+		switch p.Role {
+		case "", RoleBoth:
+		case RolePrefill, RoleDecode:
+			split = true
+		default:
+			v.fail(append(slices.Clone(base), "pools", j, "role"), "must be both, prefill or decode, got %q", p.Role)
+		}
+		prefill = prefill || p.Prefills()
+		decode = decode || p.ServesWhole()
+	}
+	d := m.Disaggregation
+	if d == nil {
+		if split {
+			v.fail(append(slices.Clone(base), "pools"), "pools with a prefill or decode role need spec.models[].disaggregation")
+		}
+		return
+	}
+	db := append(slices.Clone(base), "disaggregation")
+	if d.Protocol != ProtocolLLMD {
+		v.fail(append(slices.Clone(db), "protocol"), "must be %q (the decode pod's routing sidecar), got %q", ProtocolLLMD, d.Protocol)
+	}
+	if d.KVBytesPerToken <= 0 {
+		v.fail(append(slices.Clone(db), "kvBytesPerToken"), "must be above 0: the model's KV cache bytes per token")
+	}
+	if d.MinUncachedTokens < 0 || d.TransferGbps < 0 {
+		v.fail(db, "minUncachedTokens and transferGbps must not be negative")
+	}
+	if !prefill || !decode {
+		v.fail(append(slices.Clone(base), "pools"), "a disaggregated model needs a pool that prefills (role prefill or both) and one that decodes (decode or both)")
+	}
+}
