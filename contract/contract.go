@@ -26,6 +26,10 @@ const (
 	HeaderRollout = "x-infergate-rollout"
 )
 
+// HeaderPrefiller names a split request's prefill endpoint (ip:port) to the decode pod's routing sidecar
+// (llm-d's convention: the sidecar runs the prefill leg there and the decode leg on its own engine).
+const HeaderPrefiller = "x-prefiller-host-port"
+
 // MinimumEnvoy is the oldest Envoy release the shipped configurations and the served xDS resources work with:
 // the override_host policy's selected_host_key (which reports the host Envoy used) first appeared in 1.38.
 // deploy/envoy/minversion decodes every configuration with that release's API.
@@ -37,7 +41,7 @@ var reservedPrefixes = [...]string{"x-gateway-", "x-infergate-"}
 // disaggregationHeaders are llm-d's prefill/decode routing headers, which its routing sidecar in a decode pod
 // obeys: from a client, x-prefiller-host-port would have the sidecar send the prompt to an address of the
 // client's choosing. A gateway sets them; clients never do.
-var disaggregationHeaders = [...]string{"x-prefiller-host-port", "x-prefiller-url", "x-encoder-hosts-ports",
+var disaggregationHeaders = [...]string{HeaderPrefiller, "x-prefiller-url", "x-encoder-hosts-ports",
 	"x-data-parallel-host-port", "x-kv-cache-source-host-port"}
 
 // Reserved reports whether a (lower-case) header name belongs to the contract, so a client-supplied one must be

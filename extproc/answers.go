@@ -17,9 +17,9 @@ import (
 // caller still holds it either. The types hold protobuf messages by value: never copy them.
 
 // headerSlots is how many header mutations an answer sets without allocating: a decision sets at most model,
-// pool, destination, tenant, request id, traceparent, tracestate and content-length; response headers the
-// scores, six rate-limit headers and the request id.
-const headerSlots = 8
+// pool, destination, prefiller, tenant, request id, traceparent, tracestate and content-length; response headers
+// the scores, six rate-limit headers and the request id.
+const headerSlots = 9
 
 // headerSet builds one answer's header mutations.
 type headerSet struct {

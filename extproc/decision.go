@@ -123,6 +123,9 @@ func (rs *requestState) routingHeaders(s *headerSet) {
 	if rs.destination != "" {
 		s.set(contract.HeaderDestination, rs.destination)
 	}
+	if pf := rs.route.Decision.Prefill; pf != "" {
+		s.set(contract.HeaderPrefiller, pf) // a split request: the decode pod's sidecar prefills there first
+	}
 	if rs.snap.Gateway().TenantHeader {
 		s.set(contract.HeaderTenant, rs.tenant.Name)
 	}

@@ -96,10 +96,17 @@ func (d *decision) run() (Decision, error) {
 		return d.overflow(0)
 	}
 	d.hashPrompt(engineBlock)
+	var dec Decision
+	var err error
 	if d.in.Split != nil {
-		return d.pickArm()
+		dec, err = d.pickArm()
+	} else {
+		dec, err = d.place(d.all)
 	}
-	return d.place(d.all)
+	if err == nil {
+		d.disaggregate(&dec)
+	}
+	return dec, err
 }
 
 // place decides among cands (every candidate, or one rollout arm's): bound, score, then order by score or,

@@ -1,0 +1,66 @@
+package picker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+)
+
+// disaggPolicy is mixedPolicy with its H200 pool prefilling only, three of its replicas, and the L40S pool decoding.
+var disaggPolicy = strings.Replace(strings.Replace(strings.Replace(mixedPolicy,
+	`    - {name: cheap, hardwareClass: l40s, engine: vllm, endpoints:`, `    - {name: cheap, hardwareClass: l40s, engine: vllm, role: decode, endpoints:`, 1),
+	`    - {name: fast, hardwareClass: h200, engine: vllm, endpoints: ["10.0.0.1:1", "10.0.0.2:1"]}`,
+	`    - {name: fast, hardwareClass: h200, engine: vllm, role: prefill, endpoints: ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]}`, 1),
+	"    fallbacks:", "    disaggregation: {protocol: llm-d, kvBytesPerToken: 163840, minUncachedTokens: 2000}\n    fallbacks:", 1)
+
+// A request whose uncached prompt reaches minUncachedTokens is split: decoded on the L40S pool, prefilled on an
+// H200 replica, the same one for the same prefix; a short one runs whole; with no prefiller that can take it
+// (stale metrics, a full queue) the long one runs whole too.
+func TestLongUncachedPromptsAreSplit(t *testing.T) {
+	snap, m := modelOf(t, disaggPolicy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	long := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens
+	eng := idleEngines(nil)
+	eng["10.0.0.3:1"] = fleet.EngineMetrics{}
+	pick := func(p *Affinity, system, user string) Decision {
+		t.Helper()
+		d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, system, user), BodyBytes: len(system)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Pool.Name != "cheap" {
+			t.Fatalf("decoded on %s", d.Pool.Name)
+		}
+		return d
+	}
+	p := newMixedPicker(eng)
+	first := pick(p, long, "first question")
+	if !strings.HasPrefix(first.Prefill, "10.0.0.") {
+		t.Fatalf("a %d-token uncached prompt was not split: prefill %q", first.EstimatedPromptTokens, first.Prefill)
+	}
+	for _, q := range []string{"second question", "third"} {
+		if d := pick(newMixedPicker(eng), long, q); d.Prefill != first.Prefill {
+			t.Errorf("the same prefix went to prefiller %s, then %s", first.Prefill, d.Prefill)
+		}
+	}
+	spread := map[string]bool{}
+	for i := range 12 {
+		spread[pick(newMixedPicker(eng), strings.Repeat(string(rune('a'+i))+" other document. ", 2000), "?").Prefill] = true
+	}
+	if len(spread) < 2 {
+		t.Errorf("twelve prefixes all went to %v", spread)
+	}
+	if d := pick(newMixedPicker(eng), "hi", "short"); d.Prefill != "" {
+		t.Errorf("a short prompt was split, to %s", d.Prefill)
+	}
+	busy := idleEngines(func(ep string, m *fleet.EngineMetrics) {
+		if strings.HasPrefix(ep, "10.0.0.") {
+			m.Waiting = 1000
+		}
+	})
+	if d := pick(newMixedPicker(busy), long, "while the prefillers are full"); d.Prefill != "" {
+		t.Errorf("split onto a full prefiller %s", d.Prefill)
+	}
+}
