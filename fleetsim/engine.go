@@ -106,6 +106,14 @@ func (e *engine) submit(ctx context.Context, tokens []string, maxOut int) (*seq,
 	return s, nil
 }
 
+// importKV puts a prompt's blocks in the cache as computed, as a pull of a prefiller's KV cache does: the
+// prompt's prefill on this engine is then a cache hit.
+func (e *engine) importKV(tokens []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.cache.insert(blockHashes(tokens, e.cfg.BlockSize))
+}
+
 func (e *engine) poke() {
 	select {
 	case e.wake <- struct{}{}:

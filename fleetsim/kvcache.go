@@ -135,5 +135,23 @@ func (c *kvCache) release(hashes []uint64, private int) {
 	}
 }
 
+// insert caches blocks as computed and unpinned (most recently used), evicting to make room: KV cache that
+// arrived from elsewhere. Blocks already present are left as they are.
+func (c *kvCache) insert(hashes []uint64) {
+	for _, h := range hashes {
+		if b, ok := c.blocks[h]; ok {
+			b.computed = true
+			continue
+		}
+		c.makeRoom(1)
+		if c.used+c.lru.Len() >= c.capacity {
+			return // every block is pinned by running sequences: nothing more fits
+		}
+		b := &cachedBlock{hash: h, computed: true}
+		b.elem = c.lru.PushBack(b)
+		c.blocks[h] = b
+	}
+}
+
 // usage is the fraction of blocks held by running sequences, as vllm:kv_cache_usage_perc reports it.
 func (c *kvCache) usage() float64 { return float64(c.used) / float64(c.capacity) }

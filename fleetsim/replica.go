@@ -49,6 +49,12 @@ type ReplicaConfig struct {
 	Speed *Hardware `yaml:"speed"`
 	// EngineVersion, when set, is exported as the version label of <dialect>:build_info.
 	EngineVersion string `yaml:"engineVersion"`
+	// Sidecar gives the replica llm-d's routing sidecar: a request naming a prefiller in x-prefiller-host-port
+	// is prefilled there, its KV cache pulled, and decoded here (disagg.go). KVBytesPerToken and TransferGbps
+	// time the pull (0: instant; default 100 Gb/s).
+	Sidecar         bool    `yaml:"sidecar"`
+	KVBytesPerToken int64   `yaml:"kvBytesPerToken"`
+	TransferGbps    float64 `yaml:"transferGbps"`
 }
 
 // Replica is one simulated vLLM- or SGLang-compatible server.
@@ -61,7 +67,11 @@ type Replica struct {
 	reqID  atomic.Uint64
 	// received counts the inference requests that reached the replica, answered or refused.
 	received atomic.Int64
-	created  int64
+	// remotePrefills and prefillLegs count the two sides of disaggregated requests (disagg.go); legClient
+	// sends the sidecar's prefill legs.
+	remotePrefills, prefillLegs atomic.Int64
+	legClient                   *http.Client
+	created                     int64
 
 	// Set for a managed API: TLS, a required bearer key and a fixed network delay.
 	tlsConfig *tls.Config
@@ -103,7 +113,7 @@ func newReplica(cfg ReplicaConfig, hw Hardware, timeScale float64) *Replica {
 	if cfg.MaxTokensDefault == 0 {
 		cfg.MaxTokensDefault = 16
 	}
-	r := &Replica{cfg: cfg, created: time.Now().Unix()}
+	r := &Replica{cfg: cfg, created: time.Now().Unix(), legClient: &http.Client{}}
 	r.eng = newEngine(EngineConfig{Hardware: hw, BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks,
 		MaxNumSeqs: cfg.MaxNumSeqs, TimeScale: timeScale})
 	r.faults.Store(&Faults{})
@@ -246,6 +256,8 @@ type apiRequest struct {
 	// N completions of the prompt (chat, completions); completions generate BestOf and return N of them.
 	N      int `json:"n"`
 	BestOf int `json:"best_of"`
+	// KVTransfer is vLLM's kv_transfer_params: a prefill leg of a disaggregated request asks for it.
+	KVTransfer *kvTransferParams `json:"kv_transfer_params"`
 }
 
 // maxSequences bounds the sequences one request may ask the simulator for.
@@ -288,7 +300,11 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var body apiRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, req.Body, 64<<20)).Decode(&body); err != nil {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 64<<20))
+	if err == nil {
+		err = json.Unmarshal(raw, &body)
+	}
+	if err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error())
 		return
 	}
@@ -301,6 +317,15 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	if len(tokens) == 0 {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "empty prompt")
 		return
+	}
+	if prefiller := req.Header.Get(headerPrefiller); prefiller != "" && r.cfg.Sidecar {
+		if !r.prefillLeg(w, req, kind, raw, prefiller) || !r.pullKV(req.Context(), tokens) {
+			return
+		}
+	}
+	prefillLeg := body.KVTransfer != nil && body.KVTransfer.DoRemoteDecode
+	if prefillLeg {
+		r.prefillLegs.Add(1)
 	}
 	maxOut := body.MaxCompletionTokens
 	if maxOut == 0 {
@@ -346,7 +371,12 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 	case body.Stream:
 		r.stream(w, req, seqs, returned, kind, body.Model, id, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
 	default:
-		r.complete(w, req, seqs, returned, kind, body.Model, id)
+		var kv *kvTransferParams
+		if prefillLeg {
+			p := r.prefilledFor(id)
+			kv = &p
+		}
+		r.complete(w, req, seqs, returned, kind, body.Model, id, kv)
 	}
 }
 
@@ -462,7 +492,7 @@ func wait(req *http.Request, s *seq) bool {
 	}
 }
 
-func (r *Replica) complete(w http.ResponseWriter, req *http.Request, seqs []*seq, returned int, kind, model, id string) {
+func (r *Replica) complete(w http.ResponseWriter, req *http.Request, seqs []*seq, returned int, kind, model, id string, kv *kvTransferParams) {
 	for _, s := range seqs {
 		if !wait(req, s) {
 			return
@@ -483,6 +513,9 @@ func (r *Replica) complete(w http.ResponseWriter, req *http.Request, seqs []*seq
 		}
 	}
 	resp["choices"] = choices
+	if kv != nil {
+		resp["kv_transfer_params"] = kv // where the decoder pulls the prefilled blocks from
+	}
 	if kind == "chat/completions" {
 		resp["object"] = "chat.completion"
 	} else {
