@@ -200,7 +200,17 @@ func (d *Director) learn(rt *Route, o Outcome, st Settlement, usage openai.Usage
 	if o.Reported && dec.Fallback == nil {
 		d.opts.Picker.Observe(dec, usage)
 	}
+	if dec.Prefill != "" && (st.Outcome == OutcomeUpstream5xx || st.Outcome == OutcomeReset) {
+		if pf, ok := d.opts.Picker.(prefillLearner); ok {
+			// A split request that failed: llm-d's sidecar answers a failed prefill leg's error as its own, so
+			// the prefiller is the likelier culprit (a failed decode leg costs it a rest it did not need).
+			pf.PrefillFailed(dec.Prefill)
+		}
+	}
 }
+
+// prefillLearner is a picker that hears a split request's prefill leg failed (picker.Affinity).
+type prefillLearner interface{ PrefillFailed(endpoint string) }
 
 // settledUsage is what the request is charged for: the engine's report, clamped to the model's context, or
 // an estimate when it reported none.

@@ -68,6 +68,8 @@ type Affinity struct {
 	sharing atomic.Uint64 // float64 bits: share of recent prompts matching a held prefix (noteSharing); 0 until set
 	shared  atomic.Uint64 // float64 bits: φ, share of a matching prompt's tokens that were held (noteShared); 0 until set
 	weights atomic.Pointer[resolvedWeights]
+	// failedPrefillers are prefill endpoints a split request failed on, until when they are named to no other.
+	failedPrefillers sync.Map // endpoint → time.Time
 }
 
 // resolvedWeights are the scorer table's weights under one policy snapshot.

@@ -1,6 +1,8 @@
 package picker
 
 import (
+	"time"
+
 	"github.com/zeebo/xxh3"
 
 	"github.com/infergate/infergate/policies"
@@ -60,9 +62,26 @@ func (d *decision) prefiller(role, decoder string) string {
 	return best
 }
 
-// canPrefill says whether an endpoint may take a prefill leg: fresh metrics and its queue below the routing's
-// maxWaiting (every endpoint may, without engine metrics).
+// prefillCooldown is how long a prefill endpoint a split request failed on is named to no other: llm-d's sidecar
+// answers a failed prefill leg's error to the client (and Envoy's retry goes to the same prefiller), so a
+// failing prefiller must leave the choice quickly, and come back once it may have recovered.
+const prefillCooldown = 30 * time.Second
+
+// PrefillFailed hears that a split request failed (5xx or reset): its prefiller is named to no other request for
+// prefillCooldown (the director calls it; a failed decode leg costs the prefiller a rest it did not need).
+func (p *Affinity) PrefillFailed(ep string) {
+	p.failedPrefillers.Store(ep, p.now().Add(prefillCooldown))
+}
+
+// canPrefill says whether an endpoint may take a prefill leg: not resting after a failed one, fresh metrics and
+// its queue below the routing's maxWaiting (every endpoint may, without engine metrics).
 func (d *decision) canPrefill(ep string) bool {
+	if until, ok := d.p.failedPrefillers.Load(ep); ok {
+		if d.p.now().Before(until.(time.Time)) {
+			return false
+		}
+		d.p.failedPrefillers.CompareAndDelete(ep, until)
+	}
 	if d.p.Engines == nil {
 		return true
 	}

@@ -1,8 +1,10 @@
 package picker
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
@@ -62,5 +64,44 @@ func TestLongUncachedPromptsAreSplit(t *testing.T) {
 	})
 	if d := pick(newMixedPicker(busy), long, "while the prefillers are full"); d.Prefill != "" {
 		t.Errorf("split onto a full prefiller %s", d.Prefill)
+	}
+}
+
+// A prefiller a split request failed on rests: no split names it until the rest is over; with every prefiller
+// resting, requests run whole.
+func TestAFailedPrefillerRests(t *testing.T) {
+	snap, m := modelOf(t, disaggPolicy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	now := time.Unix(1000, 0)
+	p := newMixedPicker(idleEngines(nil)) // 10.0.0.3 reports nothing: two prefillers can take legs
+	p.Now = func() time.Time { return now }
+	n := 0
+	pick := func() Decision {
+		t.Helper()
+		n++ // a new document each time: no decoder holds it
+		doc := strings.Repeat(fmt.Sprintf("Document %d, which the model must read. ", n), 500)
+		d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, doc, "?"), BodyBytes: len(doc)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	p.PrefillFailed("10.0.0.1:1")
+	for range 10 {
+		if pf := pick().Prefill; pf != "10.0.0.2:1" {
+			t.Fatalf("with 10.0.0.1 resting a split went to %q", pf)
+		}
+	}
+	p.PrefillFailed("10.0.0.2:1")
+	if d := pick(); d.Prefill != "" || d.Pool.Name != "cheap" {
+		t.Fatalf("with every prefiller resting the request was split to %q", d.Prefill)
+	}
+	now = now.Add(prefillCooldown + time.Second)
+	seen := map[string]bool{}
+	for range 10 {
+		seen[pick().Prefill] = true
+	}
+	if !seen["10.0.0.1:1"] || !seen["10.0.0.2:1"] {
+		t.Errorf("after the rest the splits went to %v, want both prefillers again", seen)
 	}
 }

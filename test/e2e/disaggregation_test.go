@@ -3,10 +3,13 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/infergate/infergate/fleetsim"
 )
 
 // disaggFleet is a prefill pool of two H200 replicas and a decode pool of one L40S replica with llm-d's routing
@@ -82,5 +85,44 @@ func TestDisaggregatedRequestThroughTheSidecar(t *testing.T) {
 	// before the sidecar sees it, so the request does not fail on it.
 	if status, by, body := send("hi", "127.0.0.1:1"); status != http.StatusOK || by != "decode-0" || legs() != 1 || decoder.RemotePrefills() != 1 {
 		t.Fatalf("whole request: status %d by %q, prefill legs %d, remote prefills %d: %.300s", status, by, legs(), decoder.RemotePrefills(), body)
+	}
+}
+
+// A prefiller that fails: llm-d's sidecar answers its error, and Envoy's retry names it again, so that request
+// fails; infergate then names another prefiller for the next one and its requests succeed.
+func TestAFailingPrefillerIsLeftOut(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"prefill-0", "prefill-1"} {
+		r, _ := st.Fleet.Replica(name)
+		if err := r.SetFaults(fleetsim.Faults{ErrorRate: 1}); err != nil {
+			t.Fatal(err)
+		}
+		ok, _ := st.Fleet.Replica(map[string]string{"prefill-0": "prefill-1", "prefill-1": "prefill-0"}[name])
+		_ = ok.SetFaults(fleetsim.Faults{})
+		statuses := map[int]int{}
+		for i := range 4 {
+			doc := strings.Repeat(fmt.Sprintf("Exhibit %s-%d of the agreement, to be read in full. ", name, i), 300)
+			body, _ := json.Marshal(map[string]any{"model": "llama-3.3-70b", "max_tokens": 4,
+				"messages": []map[string]string{{"role": "user", "content": doc}}})
+			req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions", strings.NewReader(string(body)))
+			req.Header.Set("Authorization", "Bearer sk-demo-acme")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses[resp.StatusCode]++
+		}
+		// At most the first request, split onto the failing prefiller, fails; the rest go to the other one.
+		if statuses[http.StatusOK] < 3 {
+			t.Errorf("with %s failing: statuses %v, want at most one failure", name, statuses)
+		}
 	}
 }
