@@ -24,6 +24,7 @@ func appendLine(b []byte, r *Record) []byte {
 	b = appendString(b, r.Model)
 	b = appendOptional(b, `,"pool":`, r.Pool)
 	b = appendOptional(b, `,"endpoint":`, r.Endpoint)
+	b = appendOptional(b, `,"prefill_endpoint":`, r.PrefillEndpoint)
 	b = appendOptional(b, `,"prompt_hmac":`, r.PromptDigest)
 	b = appendOptional(b, `,"output_hmac":`, r.OutputDigest)
 	b = appendOptional(b, `,"digest_key":`, r.DigestKey)

@@ -17,6 +17,8 @@ type Record struct {
 	Model    string `json:"model"`
 	Pool     string `json:"pool,omitempty"`
 	Endpoint string `json:"endpoint,omitempty"`
+	// PrefillEndpoint is where a split request's prompt was prefilled (its decode endpoint is Endpoint).
+	PrefillEndpoint string `json:"prefill_endpoint,omitempty"`
 	// PromptDigest and OutputDigest are lower-case hex HMAC-SHA256 digests of the prompt field as sent and of
 	// the output text, under the key DigestKey names (see DigestKey).
 	PromptDigest     string `json:"prompt_hmac,omitempty"`

@@ -25,8 +25,10 @@ type Settlement struct {
 	Pool          string
 	HardwareClass string // the pool's, or ManagedClass for a managed API
 	Endpoint      string
-	Operation     openai.Endpoint
-	Stream        bool
+	// Prefill is the prefill endpoint of a request split between it and Endpoint (docs/disaggregation.md).
+	Prefill   string
+	Operation openai.Endpoint
+	Stream    bool
 	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
 	Routed   bool
 	Status   int    // upstream HTTP status; 0 when the response never started
@@ -265,7 +267,7 @@ func (rt *Route) settlement() Settlement {
 	st := Settlement{RequestID: rt.requestID, Tenant: rt.tenant.Name, Tier: policies.TierOf(rt.tenant), Model: rt.Model.Name,
 		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
 	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
-		st.Pool, st.ServedModel, st.Arm = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm
+		st.Pool, st.ServedModel, st.Arm, st.Prefill = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm, rt.Decision.Prefill
 		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
 		if f := rt.Decision.Fallback; f != nil {

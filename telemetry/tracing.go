@@ -323,9 +323,9 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	r.emit(span, code, m.Ended)
 }
 
-// maxSpanAttrs is how many attributes End sets at most: eight always, the shadow mark, up to twelve more when
+// maxSpanAttrs is how many attributes End sets at most: eight always, the shadow mark, up to thirteen more when
 // routed, the error type.
-const maxSpanAttrs = 22
+const maxSpanAttrs = 23
 
 // appendRoutedAttrs adds the attributes of where a routed request went and what it used.
 func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []attribute.KeyValue {
@@ -352,6 +352,9 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 	}
 	if a, ok := finishAttrs[st.FinishReason]; ok {
 		attrs = append(attrs, a)
+	}
+	if st.Prefill != "" {
+		attrs = append(attrs, attribute.String("infergate.prefill_endpoint", st.Prefill))
 	}
 	return attrs
 }

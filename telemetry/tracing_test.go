@@ -138,3 +138,27 @@ func TestClientTraceContextPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A split request's span names its prefill endpoint beside its decode endpoint (server.address).
+func TestSplitRequestSpanNamesItsPrefiller(t *testing.T) {
+	mem := tracetest.NewInMemoryExporter()
+	tr := NewTracing(keep{mem}, nil, nil)
+	r := tr.Begin("", "", "", openai.EndpointChat, time.Unix(5000, 0))
+	r.Upstream()
+	r.End(director.Settlement{Routed: true, Model: "m", Operation: openai.EndpointChat, Outcome: director.OutcomeOK,
+		Endpoint: "10.0.1.21:8000", Prefill: "10.0.0.11:8000"}, Marks{Ended: time.Unix(5001, 0)})
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := mem.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans", len(spans))
+	}
+	got := map[string]string{}
+	for _, kv := range spans[0].Attributes {
+		got[string(kv.Key)] = kv.Value.String()
+	}
+	if got["infergate.prefill_endpoint"] != "10.0.0.11:8000" || got["server.address"] != "10.0.1.21" {
+		t.Errorf("attributes %v", got)
+	}
+}
