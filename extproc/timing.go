@@ -77,8 +77,7 @@ func (rs *requestState) outcome(aborted bool) director.Outcome {
 		o.ContentEvents = rs.sse.ContentEvents()
 		o.FinishReason = rs.sse.FinishReason()
 	case rs.respBody != nil:
-		o.Usage, o.Reported = openai.UsageFromJSON(rs.respBody)
-		o.FinishReason = openai.FinishReason(rs.respBody)
+		o.Usage, o.Reported, o.FinishReason = openai.AnswerFromJSON(rs.respBody)
 		if rs.route.PairsAnswer() && rs.answer == nil {
 			rs.answer = &boundedText{max: director.MaxPairedAnswer}
 			openai.OutputText(rs.respBody, rs.answer)

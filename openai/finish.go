@@ -58,12 +58,12 @@ func responsesFinish(resp *fastjson.Value) string {
 // FinishReason reads the finish reason of a non-streaming response body: its first choice's that has one, or a
 // Responses API response's status; "" when it has none.
 func FinishReason(body []byte) string {
-	p := parsers.Get()
-	defer parsers.Put(p)
-	doc, err := p.ParseBytes(body)
-	if err != nil {
-		return ""
-	}
+	_, _, finish := AnswerFromJSON(body)
+	return finish
+}
+
+// docFinish is a parsed response body's finish reason.
+func docFinish(doc *fastjson.Value) string {
 	if choices := doc.Get("choices"); choices != nil && choices.Type() == fastjson.TypeArray {
 		return choicesFinish(choices)
 	}

@@ -73,17 +73,24 @@ func parseUsageObject(obj *fastjson.Value) (u Usage, ok bool) {
 
 // UsageFromJSON reads the usage of a non-streaming response body.
 func UsageFromJSON(body []byte) (Usage, bool) {
+	u, ok, _ := AnswerFromJSON(body)
+	return u, ok
+}
+
+// AnswerFromJSON reads a non-streaming response body once for what settlement needs of it: its usage (ok false
+// without one) and its finish reason (see FinishReason).
+func AnswerFromJSON(body []byte) (u Usage, ok bool, finish string) {
 	p := parsers.Get()
 	defer parsers.Put(p)
 	doc, err := p.ParseBytes(body)
 	if err != nil {
-		return Usage{}, false
+		return Usage{}, false, ""
 	}
-	obj := doc.Get("usage")
-	if obj == nil || obj.Type() != fastjson.TypeObject {
-		return Usage{}, false
+	finish = docFinish(doc)
+	if obj := doc.Get("usage"); obj != nil && obj.Type() == fastjson.TypeObject {
+		u, ok = parseUsageObject(obj)
 	}
-	return parseUsageObject(obj)
+	return u, ok, finish
 }
 
 // maxPendingLine bounds how much of one unfinished SSE line is held across chunks; a longer line is passed

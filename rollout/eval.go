@@ -63,26 +63,19 @@ type evalTarget struct{ endpoint, model string }
 
 // evalTargets lists each arm's engines: the candidate's pool (or, for a served-model candidate, the baseline's
 // engines under the candidate's name) and the baseline's pools.
+// (A loaded policy names every pool's served model: it defaults to the model's name.)
 func evalTargets(plan *policies.RolloutPlan) (cand, base []evalTarget) {
 	for _, p := range plan.Baseline {
-		served := p.ServedModel
-		if served == "" {
-			served = plan.Model.Name
-		}
 		for _, ep := range p.Endpoints {
-			base = append(base, evalTarget{ep, served})
+			base = append(base, evalTarget{ep, p.ServedModel})
 			if plan.Candidate == nil {
 				cand = append(cand, evalTarget{ep, plan.CandidateServed})
 			}
 		}
 	}
 	if plan.Candidate != nil {
-		served := plan.CandidateServed
-		if served == "" {
-			served = plan.Model.Name
-		}
 		for _, ep := range plan.Candidate.Endpoints {
-			cand = append(cand, evalTarget{ep, served})
+			cand = append(cand, evalTarget{ep, plan.CandidateServed})
 		}
 	}
 	return cand, base

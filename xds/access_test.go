@@ -100,18 +100,19 @@ func TestSecretsOnlyToAllowedNodes(t *testing.T) {
 	}
 }
 
-// With mTLS, an allowed node id must be named by the client's verified certificate; a client that claims
-// it with another certificate is refused, and one without a certificate cannot connect.
-func TestSecretsNeedACertificateNamingTheNode(t *testing.T) {
+// mtlsSecrets serves the quickstart's resources over mutual TLS, allowing secrets to the named ids, and returns
+// the server, the client CA and a dialer presenting a leaf of it (nil: no certificate).
+func mtlsSecrets(t *testing.T, allowed ...string) (*Server, *tlstest.CA, func(*tlstest.Leaf) *grpc.ClientConn) {
+	t.Helper()
 	t.Setenv("TOGETHER_API_KEY", providerKey)
 	serverCA, clientCA := tlstest.NewCA(t, "server-ca"), tlstest.NewCA(t, "client-ca")
 	s := NewServer(nil)
-	s.AllowSecrets("envoy-1")
+	s.AllowSecrets(allowed...)
 	if err := s.Update(quickstart(t), nil); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCA.Server(t).Cert},
 		ClientCAs: clientCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))
 	s.Register(ctx, gs)
@@ -129,6 +130,13 @@ func TestSecretsNeedACertificateNamingTheNode(t *testing.T) {
 		t.Cleanup(func() { _ = conn.Close() })
 		return conn
 	}
+	return s, clientCA, dial
+}
+
+// With mTLS, an allowed node id must be named by the client's verified certificate; a client that claims
+// it with another certificate is refused, and one without a certificate cannot connect.
+func TestSecretsNeedACertificateNamingTheNode(t *testing.T) {
+	_, clientCA, dial := mtlsSecrets(t, "envoy-1")
 	if v, err := askSecret(t, dial(clientCA.Client(t, "envoy-1")), "envoy-1"); err != nil || v != "Bearer "+providerKey {
 		t.Errorf("certificate naming the node: %q %v", v, err)
 	}
@@ -151,32 +159,7 @@ func TestSecretsNeedACertificateNamingTheNode(t *testing.T) {
 // when its certificate names an allowed identity; while it is connected, another client claiming its node id
 // without such a certificate is refused, and once it has gone that node id is nobody's again.
 func TestACertifiedIdentityVouchesForItsNodeID(t *testing.T) {
-	t.Setenv("TOGETHER_API_KEY", providerKey)
-	serverCA, clientCA := tlstest.NewCA(t, "server-ca"), tlstest.NewCA(t, "client-ca")
-	s := NewServer(nil)
-	s.AllowSecrets("infergate-envoy-client")
-	if err := s.Update(quickstart(t), nil); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCA.Server(t).Cert},
-		ClientCAs: clientCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))
-	s.Register(ctx, gs)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	dial := func(leaf *tlstest.Leaf) *grpc.ClientConn {
-		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(serverCA, leaf))))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		return conn
-	}
+	s, clientCA, dial := mtlsSecrets(t, "infergate-envoy-client")
 	const istioNode = "router~10.0.0.7~istio-ingressgateway-5d9f.istio-system~istio-system.svc.cluster.local"
 	gateway := dial(clientCA.Client(t, "infergate-envoy-client"))
 	// The gateway's stream stays open while the intruder tries.
