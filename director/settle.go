@@ -158,6 +158,9 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	st.Outcome = outcomeOf(o)
 	st.Usage, st.Reported, st.CostUSD, st.FinishReason = usage, o.Reported, cost, o.FinishReason
 	st.Timing = timingOf(rt, o, usage)
+	if rt.retriedPastSidecar(o.Served) {
+		st.Prefill = "" // its prefill leg failed: the decode replica's engine served it whole
+	}
 	st.Good = good(st)
 	if !rt.placed.IsZero() && st.Outcome == OutcomeOK && o.Chunked && !o.FirstContent.IsZero() && rt.Decision.Fallback == nil {
 		// From placement, not arrival: the time before the queue (the body, quotas) is already behind a
@@ -195,20 +198,35 @@ func (d *Director) FirstToken(rt *Route) { d.opts.Picker.Prefilled(rt.Decision) 
 func (d *Director) learn(rt *Route, o Outcome, st Settlement, usage openai.Usage) {
 	dec := rt.Decision
 	dec.ServedBy = o.Served
+	prefillFailed := dec.Prefill != "" && (st.Outcome == OutcomeUpstream5xx || st.Outcome == OutcomeReset)
+	if rt.retriedPastSidecar(o.Served) {
+		// Envoy retried the split request on its decode replica's engine, past the sidecar: the prefill leg
+		// failed, and the same engine (whose cache the picker tracks under the sidecar's address) served it whole.
+		dec.ServedBy, prefillFailed = dec.Endpoints[0], true
+	}
 	d.opts.Picker.Prefilled(dec)
-	if st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 {
+	if st.Outcome == OutcomeOK && o.Chunked && st.Timing.TTFT > 0 && !prefillFailed { // a failed leg's time is not the endpoint's
 		d.opts.Picker.ObserveTiming(rt.Model.Name, dec, st.Timing.TTFT-st.Timing.Queued, st.Timing.TPOT)
 	}
 	if o.Reported && dec.Fallback == nil {
 		d.opts.Picker.Observe(dec, usage)
 	}
-	if dec.Prefill != "" && (st.Outcome == OutcomeUpstream5xx || st.Outcome == OutcomeReset) {
+	if prefillFailed {
 		if pf, ok := d.opts.Picker.(prefillLearner); ok {
-			// A split request that failed: llm-d's sidecar answers a failed prefill leg's error as its own, so
-			// the prefiller is the likelier culprit (a failed decode leg costs it a rest it did not need).
+			// A split request that failed, or was retried past its sidecar: llm-d's sidecar answers a failed
+			// prefill leg's error as its own, so the prefiller is the likelier culprit (a failed decode leg
+			// costs it a rest it did not need).
 			pf.PrefillFailed(dec.Prefill)
 		}
 	}
+}
+
+// retriedPastSidecar says whether Envoy served a split request on its decode replica's engine, past the
+// sidecar (policies.Pool.EngineEndpoints): what a failed prefill leg leads to.
+func (rt *Route) retriedPastSidecar(served string) bool {
+	dec := &rt.Decision
+	return served != "" && dec.Prefill != "" && dec.Pool != nil && len(dec.Endpoints) > 0 &&
+		served == dec.Pool.EngineEndpoint(dec.Endpoints[0])
 }
 
 // prefillLearner is a picker that hears a split request's prefill leg failed (picker.Affinity).

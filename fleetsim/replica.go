@@ -52,7 +52,10 @@ type ReplicaConfig struct {
 	// Sidecar gives the replica llm-d's routing sidecar: a request naming a prefiller in x-prefiller-host-port
 	// is prefilled there, its KV cache pulled, and decoded here (disagg.go). KVBytesPerToken and TransferGbps
 	// time the pull (0: instant; default 100 Gb/s).
-	Sidecar         bool    `yaml:"sidecar"`
+	Sidecar bool `yaml:"sidecar"`
+	// EngineAddr, with Sidecar, is where the engine itself also listens, past the sidecar (vLLM's own port in a
+	// decode pod): a request there runs whole, whatever its headers, as vLLM ignores llm-d's.
+	EngineAddr      string  `yaml:"engineAddr"`
 	KVBytesPerToken int64   `yaml:"kvBytesPerToken"`
 	TransferGbps    float64 `yaml:"transferGbps"`
 }
@@ -78,11 +81,15 @@ type Replica struct {
 	apiKey    string
 	delay     time.Duration
 
-	mu       sync.Mutex
-	lis      net.Listener
-	srv      *http.Server
-	addr     string
-	inflight sync.WaitGroup
+	mu   sync.Mutex
+	lis  net.Listener
+	srv  *http.Server
+	addr string
+	// engineSrv and engineAddr serve ReplicaConfig.EngineAddr; engineServed counts the requests it took.
+	engineSrv    *http.Server
+	engineAddr   string
+	engineServed atomic.Int64
+	inflight     sync.WaitGroup
 }
 
 // NewReplica builds a replica; Start binds it.
@@ -156,12 +163,49 @@ func (r *Replica) Start(ctx context.Context) error {
 	if err := r.listen(r.cfg.Addr); err != nil {
 		return err
 	}
+	if r.cfg.Sidecar && r.cfg.EngineAddr != "" {
+		if err := r.listenEngine(r.cfg.EngineAddr); err != nil {
+			r.stopListening()
+			return err
+		}
+	}
 	go func() {
 		<-ctx.Done()
 		r.stopListening()
+		if r.engineSrv != nil {
+			_ = r.engineSrv.Close()
+		}
 	}()
 	return nil
 }
+
+// listenEngine serves the engine past the sidecar: llm-d's header is not the engine's to read.
+func (r *Replica) listenEngine(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("replica %s engine: %w", r.cfg.Name, err)
+	}
+	h := r.handler()
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			req.Header.Del(headerPrefiller)
+			if req.Method == http.MethodPost {
+				r.engineServed.Add(1)
+			}
+			h.ServeHTTP(w, req)
+		})}
+	r.mu.Lock()
+	r.engineSrv, r.engineAddr = srv, lis.Addr().String()
+	r.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+	return nil
+}
+
+// EngineAddr is where the engine listens past the sidecar ("" without ReplicaConfig.EngineAddr).
+func (r *Replica) EngineAddr() string { r.mu.Lock(); defer r.mu.Unlock(); return r.engineAddr }
+
+// EngineServed counts the requests the engine took past the sidecar.
+func (r *Replica) EngineServed() int64 { return r.engineServed.Load() }
 
 func (r *Replica) listen(addr string) error {
 	lis, err := net.Listen("tcp", addr)

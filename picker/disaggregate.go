@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -30,6 +31,11 @@ func (d *decision) disaggregate(dec *Decision) {
 	for _, role := range [...]string{policies.RolePrefill, policies.RoleBoth} {
 		if ep := d.prefiller(role, dec.Endpoints[0]); ep != "" {
 			dec.Prefill = ep
+			// Envoy's first retry goes to the decode replica's own engine, past its sidecar: it prefills the
+			// request itself when the prefill leg failed (policies.Pool.EngineEndpoints).
+			if engine := dec.Pool.EngineEndpoint(dec.Endpoints[0]); engine != "" {
+				dec.Endpoints = slices.Insert(slices.Clip(dec.Endpoints), 1, engine)
+			}
 			return
 		}
 	}

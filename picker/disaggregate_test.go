@@ -2,6 +2,7 @@ package picker
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,34 @@ func TestAFailedPrefillerRests(t *testing.T) {
 	}
 	if !seen["10.0.0.1:1"] || !seen["10.0.0.2:1"] {
 		t.Errorf("after the rest the splits went to %v, want both prefillers again", seen)
+	}
+}
+
+// A split request's first alternative is its decode replica's engine past the sidecar, when the pool names
+// engines: Envoy's first retry after a failed prefill leg goes there. A whole request's list is unchanged.
+func TestSplitRequestsRetryOnTheDecoderEngine(t *testing.T) {
+	withEngines := strings.Replace(disaggPolicy, `role: decode, endpoints: ["10.0.1.1:1", "10.0.1.2:1"]`,
+		`role: decode, endpoints: ["10.0.1.1:1", "10.0.1.2:1"], engineEndpoints: ["10.0.1.1:2", "10.0.1.2:2"]`, 1)
+	if withEngines == disaggPolicy {
+		t.Fatal("disaggPolicy changed shape: its decode pool's endpoints are not where this test looks")
+	}
+	snap, m := modelOf(t, withEngines)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	pick := func(system string) Decision {
+		t.Helper()
+		d, err := newMixedPicker(idleEngines(nil)).Pick(snap, Input{Tenant: pro, Model: m,
+			Request: &openai.Request{Prompt: chatPrompt(t, system, "?"), BodyBytes: len(system)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := pick(strings.Repeat("A long document the model must read before it answers. ", 400))
+	engine := strings.TrimSuffix(d.Endpoints[0], ":1") + ":2"
+	if d.Prefill == "" || len(d.Endpoints) < 2 || d.Endpoints[1] != engine {
+		t.Fatalf("split onto %q, endpoints %v: want the decoder's engine %s second", d.Prefill, d.Endpoints, engine)
+	}
+	if d := pick("hi"); d.Prefill != "" || slices.ContainsFunc(d.Endpoints, func(ep string) bool { return strings.HasSuffix(ep, ":2") }) {
+		t.Fatalf("a whole request: prefill %q, endpoints %v", d.Prefill, d.Endpoints)
 	}
 }

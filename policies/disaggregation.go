@@ -1,6 +1,9 @@
 package policies
 
-import "slices"
+import (
+	"net/netip"
+	"slices"
+)
 
 // Disaggregation is how a model's requests may be split between a prefill replica and a decode replica.
 type Disaggregation struct {
@@ -41,6 +44,7 @@ func (v *validator) disaggregation(m *Model, base []seg) {
 		prefill = prefill || p.Prefills()
 		decode = decode || p.ServesWhole()
 	}
+	v.engineEndpoints(m, base)
 	d := m.Disaggregation
 	if d == nil {
 		if split {
@@ -60,5 +64,47 @@ func (v *validator) disaggregation(m *Model, base []seg) {
 	}
 	if !prefill || !decode {
 		v.fail(append(slices.Clone(base), "pools"), "a disaggregated model needs a pool that prefills (role prefill or both) and one that decodes (decode or both)")
+	}
+}
+
+// engineEndpoints validates the engines behind decode replicas' sidecars (Pool.EngineEndpoints): one ip:port
+// for each endpoint of a pool that decodes for a disaggregated model, none of them a replica's own address.
+func (v *validator) engineEndpoints(m *Model, base []seg) {
+	taken := map[string]bool{}
+	for j := range m.Pools {
+		for _, ep := range m.Pools[j].Endpoints {
+			taken[ep] = true
+		}
+	}
+	for j := range m.Pools {
+		p := &m.Pools[j]
+		if len(p.EngineEndpoints) == 0 {
+			continue
+		}
+		pb := append(slices.Clone(base), "pools", j, "engineEndpoints")
+		switch {
+		case m.Disaggregation == nil || !p.ServesWhole():
+			v.fail(pb, "only a pool that decodes (role decode or both) for a model with disaggregation has engines behind sidecars")
+			continue
+		case p.Service != nil:
+			v.fail(pb, "a pool discovered from a Service cannot list engines yet: list its endpoints instead")
+			continue
+		case len(p.EngineEndpoints) != len(p.Endpoints):
+			v.fail(pb, "must list one engine for each of the pool's %d endpoints, in their order, got %d", len(p.Endpoints), len(p.EngineEndpoints))
+			continue
+		}
+		for k, ep := range p.EngineEndpoints {
+			ap, err := netip.ParseAddrPort(ep)
+			switch {
+			case err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified():
+				v.fail(append(slices.Clone(pb), k), "%q is not an ip:port address", ep)
+			case ap.String() != ep:
+				v.fail(append(slices.Clone(pb), k), "write %q as %q", ep, ap.String())
+			case taken[ep]:
+				v.fail(append(slices.Clone(pb), k), "%s is a replica's address (or listed twice): the engine is reached on a port of its own", ep)
+			default:
+				taken[ep] = true
+			}
+		}
 	}
 }

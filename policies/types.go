@@ -265,6 +265,24 @@ type Pool struct {
 	// disaggregation, docs/disaggregation.md): both (default), prefill (they only prefill for a decode replica,
 	// and take no whole request) or decode (they take whole requests, and decode disaggregated ones).
 	Role string `yaml:"role,omitempty" json:"role,omitempty" jsonschema:"enum=both,enum=prefill,enum=decode"`
+	// EngineEndpoints, on a pool that decodes for a disaggregated model, reach its replicas' engines past llm-d's
+	// routing sidecar (vLLM's own port), one for each of Endpoints, in the same order. A split request whose
+	// prefill leg fails (the sidecar answers the prefiller's error) is retried on its decode replica's engine,
+	// which prefills it itself: a failing prefiller costs time, not the request (docs/disaggregation.md).
+	EngineEndpoints []string `yaml:"engineEndpoints,omitempty" json:"engineEndpoints,omitempty"`
+}
+
+// EngineEndpoint is the engine behind endpoint ep's sidecar (Pool.EngineEndpoints), "" when the pool names none.
+func (p *Pool) EngineEndpoint(ep string) string {
+	if len(p.EngineEndpoints) != len(p.Endpoints) {
+		return ""
+	}
+	for i, e := range p.Endpoints {
+		if e == ep {
+			return p.EngineEndpoints[i]
+		}
+	}
+	return ""
 }
 
 // Pool roles.

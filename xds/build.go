@@ -404,19 +404,33 @@ func poolEndpoints(m *policies.Model, p *policies.Pool, fleet FleetState) (*endp
 			healthy++
 			utilSum += min(max(st.Utilisation, 0), 1)
 		}
-		lle.LbEndpoints = append(lle.LbEndpoints, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{
-				Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}}}}},
-			HealthStatus: hs,
-			Metadata:     infergateMetadata(map[string]string{"pool": p.Name, "hardwareClass": p.HardwareClass, "engine": p.Engine}),
-		})
+		md := map[string]string{"pool": p.Name, "hardwareClass": p.HardwareClass, "engine": p.Engine}
+		lle.LbEndpoints = append(lle.LbEndpoints, lbEndpoint(host, port, hs, md))
+		if engine := p.EngineEndpoint(ep); engine != "" {
+			// The engine behind the replica's sidecar: a member of the cluster, so that Envoy's override_host
+			// may retry a split request there (policies.Pool.EngineEndpoints); it shares the replica's health.
+			host, portStr, _ := net.SplitHostPort(engine)
+			port, _ := strconv.Atoi(portStr)
+			md["behindSidecarOf"] = ep
+			lle.LbEndpoints = append(lle.LbEndpoints, lbEndpoint(host, port, hs, md))
+		}
 	}
 	util := 0.0
 	if healthy > 0 {
 		util = utilSum / float64(healthy)
 	}
 	return &endpointv3.ClusterLoadAssignment{ClusterName: contract.ClusterName(m.Name, p.Name), Endpoints: []*endpointv3.LocalityLbEndpoints{lle}}, healthy, util
+}
+
+// lbEndpoint is one EDS endpoint with infergate's metadata.
+func lbEndpoint(host string, port int, hs corev3.HealthStatus, md map[string]string) *endpointv3.LbEndpoint {
+	return &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{
+			Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}}}}},
+		HealthStatus: hs,
+		Metadata:     infergateMetadata(md),
+	}
 }
 
 // fallbackCluster reaches a managed API over TLS with SNI, resolving its host by DNS.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/infergate/infergate/fleetsim"
+	"github.com/infergate/infergate/test/wait"
 )
 
 // disaggFleet is a prefill pool of two H200 replicas and a decode pool of one L40S replica with llm-d's routing
@@ -19,7 +20,7 @@ adminAddr: 127.0.0.1:18599
 replicas:
 - {name: prefill-0, addr: "127.0.0.1:18501", model: meta-llama/Llama-3.3-70B-Instruct, hardware: h200}
 - {name: prefill-1, addr: "127.0.0.1:18502", model: meta-llama/Llama-3.3-70B-Instruct, hardware: h200}
-- {name: decode-0, addr: "127.0.0.1:18511", model: meta-llama/Llama-3.3-70B-Instruct, hardware: l40s, sidecar: true, kvBytesPerToken: 163840}
+- {name: decode-0, addr: "127.0.0.1:18511", model: meta-llama/Llama-3.3-70B-Instruct, hardware: l40s, sidecar: true, kvBytesPerToken: 163840, engineAddr: "127.0.0.1:18521"}
 `
 
 const disaggPolicy = `apiVersion: infergate.io/v1alpha1
@@ -32,7 +33,7 @@ spec:
   - name: llama-3.3-70b
     pools:
     - {name: prefill-h200, hardwareClass: h200, engine: vllm, role: prefill, servedModel: meta-llama/Llama-3.3-70B-Instruct, endpoints: ["127.0.0.1:18501", "127.0.0.1:18502"]}
-    - {name: decode-l40s, hardwareClass: l40s, engine: vllm, role: decode, servedModel: meta-llama/Llama-3.3-70B-Instruct, endpoints: ["127.0.0.1:18511"]}
+    - {name: decode-l40s, hardwareClass: l40s, engine: vllm, role: decode, servedModel: meta-llama/Llama-3.3-70B-Instruct, endpoints: ["127.0.0.1:18511"], engineEndpoints: ["127.0.0.1:18521"]}
     disaggregation: {protocol: llm-d, kvBytesPerToken: 163840, minUncachedTokens: 1000}
   tenants:
   - {name: acme, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
@@ -88,8 +89,9 @@ func TestDisaggregatedRequestThroughTheSidecar(t *testing.T) {
 	}
 }
 
-// A prefiller that fails: llm-d's sidecar answers its error, and Envoy's retry names it again, so that request
-// fails; infergate then names another prefiller for the next one and its requests succeed.
+// A prefiller that fails: llm-d's sidecar answers its error, and Envoy's retry goes to the decode replica's engine
+// past the sidecar (engineEndpoints), which prefills the request itself, so no request is lost; infergate then
+// names the other prefiller for the next ones, which are split again.
 func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -98,6 +100,7 @@ func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	decoder, _ := st.Fleet.Replica("decode-0")
 	for _, name := range []string{"prefill-0", "prefill-1"} {
 		r, _ := st.Fleet.Replica(name)
 		if err := r.SetFaults(fleetsim.Faults{ErrorRate: 1}); err != nil {
@@ -105,24 +108,75 @@ func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 		}
 		ok, _ := st.Fleet.Replica(map[string]string{"prefill-0": "prefill-1", "prefill-1": "prefill-0"}[name])
 		_ = ok.SetFaults(fleetsim.Faults{})
-		statuses := map[int]int{}
+		whole, split := decoder.EngineServed(), decoder.RemotePrefills()
 		for i := range 4 {
 			doc := strings.Repeat(fmt.Sprintf("Exhibit %s-%d of the agreement, to be read in full. ", name, i), 300)
-			body, _ := json.Marshal(map[string]any{"model": "llama-3.3-70b", "max_tokens": 4,
-				"messages": []map[string]string{{"role": "user", "content": doc}}})
-			req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/chat/completions", strings.NewReader(string(body)))
-			req.Header.Set("Authorization", "Bearer sk-demo-acme")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			if status, body := sendDisagg(t, st.URL, doc); status != http.StatusOK {
+				t.Fatalf("with %s failing, request %d: %d %.300s", name, i, status, body)
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			statuses[resp.StatusCode]++
 		}
-		// At most the first request, split onto the failing prefiller, fails; the rest go to the other one.
-		if statuses[http.StatusOK] < 3 {
-			t.Errorf("with %s failing: statuses %v, want at most one failure", name, statuses)
+		// At most the first request was split onto the failing prefiller and served whole past the sidecar. In the
+		// first round the others were split onto the healthy prefiller; in the second, that one still rests from
+		// the first round, and once the failing one rests too, requests run whole on the decode replica.
+		past, splits := decoder.EngineServed()-whole, decoder.RemotePrefills()-split
+		if wantSplits := map[string]int64{"prefill-0": 3, "prefill-1": 0}[name]; past > 1 || splits < wantSplits || name == "prefill-1" && splits != 0 {
+			t.Errorf("with %s failing: %d requests served past the sidecar, %d split, want at most 1 and %d or more (exactly 0 in the second round)",
+				name, past, splits, wantSplits)
 		}
 	}
+}
+
+// A prefiller that dies while it prefills: the sidecar's prefill leg is cut, and the request is served whole by the
+// decode replica's engine past the sidecar, not lost.
+func TestAPrefillerDyingMidwayLosesNoRequest(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoder, _ := st.Fleet.Replica("decode-0")
+	// Both prefillers hang, so the leg is in flight on whichever is named; once a leg has reached one, it dies:
+	// its listener and the connections it holds are closed.
+	var hung []*fleetsim.Replica
+	for _, name := range []string{"prefill-0", "prefill-1"} {
+		r, _ := st.Fleet.Replica(name)
+		if err := r.SetFaults(fleetsim.Faults{Hang: true}); err != nil {
+			t.Fatal(err)
+		}
+		hung = append(hung, r)
+	}
+	done := make(chan [2]any, 1)
+	go func() {
+		status, body := sendDisagg(t, st.URL, strings.Repeat("A clause the prefiller will never finish reading. ", 300))
+		done <- [2]any{status, body}
+	}()
+	wait.For(t, "a prefill leg to reach a prefiller", func() bool { return hung[0].Received()+hung[1].Received() > 0 })
+	for _, r := range hung {
+		if r.Received() > 0 {
+			if err := r.SetFaults(fleetsim.Faults{Refuse: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got := <-done
+	if got[0].(int) != http.StatusOK || decoder.EngineServed() != 1 || decoder.RemotePrefills() != 0 {
+		t.Fatalf("status %v, served past the sidecar %d, split %d: %.300s", got[0], decoder.EngineServed(), decoder.RemotePrefills(), got[1])
+	}
+}
+
+// sendDisagg sends one chat request for the disaggregated model and returns its status and body.
+func sendDisagg(t *testing.T, url, content string) (int, string) {
+	body, _ := json.Marshal(map[string]any{"model": "llama-3.3-70b", "max_tokens": 4,
+		"messages": []map[string]string{{"role": "user", "content": content}}})
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(string(body)))
+	req.Header.Set("Authorization", "Bearer sk-demo-acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -97,11 +97,16 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	configured := map[string]string{} // replica name -> address in the files
+	configured := map[string]string{}       // replica name -> address in the files
+	configuredEngine := map[string]string{} // replica name -> its engine's address past the sidecar, in the files
 	for i := range fcfg.Replicas {
 		configured[fcfg.Replicas[i].Name] = fcfg.Replicas[i].Addr
+		configuredEngine[fcfg.Replicas[i].Name] = fcfg.Replicas[i].EngineAddr
 		if o.FreePorts {
 			fcfg.Replicas[i].Addr = "127.0.0.1:0"
+			if fcfg.Replicas[i].EngineAddr != "" {
+				fcfg.Replicas[i].EngineAddr = "127.0.0.1:0"
+			}
 		}
 	}
 	for i := range fcfg.Managed {
@@ -128,6 +133,9 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	real := map[string]string{} // address in the files -> address bound
 	for _, r := range fleet.Replicas {
 		real[configured[r.Name()]] = r.Addr()
+		if e := configuredEngine[r.Name()]; e != "" {
+			real[e] = r.EngineAddr()
+		}
 	}
 	for _, m := range fleet.Managed {
 		real[configured[m.Name()]] = m.Addr()
