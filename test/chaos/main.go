@@ -2,7 +2,7 @@
 // and the Envoy-faithful data plane on loopback under steady streaming load, with one fault injected at a time
 // — replicas refusing, hanging and failing, pools down with and without a fallback, Redis killed and stopped
 // in both fail modes, infergate terminated and killed and restarted, a broken policy, 3× overload and hostile
-// requests. For each it prints requests, clear errors, lost requests (no response, a cut or unfinished
+// inputs (requests, memory-heavy bodies, guessed keys, forged Redis placements). For each it prints requests, clear errors, lost requests (no response, a cut or unfinished
 // stream), gateway crashes, recovery time and the worst tokens-per-minute overshoot; it exits 1 when anything
 // is lost that the design does not accept, when the gateway crashes, or when a quota overshoots by more
 // than 1 %.

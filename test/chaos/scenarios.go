@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -182,7 +183,7 @@ func scenarios() []scenario {
 					}
 				}
 				l.hostileProblems = append(l.hostileProblems, sendElementBodies(l, elementBodies(s, 16))...)
-				return nil
+				return s.publishForgeries(context.Background())
 			},
 			check: func(s *stack, l *load, _ time.Time) []string {
 				if !s.gatewayAlive() {
@@ -191,7 +192,7 @@ func scenarios() []scenario {
 				if rss := s.gatewayPeakRSS(); rss > maxHostileRSS {
 					l.hostileProblems = append(l.hostileProblems, fmt.Sprintf("infergate's resident memory reached %d MiB (at most %d)", rss>>20, maxHostileRSS>>20))
 				}
-				return l.hostileProblems
+				return append(l.hostileProblems, s.forgeriesDropped()...)
 			}},
 	}
 }

@@ -35,6 +35,9 @@ type stack struct {
 
 	redis     *proc
 	redisAddr string
+	// messageKey signs what replicas share over Redis (--redis-message-key-file at messageKeyPath).
+	messageKey     []byte
+	messageKeyPath string
 
 	gateway                           *proc
 	infergateBin                      string
@@ -131,6 +134,9 @@ func startStack(ctx context.Context, root, dir string, log *slog.Logger) (*stack
 	if err := s.startRedis(); err != nil {
 		return nil, err
 	}
+	if err := s.writeMessageKey(); err != nil {
+		return nil, err
+	}
 	for _, a := range []*string{&s.extprocAddr, &s.xdsAddr, &s.metricsAddr} {
 		if *a, err = freeAddr(); err != nil {
 			return nil, err
@@ -221,7 +227,8 @@ func (s *stack) startRedis() error {
 func (s *stack) startGateway() error {
 	args := []string{"serve", "--policy", s.policyPath, "--redis-addr", s.redisAddr, "--extproc-addr", s.extprocAddr,
 		"--xds-addr", s.xdsAddr, "--metrics-addr", s.metricsAddr, "--scrape-interval", "100ms", "--drain-timeout", "10s",
-		"--instance-id", "chaos-gateway", "--admin-addr", "", "--audit-log", filepath.Join(s.dir, "audit")}
+		"--instance-id", "chaos-gateway", "--admin-addr", "", "--audit-log", filepath.Join(s.dir, "audit"),
+		"--redis-message-key-file", s.messageKeyPath}
 	p, err := startProc(s.infergateBin, args, []string{"CHAOS_MANAGED_KEY=chaos-managed-key"}, filepath.Join(s.dir, "infergate.log"))
 	if err != nil {
 		return err
