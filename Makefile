@@ -59,6 +59,10 @@ bench-fleet: ## placement on a heterogeneous fleet: goodput and $ per 1M output 
 bench-placement: ## placement over a generated family of fleets and workloads (24 scenarios × 3 arrival seeds, five policies; ≈ 2 min in simulated time; table for BENCHMARKS.md; -quick: CI-sized)
 	$(GO) run ./test/placementbench
 
+.PHONY: bench-pd
+bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts (simulated time, ≈ 15 s; table for BENCHMARKS.md)
+	$(GO) run ./test/placementbench -pd -seeds 5
+
 .PHONY: bench-rollout
 bench-rollout: ## rollout gates' error rates: 200 A/A rollouts and 100 of each fault through rollout.Controller on the simulated fleet, in simulated time, and 200 A/A with fixed pools (≈ 5 min; table for BENCHMARKS.md)
 	$(GO) run ./test/rolloutbench

@@ -91,3 +91,7 @@ func (q *Sequence) FirstToken() time.Time { return q.s.firstToken }
 
 // Finished is when it retired (zero before).
 func (q *Sequence) Finished() time.Time { return q.s.finished }
+
+// ImportKV adds a prompt's KV blocks to the engine's prefix cache, as a decode replica does once it has pulled
+// them from its prefiller (disagg.go): its next Submit of that prompt prefills only the last token.
+func (v *VirtualEngine) ImportKV(tokens []string) { v.e.importKV(tokens) }

@@ -135,3 +135,50 @@ func TestSplitRequestsRetryOnTheDecoderEngine(t *testing.T) {
 		t.Fatalf("a whole request: prefill %q, endpoints %v", d.Prefill, d.Endpoints)
 	}
 }
+
+// oneClassPolicy disaggregates a model on one H200 pool that does both, with a tight TPOT target.
+const oneClassPolicy = `apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  hardwareClasses:
+    h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}
+  tiers:
+    pro: {slo: {ttft: 5s, tpot: 22ms}}
+  models:
+  - name: m
+    pools:
+    - {name: a, hardwareClass: h200, engine: vllm, maxConcurrency: 64, endpoints: ["10.0.0.1:1", "10.0.0.2:1"]}
+    disaggregation: {protocol: llm-d, kvBytesPerToken: 163840}
+  tenants:
+  - {name: pro, tier: pro, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
+`
+
+// A request is split only when splitting pays: not onto a prefiller of the decoder's own class while the
+// decoder is idle (the transfer only adds to its TTFT), but when the decoder runs a batch whose decodes the
+// prefill would stall past their TPOT target (16K tokens at 24K a second: 0.69 s, against what 22 ms leaves beyond a
+// near-full batch's 20 ms step over 256 tokens: 0.44 s).
+func TestSplitOnlyWhenItPays(t *testing.T) {
+	snap, m := modelOf(t, oneClassPolicy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	doc := strings.Repeat("A long contract the model must read before it answers. ", 1200) // ≈ 16K tokens
+	pick := func(running float64) Decision {
+		t.Helper()
+		eng := engines{}
+		for _, ep := range []string{"10.0.0.1:1", "10.0.0.2:1"} {
+			eng[ep] = fleet.EngineMetrics{Running: running}
+		}
+		p := newMixedPicker(eng)
+		p.Hasher.MaxBlocks = 1 << 14
+		d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, doc, "?"), BodyBytes: len(doc)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := pick(0); d.Prefill != "" {
+		t.Errorf("idle decoder of the prefiller's class: split to %s (%d tokens estimated)", d.Prefill, d.EstimatedPromptTokens)
+	}
+	if d := pick(60); d.Prefill == "" || d.Prefill == d.Endpoints[0] {
+		t.Errorf("a decoder running 60 of 64: prefill %q, decoder %s (%d tokens estimated)", d.Prefill, d.Endpoints[0], d.EstimatedPromptTokens)
+	}
+}

@@ -40,6 +40,10 @@ type outcome struct {
 	class        int           // the class that served it
 	predicted    time.Duration // the picker's predicted TTFT (SLO placement), from the decision
 	sentAfter    time.Duration // how long after its arrival it was sent (the queue's wait)
+	// The P/D bench's: whether it was a long prompt of a burst, split between a prefiller and its decoder, and
+	// when it arrived.
+	long, split bool
+	arrived     time.Duration
 }
 
 // gateway is one row's router over one scenario's fleet, in the sim's time: a request's decision is taken at
@@ -80,7 +84,11 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	if row == rowAffinity || row == rowLeast || row == rowRR {
 		placement = policies.PlacementAffinity
 	}
-	snap, err := policies.Parse("placementbench.yaml", []byte(sc.policyYAML(endpoints, placement, row == rowQueue)))
+	policy := sc.policyYAML(endpoints, placement, row == rowQueue)
+	if sc.pd != nil {
+		policy = sc.pd.policyYAML(endpoints, row)
+	}
+	snap, err := policies.Parse("placementbench.yaml", []byte(policy))
 	if err != nil {
 		log.Fatalf("scenario %d: %v", sc.id, err)
 	}
@@ -95,7 +103,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	switch row {
 	case rowLeast:
 		g.picker = &picker.LeastInFlight{InFlight: g.inflight}
-	case rowAffinity, rowSLO, rowQueue:
+	case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest:
 		a := picker.NewAffinity(g.inflight, fl)
 		a.ChurnEvery = -1
 		a.Now = g.sim.Now // the sim's readings are stamped in simulated time
@@ -241,6 +249,10 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 			g.sim.after(g.lag(), func() { g.picker.Prefilled(dec) })
 		}
 	}
+	if dec.Prefill != "" {
+		g.split(i, r, addr, dec, tokens, sent)
+		return
+	}
 	g.fleet.submit(addr, tokens, r.output, first, func(q *fleetsim.Sequence, err error) {
 		if d != nil {
 			g.inflight.Done(dec.Target(g.sc.model))
@@ -254,7 +266,8 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 		if q.Output() > 1 {
 			o.tpot = q.Finished().Sub(q.FirstToken()) / time.Duration(q.Output()-1)
 		}
-		o.good = o.ttft <= g.sc.ttft && o.tpot <= g.sc.tpot
+		o.good = o.ttft <= g.sc.ttftFor(r) && o.tpot <= g.sc.tpot
+		o.long, o.arrived = r.long, r.at
 		g.out[i] = o
 		if d != nil {
 			g.picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})

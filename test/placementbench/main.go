@@ -8,7 +8,11 @@
 // discrete-event loop: simulated time, so the figures do not depend on the machine's load, and the family
 // runs in minutes. The report is the distribution over scenarios, and the targets met / not met.
 //
+// With -pd it runs the P/D bench instead (make bench-pd, pd.go): one fleet of H200s and L40S pairs serving chat
+// and bursts of long prompts aggregated, split at a fixed ratio, and by infergate's per-request choice.
+//
 //	go run ./test/placementbench [-quick]
+//	go run ./test/placementbench -pd [-seeds 5]
 package main
 
 import (
@@ -16,6 +20,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +39,15 @@ func main() {
 	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "scenarios run at once")
 	pick := flag.Int("scenario", -1, "run only this scenario of the family (with -v: its rows' class shares)")
 	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
+	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
+	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
 	flag.Parse()
+	if *pd {
+		start := time.Now()
+		runPD(parseRates(*pdRates), *seeds, *duration)
+		fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
+		return
+	}
 	if *quick {
 		*n, *seeds, *duration = 8, 1, 20*time.Second
 	}
@@ -99,4 +113,18 @@ func runScenario(sc *scenario, selected []string, seeds int, d, lag time.Duratio
 		}
 	}
 	return res
+}
+
+// parseRates reads a comma-separated list of rates.
+func parseRates(s string) []float64 {
+	var out []float64
+	for f := range strings.SplitSeq(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			fmt.Fprintf(os.Stderr, "placementbench: bad rate %q\n", f)
+			os.Exit(2)
+		}
+		out = append(out, v)
+	}
+	return out
 }

@@ -61,6 +61,16 @@ type scenario struct {
 	ramped         bool
 	// lag is the starved gateway's mean own delay the family runs under (-lag), 0 for a gateway with CPU to spare.
 	lag time.Duration
+	// pd, set for the P/D bench (-pd), gives the scenario's policy per row and the long prompts' TTFT target.
+	pd *pdScenario
+}
+
+// ttftFor is a request's TTFT target: the scenario's, or the P/D bench's for a long prompt.
+func (s *scenario) ttftFor(r *request) time.Duration {
+	if r.long && s.pd != nil {
+		return s.pd.longTTFT
+	}
+	return s.ttft
 }
 
 // Prompts are 500-2,000 tokens, outputs 50-500, as the family asks.

@@ -12,7 +12,8 @@ type request struct {
 	at           time.Duration // simulated offset from the run's start
 	system, user []string      // tokens: a shared group's prefix (or the request's own), then its own
 	output       int
-	group        int // the prefix group, -1 for an unshared prompt
+	group        int  // the prefix group, -1 for an unshared prompt
+	long         bool // a long prompt of a burst (the P/D bench), judged by pdScenario.longTTFT
 }
 
 // group is a shared prefix and how many more requests will open with it.
