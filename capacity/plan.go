@@ -74,6 +74,8 @@ type ModelPlan struct {
 	// Cheapest names the pool whose plan costs least per hour ("" when none fits).
 	Cheapest string   `json:"cheapest"`
 	Managed  *Managed `json:"managed,omitempty"`
+	// Disaggregated sizes each pair of a prefill and a decode pool, for a model that disaggregates.
+	Disaggregated []DisaggPlan `json:"disaggregated,omitempty"`
 }
 
 // Managed compares the cheapest pool with the model's managed fallback at its price.
@@ -145,6 +147,10 @@ func planModel(snap *policies.Snapshot, w *Workload, m *policies.Model, load Mod
 	if best >= 0 {
 		mp.Cheapest = mp.Pools[best].Pool
 		mp.Managed = managed(m, load, w, mp.Pools[best], snap)
+	}
+	var err error
+	if mp.Disaggregated, err = disaggPlans(snap, w, m, load, a, mp.TTFT, mp.TPOT); err != nil {
+		return ModelPlan{}, err
 	}
 	return mp, nil
 }

@@ -45,6 +45,7 @@ func Render(w io.Writer, plans []ModelPlan) {
 			}
 			fmt.Fprintf(w, "  %s replicas by prefix-cache hit rate: %s\n", p.Pool, strings.Join(rows, ", "))
 		}
+		renderDisagg(w, mp)
 		switch {
 		case mp.Cheapest == "":
 			fmt.Fprintln(w, "  no pool can serve this model within its SLO")
@@ -80,4 +81,30 @@ func countOrDash(n int) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+// renderDisagg writes a disaggregated model's prefill:decode pairs.
+func renderDisagg(w io.Writer, mp ModelPlan) {
+	if len(mp.Disaggregated) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  disaggregated (prefill pool : decode pool):")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  PREFILL\tREQ/S/REPLICA\tREPLICAS\tDECODE\tBATCH\tTPOT\tREQ/S/REPLICA\tREPLICAS\tRATIO\tTRANSFER p95\tTTFT p95\t$/HOUR\t$/1M OUT")
+	for _, d := range mp.Disaggregated {
+		if !d.Fits {
+			fmt.Fprintf(tw, "  %s\t-\t-\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", d.PrefillPool, d.DecodePool)
+			continue
+		}
+		fmt.Fprintf(tw, "  %s\t%.2f\t%d\t%s\t%d\t%s\t%.2f\t%d\t%d:%d\t%s\t%s\t%.2f\t%.2f\n", d.PrefillPool,
+			d.PrefillRequestsPerSecondPerReplica, d.PrefillReplicas, d.DecodePool, d.DecodeBatch, ms(d.TPOT),
+			d.DecodeRequestsPerSecondPerReplica, d.DecodeReplicas, d.PrefillReplicas, d.DecodeReplicas, ms(d.TransferP95),
+			ms(d.TTFTP95), d.CostPerHour, d.CostPerMOutputTokens)
+	}
+	_ = tw.Flush()
+	for _, d := range mp.Disaggregated {
+		if !d.Fits {
+			fmt.Fprintf(w, "  %s : %s does not fit: %s\n", d.PrefillPool, d.DecodePool, d.Why)
+		}
+	}
 }

@@ -182,3 +182,20 @@ func TestSplitOnlyWhenItPays(t *testing.T) {
 		t.Errorf("a decoder running 60 of 64: prefill %q, decoder %s (%d tokens estimated)", d.Prefill, d.Endpoints[0], d.EstimatedPromptTokens)
 	}
 }
+
+// A split request's TTFT does not fit its decoder's TTFT model (it is the prefiller's, plus the transfer); its
+// TPOT does fit the decoder's.
+func TestSplitTimingTeachesOnlyTheDecodersTPOT(t *testing.T) {
+	p := newMixedPicker(idleEngines(nil))
+	dec := Decision{Endpoints: []string{"10.0.1.1:1"}, Prefill: "10.0.0.1:1", Predicted: Prediction{set: true}}
+	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
+	m := p.pred.model("10.0.1.1:1", 0, 0, 0)
+	if m.residuals != 0 || m.tpotSeen != 1 {
+		t.Errorf("after a split request: %v TTFT residuals, %d TPOTs seen; want 0 and 1", m.residuals, m.tpotSeen)
+	}
+	dec.Prefill = ""
+	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
+	if m.residuals != 1 || m.tpotSeen != 2 {
+		t.Errorf("after a whole request: %v TTFT residuals, %d TPOTs seen; want 1 and 2", m.residuals, m.tpotSeen)
+	}
+}

@@ -63,6 +63,12 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 	if len(d.Endpoints) == 0 || (d.ServedBy != "" && d.ServedBy != d.Endpoints[0]) {
 		return
 	}
+	if d.Prefill != "" {
+		// A split request's TTFT is its prefiller's, the transfer and one step of its decoder's: not what the
+		// decoder's TTFT model predicts, nor what its pool's calibration judges. Its TPOT is the decoder's.
+		p.pred.observe(d.Endpoints[0], d.Predicted, 0, tpot)
+		return
+	}
 	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
 	p.pred.noteRatio(model, ttft, d.Predicted.TTFT)
 	if pd := d.Predicted; pd.inTime && d.Pool != nil {
