@@ -78,6 +78,10 @@ func (v *validator) engineEndpoints(m *Model, base []seg) {
 	}
 	for j := range m.Pools {
 		p := &m.Pools[j]
+		if p.Service != nil && p.Service.EnginePort != "" && (m.Disaggregation == nil || !p.ServesWhole()) {
+			v.fail(append(slices.Clone(base), "pools", j, "service", "enginePort"),
+				"only a pool that decodes (role decode or both) for a model with disaggregation has engines behind sidecars")
+		}
 		if len(p.EngineEndpoints) == 0 {
 			continue
 		}
@@ -87,7 +91,7 @@ func (v *validator) engineEndpoints(m *Model, base []seg) {
 			v.fail(pb, "only a pool that decodes (role decode or both) for a model with disaggregation has engines behind sidecars")
 			continue
 		case p.Service != nil:
-			v.fail(pb, "a pool discovered from a Service cannot list engines yet: list its endpoints instead")
+			v.fail(pb, "a pool discovered from a Service names its engines' port instead (service.enginePort)")
 			continue
 		case len(p.EngineEndpoints) != len(p.Endpoints):
 			v.fail(pb, "must list one engine for each of the pool's %d endpoints, in their order, got %d", len(p.Endpoints), len(p.EngineEndpoints))

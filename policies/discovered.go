@@ -19,10 +19,19 @@ func (s *Snapshot) HasServices() bool { return len(s.Services()) > 0 }
 // Services lists the Services the policy's pools are discovered from, each once.
 func (s *Snapshot) Services() []ServiceRef {
 	var out []ServiceRef
+	add := func(ref ServiceRef) {
+		if !slices.Contains(out, ref) {
+			out = append(out, ref)
+		}
+	}
 	for _, m := range s.Policy.Spec.Models {
 		for _, p := range m.Pools {
-			if p.Service != nil && !slices.Contains(out, *p.Service) {
-				out = append(out, *p.Service)
+			if p.Service == nil {
+				continue
+			}
+			add(p.Service.watched(p.Service.Port))
+			if p.Service.EnginePort != "" {
+				add(p.Service.watched(p.Service.EnginePort))
 			}
 		}
 	}
@@ -51,7 +60,7 @@ func resolve(pol *Policy, r EndpointResolver) string {
 			if r == nil {
 				continue
 			}
-			for _, ep := range r.Endpoints(*p.Service) {
+			for _, ep := range r.Endpoints(p.Service.watched(p.Service.Port)) {
 				ap, err := netip.ParseAddrPort(ep)
 				if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || seen[ap.String()] {
 					continue
@@ -60,11 +69,39 @@ func resolve(pol *Policy, r EndpointResolver) string {
 				p.Endpoints = append(p.Endpoints, ap.String())
 			}
 			slices.Sort(p.Endpoints)
+			p.EngineEndpoints = enginesOf(p, r, seen)
 			h.Write([]byte(m.Name + "/" + p.Name + "="))
-			for _, ep := range p.Endpoints {
+			for i, ep := range p.Endpoints {
 				h.Write([]byte(ep + ","))
+				if p.EngineEndpoints != nil {
+					h.Write([]byte(p.EngineEndpoints[i] + ","))
+				}
 			}
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)[:3])
+}
+
+// enginesOf pairs a discovered pool's endpoints with their engines past the sidecar (service.enginePort), by
+// address: "" for a replica whose slice lists no engine port, or whose engine address another replica has.
+func enginesOf(p *Pool, r EndpointResolver, seen map[string]bool) []string {
+	if p.Service.EnginePort == "" || len(p.Endpoints) == 0 {
+		return nil
+	}
+	byAddr := map[netip.Addr]string{}
+	for _, ep := range r.Endpoints(p.Service.watched(p.Service.EnginePort)) {
+		if ap, err := netip.ParseAddrPort(ep); err == nil && ap.Port() != 0 && !seen[ap.String()] {
+			byAddr[ap.Addr()] = ap.String()
+		}
+	}
+	out := make([]string, len(p.Endpoints))
+	for i, ep := range p.Endpoints {
+		ap, _ := netip.ParseAddrPort(ep)
+		if engine, ok := byAddr[ap.Addr()]; ok {
+			out[i] = engine
+			seen[engine] = true
+			delete(byAddr, ap.Addr())
+		}
+	}
+	return out
 }

@@ -306,6 +306,15 @@ type ServiceRef struct {
 	Name      string `yaml:"name" json:"name" jsonschema:"minLength=1"`
 	// Port is the EndpointSlice port's name (e.g. "http"), or its number when it has none.
 	Port string `yaml:"port" json:"port" jsonschema:"minLength=1"`
+	// EnginePort, on a pool that decodes for a disaggregated model, is the EndpointSlice port (name or number)
+	// of each replica's engine past llm-d's routing sidecar (vLLM's own port): a split request whose prefill leg
+	// fails is retried there, as with a static pool's engineEndpoints.
+	EnginePort string `yaml:"enginePort,omitempty" json:"enginePort,omitempty"`
+}
+
+// watched is the reference the EndpointSlice watcher keys a port by.
+func (r ServiceRef) watched(port string) ServiceRef {
+	return ServiceRef{Namespace: r.Namespace, Name: r.Name, Port: port}
 }
 
 // Fallback conditions: when the self-hosted pools cannot take a request.

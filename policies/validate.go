@@ -496,12 +496,23 @@ func (v *validator) service(base []seg, r *ServiceRef) {
 	if !dnsLabel.MatchString(r.Name) {
 		v.fail(append(slices.Clone(base), "name"), "%q is not a Kubernetes Service name", r.Name)
 	}
-	if n, err := strconv.Atoi(r.Port); err == nil {
-		if n < 1 || n > 65535 {
-			v.fail(append(slices.Clone(base), "port"), "port %d is out of range", n)
+	v.port(append(slices.Clone(base), "port"), r.Port)
+	if r.EnginePort != "" {
+		v.port(append(slices.Clone(base), "enginePort"), r.EnginePort)
+		if r.EnginePort == r.Port {
+			v.fail(append(slices.Clone(base), "enginePort"), "is the sidecar's port: the engine is reached on a port of its own")
 		}
-	} else if !dnsLabel.MatchString(r.Port) || len(r.Port) > 15 {
-		v.fail(append(slices.Clone(base), "port"), "%q is neither a port number nor a port name", r.Port)
+	}
+}
+
+// port validates an EndpointSlice port's name or number.
+func (v *validator) port(path []seg, port string) {
+	if n, err := strconv.Atoi(port); err == nil {
+		if n < 1 || n > 65535 {
+			v.fail(path, "port %d is out of range", n)
+		}
+	} else if !dnsLabel.MatchString(port) || len(port) > 15 {
+		v.fail(path, "%q is neither a port number nor a port name", port)
 	}
 }
 
