@@ -25,6 +25,9 @@ func appendLine(b []byte, r *Record) []byte {
 	b = appendOptional(b, `,"pool":`, r.Pool)
 	b = appendOptional(b, `,"endpoint":`, r.Endpoint)
 	b = appendOptional(b, `,"prefill_endpoint":`, r.PrefillEndpoint)
+	if r.PrefillFailed {
+		b = append(b, `,"prefill_failed":true`...)
+	}
 	b = appendOptional(b, `,"prompt_hmac":`, r.PromptDigest)
 	b = appendOptional(b, `,"output_hmac":`, r.OutputDigest)
 	b = appendOptional(b, `,"digest_key":`, r.DigestKey)

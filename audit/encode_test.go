@@ -24,7 +24,7 @@ func TestAppendLineIsEncodingJSON(t *testing.T) {
 	cases := []Record{
 		{},
 		{Time: time.Date(2026, 12, 1, 10, 30, 0, 123456789, time.FixedZone("x", 3600)), RequestID: "r-1", TraceID: "abc",
-			Tenant: "acme", Tier: "enterprise", Model: "llama", Pool: "fallback/together", Endpoint: "10.0.0.1:8000", PrefillEndpoint: "10.0.2.1:8000",
+			Tenant: "acme", Tier: "enterprise", Model: "llama", Pool: "fallback/together", Endpoint: "10.0.0.1:8000", PrefillEndpoint: "10.0.2.1:8000", PrefillFailed: true,
 			PromptDigest: "aa", OutputDigest: "bb", PromptTokens: 1 << 40, CachedTokens: 7, CompletionTokens: -1,
 			CostUSD: 0.000123, TTFTMillis: 12.5, E2EMillis: 1e22, Status: 429, Outcome: "quota", Good: true},
 		{RequestID: "quote\" back\\ nl\n tab\t cr\r bell\x07 del\x7f <html>&", Tenant: "bad\xff\xfeutf8", Model: "é\u2028\u2029😀",

@@ -16,7 +16,7 @@ func RecordOf(st director.Settlement) Record {
 	t := st.Timing
 	r := Record{
 		Time: st.Started.Add(t.E2E), RequestID: st.RequestID, TraceID: st.TraceID, Tenant: st.Tenant, Tier: st.Tier,
-		Model: st.Model, Pool: st.Pool, Endpoint: st.Endpoint, PrefillEndpoint: st.Prefill, PromptDigest: st.PromptDigest, OutputDigest: st.OutputDigest,
+		Model: st.Model, Pool: st.Pool, Endpoint: st.Endpoint, PrefillEndpoint: st.Prefill, PrefillFailed: st.PrefillFailed, PromptDigest: st.PromptDigest, OutputDigest: st.OutputDigest,
 		DigestKey:    st.DigestKey,
 		PromptTokens: st.Usage.PromptTokens, CachedTokens: st.Usage.CachedTokens, CompletionTokens: st.Usage.CompletionTokens,
 		CostUSD: st.CostUSD, TTFTMillis: millis(t.TTFT.Seconds()), E2EMillis: millis(t.E2E.Seconds()), Status: st.Status,

@@ -19,6 +19,8 @@ type Record struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// PrefillEndpoint is where a split request's prompt was prefilled (its decode endpoint is Endpoint).
 	PrefillEndpoint string `json:"prefill_endpoint,omitempty"`
+	// PrefillFailed says its prefill leg failed and the decode replica's engine, past its sidecar, served it whole.
+	PrefillFailed bool `json:"prefill_failed,omitempty"`
 	// PromptDigest and OutputDigest are lower-case hex HMAC-SHA256 digests of the prompt field as sent and of
 	// the output text, under the key DigestKey names (see DigestKey).
 	PromptDigest     string `json:"prompt_hmac,omitempty"`

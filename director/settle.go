@@ -25,8 +25,11 @@ type Settlement struct {
 	Pool          string
 	HardwareClass string // the pool's, or ManagedClass for a managed API
 	Endpoint      string
-	// Prefill is the prefill endpoint of a request split between it and Endpoint (docs/disaggregation.md).
-	Prefill   string
+	// Prefill is the prefill endpoint of a request split between it and Endpoint (docs/disaggregation.md), and
+	// PrefillPool its pool; PrefillFailed says the prefill leg failed and the decode replica's engine, past its
+	// sidecar, served the request whole (Endpoint is then that engine).
+	Prefill, PrefillPool string
+	PrefillFailed        bool
 	Operation openai.Endpoint
 	Stream    bool
 	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
@@ -158,9 +161,7 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	st.Outcome = outcomeOf(o)
 	st.Usage, st.Reported, st.CostUSD, st.FinishReason = usage, o.Reported, cost, o.FinishReason
 	st.Timing = timingOf(rt, o, usage)
-	if rt.retriedPastSidecar(o.Served) {
-		st.Prefill = "" // its prefill leg failed: the decode replica's engine served it whole
-	}
+	st.PrefillFailed = rt.retriedPastSidecar(o.Served)
 	st.Good = good(st)
 	if !rt.placed.IsZero() && st.Outcome == OutcomeOK && o.Chunked && !o.FirstContent.IsZero() && rt.Decision.Fallback == nil {
 		// From placement, not arrival: the time before the queue (the body, quotas) is already behind a
@@ -286,6 +287,7 @@ func (rt *Route) settlement() Settlement {
 		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
 	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
 		st.Pool, st.ServedModel, st.Arm, st.Prefill = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm, rt.Decision.Prefill
+		st.PrefillPool = rt.Decision.PrefillPool
 		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
 		if f := rt.Decision.Fallback; f != nil {

@@ -35,7 +35,7 @@ func (d *decision) disaggregate(dec *Decision) {
 			if !d.worthSplitting(dec.Endpoints[0], pool, uncached, dg) {
 				return
 			}
-			dec.Prefill = ep
+			dec.Prefill, dec.PrefillPool = ep, pool.Name
 			// Envoy's first retry goes to the decode replica's own engine, past its sidecar: it prefills the
 			// request itself when the prefill leg failed (policies.Pool.EngineEndpoints).
 			if engine := dec.Pool.EngineEndpoint(dec.Endpoints[0]); engine != "" {

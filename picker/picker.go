@@ -36,8 +36,8 @@ type Decision struct {
 	// Predicted is what SLO placement expected of the destination (zero otherwise).
 	Predicted Prediction
 	// Prefill, when set, is the prefill endpoint (ip:port) of a request split between it and the decode
-	// endpoint Endpoints[0] (policies.Disaggregation); "" runs it whole.
-	Prefill string
+	// endpoint Endpoints[0] (policies.Disaggregation), of pool PrefillPool; "" runs it whole.
+	Prefill, PrefillPool string
 	// Arm is the rollout arm the request took (ArmCandidate, ArmBaseline), "" without a rollout; ServedAs,
 	// when set, is the served model name a candidate arm's body is rewritten to (a candidate that is a served
 	// model name on the baseline's pools).

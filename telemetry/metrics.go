@@ -38,6 +38,9 @@ type Metrics struct {
 	queue                        *prometheus.HistogramVec
 	requests, good               *prometheus.CounterVec
 	poolTokens                   *prometheus.CounterVec
+	// split and splitTTFT follow requests split between a prefill and a decode endpoint (docs/disaggregation.md).
+	split     *prometheus.CounterVec
+	splitTTFT *prometheus.HistogramVec
 
 	series sync.Map // seriesKey → *requestSeries
 }
@@ -72,8 +75,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tokens settled per pool, by kind (prompt, cached, completion); cached ÷ prompt is the pool's prefix-cache hit ratio."},
 			append(append([]string{}, poolLabels...), "kind")),
 	}
+	m.split = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_disaggregated_requests_total",
+		Help: "Requests split between a prefill and a decode endpoint, by model, prefill_pool, decode_pool and result: split (served so), prefill_failed (the prefill leg failed and the decode replica's engine served it whole), error (it failed)."},
+		[]string{"model", "prefill_pool", "decode_pool", "result"})
+	m.splitTTFT = hist("infergate_disaggregated_ttft_seconds",
+		"TTFT of requests served split: the prefill leg, the KV cache's transfer and the decoder's first step (the sidecar's own spans, under the request's trace, time each leg).",
+		ttftBuckets, "model", "prefill_pool", "decode_pool")
 	if reg != nil {
-		reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.tokens, m.queue, m.requests, m.good, m.poolTokens)
+		reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.tokens, m.queue, m.requests, m.good, m.poolTokens, m.split, m.splitTTFT)
 	}
 	return m
 }
@@ -143,6 +152,9 @@ func (m *Metrics) Settled(st director.Settlement) {
 	if t.MaxITL > 0 {
 		s.itl.Observe(t.MaxITL.Seconds())
 	}
+	if st.Prefill != "" {
+		m.splitSettled(st)
+	}
 	u := st.Usage
 	s.input.Observe(float64(u.PromptTokens))
 	if st.Operation != openai.EndpointEmbeddings {
@@ -153,4 +165,19 @@ func (m *Metrics) Settled(st director.Settlement) {
 		s.cached.Add(float64(u.CachedTokens))
 		s.completion.Add(float64(u.CompletionTokens))
 	}
+}
+
+// splitSettled counts a split request by what became of it, and times the TTFT of one served split.
+func (m *Metrics) splitSettled(st director.Settlement) {
+	result := "error"
+	switch {
+	case st.PrefillFailed:
+		result = "prefill_failed"
+	case st.Outcome == director.OutcomeOK:
+		result = "split"
+		if st.Timing.TTFT > 0 {
+			m.splitTTFT.WithLabelValues(st.Model, st.PrefillPool, st.Pool).Observe(st.Timing.TTFT.Seconds())
+		}
+	}
+	m.split.WithLabelValues(st.Model, st.PrefillPool, st.Pool, result).Inc()
 }

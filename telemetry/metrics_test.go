@@ -130,6 +130,36 @@ func TestMetricsFromSettlements(t *testing.T) {
 	}
 }
 
+// Split requests are counted by what became of them, and the TTFT of those served split is timed by their pools.
+func TestSplitRequestsAreCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	split := director.Settlement{Routed: true, Tenant: "acme", Tier: "pro", Model: "llama", Pool: "decode-l40s", HardwareClass: "l40s",
+		Operation: openai.EndpointChat, Provider: "vllm", Prefill: "10.0.0.1:8000", PrefillPool: "prefill-h200", Outcome: director.OutcomeOK,
+		Timing: director.Timing{TTFT: 900 * time.Millisecond}}
+	fellBack := split
+	fellBack.PrefillFailed, fellBack.Endpoint = true, "10.0.1.1:8001"
+	failed := split
+	failed.Outcome = director.OutcomeUpstream5xx
+	whole := split
+	whole.Prefill, whole.PrefillPool = "", ""
+	for _, st := range []director.Settlement{split, split, fellBack, failed, whole} {
+		m.Settled(st)
+	}
+	fams := parse(t, exposition(t, reg))
+	pools := func(result string) map[string]string {
+		return map[string]string{"model": "llama", "prefill_pool": "prefill-h200", "decode_pool": "decode-l40s", "result": result}
+	}
+	checkSamples(t, fams, []sample{
+		{"infergate_disaggregated_requests_total", pools("split"), 2},
+		{"infergate_disaggregated_requests_total", pools("prefill_failed"), 1},
+		{"infergate_disaggregated_requests_total", pools("error"), 1},
+	})
+	if h := find(fams, "infergate_disaggregated_ttft_seconds", map[string]string{"prefill_pool": "prefill-h200"}).GetHistogram(); h.GetSampleCount() != 2 {
+		t.Errorf("split TTFT observed %d times, want 2 (the served splits)", h.GetSampleCount())
+	}
+}
+
 type engines map[string]fleet.EngineMetrics
 
 func (e engines) Metrics(addr string) (fleet.EngineMetrics, bool) { m, ok := e[addr]; return m, ok }

@@ -356,6 +356,9 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 	if st.Prefill != "" {
 		attrs = append(attrs, attribute.String("infergate.prefill_endpoint", st.Prefill))
 	}
+	if st.PrefillFailed {
+		attrs = append(attrs, attribute.Bool("infergate.prefill_failed", true))
+	}
 	return attrs
 }
 

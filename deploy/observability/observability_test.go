@@ -30,6 +30,7 @@ var exportedHistograms = []string{
 	"infergate_inter_token_latency_max_seconds",
 	"infergate_queue_duration_seconds",
 	"infergate_admission_wait_seconds",
+	"infergate_disaggregated_ttft_seconds",
 }
 
 // exportedSeries is every series infergate exports that the rules and the dashboard may read.
@@ -38,6 +39,7 @@ var exportedSeries = append(histogramSeries(exportedHistograms),
 	"infergate_tenant_requests_total",
 	"infergate_tenant_good_requests_total",
 	"infergate_pool_tokens_total",
+	"infergate_disaggregated_requests_total",
 	"infergate_tokens_total",
 	"infergate_cost_usd_total",
 	"infergate_requests_total",
