@@ -30,8 +30,8 @@ type Settlement struct {
 	// sidecar, served the request whole (Endpoint is then that engine).
 	Prefill, PrefillPool string
 	PrefillFailed        bool
-	Operation openai.Endpoint
-	Stream    bool
+	Operation            openai.Endpoint
+	Stream               bool
 	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
 	Routed   bool
 	Status   int    // upstream HTTP status; 0 when the response never started
