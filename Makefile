@@ -60,7 +60,7 @@ bench-placement: ## placement over a generated family of fleets and workloads (2
 	$(GO) run ./test/placementbench
 
 .PHONY: bench-pd
-bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts (simulated time, ≈ 15 s; table for BENCHMARKS.md)
+bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts, under SLO and affinity placement (simulated time, ≈ 45 s; table for BENCHMARKS.md)
 	$(GO) run ./test/placementbench -pd -seeds 5
 
 .PHONY: bench-rollout

@@ -38,6 +38,8 @@ type decision struct {
 	// the request in time, sacrificing that its group's first request is placed late (both noted once decided).
 	model             modelState
 	busy, sacrificing bool
+	// predicted are the candidates SLO placement predicted for (the split reads their predictions).
+	predicted []scored
 	// buf holds the candidate lists; it goes back to the picker's pool at release.
 	buf *candidateLists
 }

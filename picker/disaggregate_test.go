@@ -9,6 +9,7 @@ import (
 
 	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
 )
 
 // disaggPolicy is mixedPolicy with its H200 pool prefilling only, three of its replicas, and the L40S pool decoding.
@@ -197,5 +198,59 @@ func TestSplitTimingTeachesOnlyTheDecodersTPOT(t *testing.T) {
 	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
 	if m.residuals != 1 || m.tpotSeen != 2 {
 		t.Errorf("after a whole request: %v TTFT residuals, %d TPOTs seen; want 1 and 2", m.residuals, m.tpotSeen)
+	}
+}
+
+// Under SLO placement a split prompt is not counted in its decoder's prefill queue (the decoder prefills only
+// the last token), and the TTFT expected of it is the prefiller's prefill and the transfer.
+func TestSplitPromptLeavesTheDecodersPrefillQueue(t *testing.T) {
+	policy := strings.Replace(strings.Replace(disaggPolicy, "routing: {debugScores: true}", "routing: {debugScores: true, placement: slo}", 1),
+		"    pro: {}", "    pro: {slo: {ttft: 10s, tpot: 200ms}}", 1)
+	snap, m := modelOf(t, policy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	p := newMixedPicker(idleEngines(nil))
+	long := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens
+	d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, long, "?"), BodyBytes: len(long)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefill == "" || !d.Predicted.set {
+		t.Fatalf("not split under SLO placement: prefill %q, predicted %v", d.Prefill, d.Predicted.set)
+	}
+	// 5.6K tokens at the H200's 24,000 a second, and 163,840 B a token over 100 Gb/s: about 0.31 s.
+	if ttft := d.Predicted.TTFT; ttft < 200*time.Millisecond || ttft > 450*time.Millisecond {
+		t.Errorf("predicted TTFT %v, want the split's prefill and transfer (about 0.31 s)", ttft)
+	}
+	for _, s := range p.pred.eps[d.Endpoints[0]].recent {
+		if !s.at.IsZero() {
+			t.Errorf("the decoder %s still counts the split prompt among its prefills: %+v", d.Endpoints[0], s)
+		}
+	}
+}
+
+// Under SLO placement the prefiller is the one predicted to prefill the prompt soonest; without predictions,
+// the prompt's rendezvous winner.
+func TestSLOPlacementPicksTheSoonestPrefiller(t *testing.T) {
+	policy := strings.Replace(disaggPolicy, "role: prefill, endpoints:", "role: both, endpoints:", 1)
+	snap, m := modelOf(t, policy)
+	p := newMixedPicker(idleEngines(nil))
+	pick := func(slo bool, ttft1, ttft2 time.Duration) string {
+		d := &decision{p: p, snap: snap, in: Input{Model: m}, slo: slo, prompt: prompt{hashes: []uint64{42}}, routing: policies.Routing{MaxWaiting: 8},
+			predicted: []scored{
+				{endpoint: "10.0.0.1:1", pred: Prediction{set: true, TTFT: ttft1}},
+				{endpoint: "10.0.0.2:1", pred: Prediction{set: true, TTFT: ttft2}},
+			}}
+		ep, _ := d.prefiller(policies.RoleBoth, "10.0.1.1:1")
+		return ep
+	}
+	if got := pick(true, 2*time.Second, 300*time.Millisecond); got != "10.0.0.2:1" {
+		t.Errorf("10.0.0.1 predicted 2 s, 10.0.0.2 0.3 s: chose %s", got)
+	}
+	if got := pick(true, 300*time.Millisecond, 2*time.Second); got != "10.0.0.1:1" {
+		t.Errorf("10.0.0.1 predicted 0.3 s, 10.0.0.2 2 s: chose %s", got)
+	}
+	a, b := pick(false, 2*time.Second, 300*time.Millisecond), pick(false, 300*time.Millisecond, 2*time.Second)
+	if a != b || a == "" {
+		t.Errorf("without SLO placement the choice followed the predictions: %s, then %s", a, b)
 	}
 }

@@ -84,6 +84,9 @@ func (p *Affinity) Prefilled(d Decision) {
 	if d.Predicted.set && d.Fallback == nil && len(d.Endpoints) > 0 {
 		p.pred.prefilled(d.Endpoints[0], d.Predicted)
 	}
+	if d.prefillPred.set {
+		p.pred.prefilled(d.Prefill, d.prefillPred)
+	}
 }
 
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent

@@ -44,6 +44,9 @@ type Decision struct {
 	Arm, ServedAs string
 
 	churn churnBasis // what Observe needs to report the request's churn (see Affinity.ChurnEvery)
+	// prefillPred is SLO placement's prediction of a split request's prefill leg at Prefill, which its
+	// prefiller counts among its sends still in prefill until the first token passes.
+	prefillPred Prediction
 }
 
 // Score is one candidate's normalised scores (each in [0,1], one per scorer of the picker's table) and their

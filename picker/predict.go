@@ -370,6 +370,16 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 	}
 }
 
+// sentPrefill records a split request's prefill leg among its prefiller's sends still in prefill, as sent does
+// a whole request's (the decision itself was counted at its decoder).
+func (p *predictor) sentPrefill(ep string, pd Prediction) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.model(ep, 0, 0, 0)
+	m.recent[m.next] = sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached}
+	m.next = (m.next + 1) % recentSends
+}
+
 // observe fits an endpoint's model to one request's measured timing (tpot 0: not measured), and forgets it
 // among the sends still in prefill: it has its first token, whenever that was due.
 func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) {

@@ -61,6 +61,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
 	plan := d.planGroup(all)
 	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective, d.now)
+	d.predicted = eligible
 	nGood := d.judge(eligible)
 	if !d.trustPredictions() {
 		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still

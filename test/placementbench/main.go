@@ -12,7 +12,7 @@
 // and bursts of long prompts aggregated, split at a fixed ratio, and by infergate's per-request choice.
 //
 //	go run ./test/placementbench [-quick]
-//	go run ./test/placementbench -pd [-seeds 5]
+//	go run ./test/placementbench -pd [-seeds 5] [-pd-placements slo,affinity]
 package main
 
 import (
@@ -41,10 +41,13 @@ func main() {
 	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
 	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
 	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
+	pdPlacements := flag.String("pd-placements", "slo,affinity", "the P/D bench's routing.placement for every row, one table each")
 	flag.Parse()
 	if *pd {
 		start := time.Now()
-		runPD(parseRates(*pdRates), *seeds, *duration)
+		for pl := range strings.SplitSeq(*pdPlacements, ",") {
+			runPD(strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration)
+		}
 		fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
 		return
 	}

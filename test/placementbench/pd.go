@@ -27,6 +27,7 @@ var pdRows = []string{rowAggregated, rowDisaggregated, rowPerRequest}
 // pdScenario is the P/D bench's fleet and workload: a 70B model on two H200s (compute-strong) and four L40S
 // pairs (cheaper, slower to prefill), shared-prefix chat at a swept rate, and bursts of 8-32K-token prompts.
 type pdScenario struct {
+	placement       string        // routing.placement of every row: slo or affinity
 	chatRate        float64       // chat requests a second
 	longTTFT        time.Duration // a long prompt's TTFT target (chat's is scenario.ttft)
 	burstEvery      time.Duration
@@ -35,8 +36,8 @@ type pdScenario struct {
 	transferGbps    float64
 }
 
-// newPDScenario is the bench's scenario at one chat rate.
-func newPDScenario(chatRate float64) *scenario {
+// newPDScenario is the bench's scenario at one chat rate, every row under one placement.
+func newPDScenario(chatRate float64, placement string) *scenario {
 	h200, l40s := fleetsim.Profiles["h200"], fleetsim.Profiles["l40s"]
 	return &scenario{id: int(chatRate), model: "llama-70b", sizeB: 70, seed: 38,
 		classes: []class{
@@ -44,7 +45,7 @@ func newPDScenario(chatRate float64) *scenario {
 			{name: "l40s-x2", price: 2.2, speed: l40s, maxNumSeqs: 128, numGPUBlocks: 10000, replicas: 4},
 		},
 		ttft: time.Second, tpot: 80 * time.Millisecond,
-		pd: &pdScenario{chatRate: chatRate, longTTFT: 6 * time.Second, burstEvery: 15 * time.Second, burstWindow: 10 * time.Second,
+		pd: &pdScenario{placement: placement, chatRate: chatRate, longTTFT: 6 * time.Second, burstEvery: 15 * time.Second, burstWindow: 10 * time.Second,
 			kvBytesPerToken: 163840, transferGbps: 100}}
 }
 
@@ -53,7 +54,7 @@ func (p *pdScenario) policyYAML(endpoints [][]string, row string) string {
 	roles := map[string][2]string{rowAggregated: {"both", "both"}, rowDisaggregated: {"prefill", "decode"}, rowPerRequest: {"both", "decode"}}[row]
 	var b strings.Builder
 	b.WriteString("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n  gateway: {maxEndpointsPerDecision: 1}\n")
-	b.WriteString("  routing: {placement: affinity, maxWaiting: 8}\n  hardwareClasses:\n")
+	fmt.Fprintf(&b, "  routing: {placement: %s, maxWaiting: 8}\n  hardwareClasses:\n", p.placement)
 	b.WriteString("    h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}\n")
 	b.WriteString("    l40s-x2: {gpu: l40s, gpusPerReplica: 2, costPerHour: 2.2, prefillTokensPerSecond: 7000, decodeTokensPerSecond: 1200}\n")
 	b.WriteString("  tiers:\n    interactive:\n      slo: {ttft: 1s, tpot: 80ms}\n")

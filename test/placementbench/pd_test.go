@@ -9,7 +9,7 @@ import (
 // splits every request (the H200s only prefill), the per-request choice splits some and not others, and each
 // serves nearly every request in time at a light load.
 func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
-	sc := newPDScenario(8)
+	sc := newPDScenario(8, "slo")
 	d := 20 * time.Second
 	work := sc.pd.workload(d, 1)
 	want := map[string]func(split float64) bool{

@@ -62,14 +62,14 @@ func measure(sc *scenario, out []outcome, d time.Duration, fleetUSDPerHour float
 }
 
 // runPD sweeps the chat rate: at each, every row runs on the same arrivals of each seed.
-func runPD(rates []float64, seeds int, d time.Duration) {
-	fmt.Printf("P/D bench: a 70B model (FP8 KV, 160 KiB a token, 100 Gb/s between replicas) on 2 × H200 ($3.50/h) and 4 × L40S pairs ($2.20/h), the same fleet in every row; affinity placement.\n")
+func runPD(placement string, rates []float64, seeds int, d time.Duration) {
+	fmt.Printf("P/D bench, routing.placement %s: a 70B model (FP8 KV, 160 KiB a token, 100 Gb/s between replicas) on 2 × H200 ($3.50/h) and 4 × L40S pairs ($2.20/h), the same fleet in every row.\n", placement)
 	fmt.Printf("Workload: shared-prefix chat at the rate shown (TTFT ≤ 1 s, TPOT ≤ 80 ms) and, every 15 s, a burst of 2-5 prompts of 8-32K tokens (TTFT ≤ 6 s, TPOT ≤ 80 ms); %d arrival seeds × %s of simulated time; median over seeds (worst in brackets).\n\n", seeds, d)
 	fmt.Println("| chat req/s | row | goodput req/s | within target | chat TPOT p95 during bursts | TTFT p95 | long prompts' TTFT p95 | $ per 1M output tokens | split |")
 	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 	results := map[float64]map[string][]pdRun{}
 	for _, rate := range rates {
-		sc := newPDScenario(rate)
+		sc := newPDScenario(rate, placement)
 		fleetUSD := 0.0
 		for _, c := range sc.classes {
 			fleetUSD += float64(c.replicas) * c.price
@@ -96,6 +96,7 @@ func runPD(rates []float64, seeds int, d time.Duration) {
 		}
 	}
 	pdTargets(rates, results)
+	fmt.Println()
 }
 
 // pdMedian formats the median over seeds and the worst (lowest when higher is better).
