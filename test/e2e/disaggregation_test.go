@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/wait"
@@ -114,6 +115,9 @@ func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 			if status, body := sendDisagg(t, st.URL, doc); status != http.StatusOK {
 				t.Fatalf("with %s failing, request %d: %d %.300s", name, i, status, body)
 			}
+			// The prefiller rests once the gateway has settled the request, which may come after the client has
+			// read the whole answer: the next request is decided after that.
+			settled(t, st)
 		}
 		// At most the first request was split onto the failing prefiller and served whole past the sidecar. In the
 		// first round the others were split onto the healthy prefiller; in the second, that one still rests from
@@ -179,4 +183,41 @@ func sendDisagg(t *testing.T, url, content string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// disaggregationSeries says whether a series or query reads the split requests' series, which exist only once a
+// request was split (TestDisaggregationSeriesAreExported).
+func disaggregationSeries(nameOrExpr string) bool {
+	return strings.Contains(nameOrExpr, "infergate_disaggregated_")
+}
+
+// Once a request was split, every disaggregation series the shipped dashboard and rules read is exported.
+func TestDisaggregationSeriesAreExported(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, body := sendDisagg(t, st.URL, strings.Repeat("A clause of the agreement the model must weigh. ", 300)); status != http.StatusOK {
+		t.Fatalf("%d %.300s", status, body)
+	}
+	want := queriedSeries(t, disaggregationSeries)
+	if len(want) < 2 {
+		t.Fatalf("the dashboard and rules read %d disaggregation series: %v", len(want), want)
+	}
+	var missing []string
+	if !wait.Until(10*time.Second, func() bool {
+		missing = missing[:0]
+		live := liveSeries(t, st.MetricsURL)
+		for _, name := range want {
+			if !live[name] {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	}) {
+		t.Errorf("queried but not exported after a split request: %v", missing)
+	}
 }

@@ -182,8 +182,9 @@ func TestPrometheusAnswersTheDashboard(t *testing.T) {
 		empty = empty[:0]
 		for _, q := range queries {
 			// A rollout's panels read series that exist only with a rollout (TestRolloutSeriesAnswerTheDashboard),
-			// the admission queue's only once a request has waited (TestAdmissionSeriesAreExported).
-			if rolloutSeries(q.Expr) || admissionSeries(q.Expr) {
+			// the admission queue's only once a request has waited (TestAdmissionSeriesAreExported), the split
+			// requests' once one was split (TestDisaggregationSeriesAreExported).
+			if rolloutSeries(q.Expr) || admissionSeries(q.Expr) || disaggregationSeries(q.Expr) {
 				continue
 			}
 			if len(prom.query(t, grafanaVars.Replace(q.Expr), "")) == 0 {
