@@ -92,7 +92,7 @@ func TestDisaggregatedRequestThroughTheSidecar(t *testing.T) {
 
 // A prefiller that fails: llm-d's sidecar answers its error, and Envoy's retry goes to the decode replica's engine
 // past the sidecar (engineEndpoints), which prefills the request itself, so no request is lost; infergate then
-// names the other prefiller for the next ones, which are split again.
+// rests that prefiller, and the next requests are split onto the other one, or run whole when both rest.
 func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -102,31 +102,48 @@ func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	decoder, _ := st.Fleet.Replica("decode-0")
-	for _, name := range []string{"prefill-0", "prefill-1"} {
+	n := 0
+	send := func() {
+		t.Helper()
+		n++ // a new document each time: its prefiller is the rendezvous winner of its first block
+		doc := strings.Repeat(fmt.Sprintf("Exhibit %d of the agreement, to be read in full. ", n), 300)
+		if status, body := sendDisagg(t, st.URL, doc); status != http.StatusOK {
+			t.Fatalf("request %d: %d %.300s", n, status, body)
+		}
+		// The prefiller rests once the gateway has settled the request, which may come after the client has read
+		// the whole answer: the next request is decided after that.
+		settled(t, st)
+	}
+	fail := func(name string) {
 		r, _ := st.Fleet.Replica(name)
 		if err := r.SetFaults(fleetsim.Faults{ErrorRate: 1}); err != nil {
 			t.Fatal(err)
 		}
-		ok, _ := st.Fleet.Replica(map[string]string{"prefill-0": "prefill-1", "prefill-1": "prefill-0"}[name])
-		_ = ok.SetFaults(fleetsim.Faults{})
-		whole, split := decoder.EngineServed(), decoder.RemotePrefills()
-		for i := range 4 {
-			doc := strings.Repeat(fmt.Sprintf("Exhibit %s-%d of the agreement, to be read in full. ", name, i), 300)
-			if status, body := sendDisagg(t, st.URL, doc); status != http.StatusOK {
-				t.Fatalf("with %s failing, request %d: %d %.300s", name, i, status, body)
-			}
-			// The prefiller rests once the gateway has settled the request, which may come after the client has
-			// read the whole answer: the next request is decided after that.
-			settled(t, st)
+	}
+	// prefill-0 fails: requests split onto it are served past the sidecar, until it rests.
+	fail("prefill-0")
+	for i := 0; decoder.EngineServed() == 0; i++ {
+		if i == 16 {
+			t.Fatal("16 prefixes and none was split onto prefill-0")
 		}
-		// At most the first request was split onto the failing prefiller and served whole past the sidecar. In the
-		// first round the others were split onto the healthy prefiller; in the second, that one still rests from
-		// the first round, and once the failing one rests too, requests run whole on the decode replica.
-		past, splits := decoder.EngineServed()-whole, decoder.RemotePrefills()-split
-		if wantSplits := map[string]int64{"prefill-0": 3, "prefill-1": 0}[name]; past > 1 || splits < wantSplits || name == "prefill-1" && splits != 0 {
-			t.Errorf("with %s failing: %d requests served past the sidecar, %d split, want at most 1 and %d or more (exactly 0 in the second round)",
-				name, past, splits, wantSplits)
-		}
+		send()
+	}
+	split := decoder.RemotePrefills()
+	for range 3 {
+		send()
+	}
+	if past, splits := decoder.EngineServed(), decoder.RemotePrefills()-split; past != 1 || splits != 3 {
+		t.Errorf("with prefill-0 resting: %d served past the sidecar in all, %d of 3 split; want 1 and 3", past, splits)
+	}
+	// prefill-1 fails too, while prefill-0 rests: the next split is served past the sidecar, then both rest and
+	// requests run whole.
+	fail("prefill-1")
+	split = decoder.RemotePrefills()
+	for range 4 {
+		send()
+	}
+	if past, splits := decoder.EngineServed(), decoder.RemotePrefills()-split; past != 2 || splits != 0 {
+		t.Errorf("with both failing: %d served past the sidecar in all, %d split; want 2 and 0", past, splits)
 	}
 }
 
