@@ -53,6 +53,12 @@ type ReplicaConfig struct {
 	// is prefilled there, its KV cache pulled, and decoded here (disagg.go). KVBytesPerToken and TransferGbps
 	// time the pull (0: instant; default 100 Gb/s).
 	Sidecar bool `yaml:"sidecar"`
+	// SidecarConnector is the sidecar's --kv-connector: nixlv2 (default: vLLM's two legs in turn) or sglang
+	// (SGLang's PD fields, both legs at once; sglang.go).
+	SidecarConnector string `yaml:"sidecarConnector"`
+	// DisaggregationMode prefill makes the replica an SGLang server started with --disaggregation-mode prefill:
+	// a request carrying bootstrap fields is prefilled for the decode server that shares its room.
+	DisaggregationMode string `yaml:"disaggregationMode"`
 	// EngineAddr, with Sidecar, is where the engine itself also listens, past the sidecar (vLLM's own port in a
 	// decode pod): a request there runs whole, whatever its headers, as vLLM ignores llm-d's.
 	EngineAddr      string  `yaml:"engineAddr"`
@@ -89,7 +95,9 @@ type Replica struct {
 	engineSrv    *http.Server
 	engineAddr   string
 	engineServed atomic.Int64
-	inflight     sync.WaitGroup
+	// bootstrapLegs counts the SGLang prefill-mode legs served (sglang.go).
+	bootstrapLegs atomic.Int64
+	inflight      sync.WaitGroup
 }
 
 // NewReplica builds a replica; Start binds it.
@@ -302,6 +310,9 @@ type apiRequest struct {
 	BestOf int `json:"best_of"`
 	// KVTransfer is vLLM's kv_transfer_params: a prefill leg of a disaggregated request asks for it.
 	KVTransfer *kvTransferParams `json:"kv_transfer_params"`
+	// BootstrapRoom is SGLang's PD field: a prefill-mode server prefills the request for the decode server
+	// that shares the room (sglang.go).
+	BootstrapRoom *int64 `json:"bootstrap_room"`
 }
 
 // maxSequences bounds the sequences one request may ask the simulator for.
@@ -363,9 +374,17 @@ func (r *Replica) inference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if prefiller := req.Header.Get(headerPrefiller); prefiller != "" && r.cfg.Sidecar {
-		if !r.prefillLeg(w, req, kind, raw, prefiller) || !r.pullKV(req.Context(), tokens) {
+		leg := r.prefillLeg
+		if r.cfg.SidecarConnector == ConnectorSGLang {
+			leg = r.sglangPrefillLeg
+		}
+		if !leg(w, req, kind, raw, prefiller) || !r.pullKV(req.Context(), tokens) {
 			return
 		}
+	}
+	if body.BootstrapRoom != nil && r.cfg.DisaggregationMode == "prefill" {
+		r.sglangPrefill(w, req, tokens)
+		return
 	}
 	prefillLeg := body.KVTransfer != nil && body.KVTransfer.DoRemoteDecode
 	if prefillLeg {

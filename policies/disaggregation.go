@@ -8,7 +8,8 @@ import (
 // Disaggregation is how a model's requests may be split between a prefill replica and a decode replica.
 type Disaggregation struct {
 	// Protocol is how the decode replica learns its prefiller: llm-d (the request goes to the decode pod's
-	// routing sidecar with x-prefiller-host-port; vLLM's NIXL connector moves the KV cache).
+	// routing sidecar with x-prefiller-host-port; the sidecar's --kv-connector runs the legs: nixlv2 for vLLM's
+	// NIXL connector, sglang for SGLang's bootstrap fields).
 	Protocol string `yaml:"protocol" json:"protocol" jsonschema:"enum=llm-d"`
 	// MinUncachedTokens is the least prompt a request must leave to prefill (after its cached prefix) for it to
 	// be split; shorter ones run whole on one replica (default 1024).

@@ -238,3 +238,56 @@ func TestDisaggregationSeriesAreExported(t *testing.T) {
 		t.Errorf("queried but not exported after a split request: %v", missing)
 	}
 }
+
+// sglangFleet is disaggFleet on SGLang servers: the prefillers run in prefill mode, and the decode pod's llm-d
+// sidecar speaks SGLang's PD protocol (--kv-connector sglang).
+const sglangFleet = `timeScale: 0.25
+adminAddr: 127.0.0.1:18599
+replicas:
+- {name: prefill-0, addr: "127.0.0.1:18501", model: meta-llama/Llama-3.3-70B-Instruct, hardware: h200, dialect: sglang, disaggregationMode: prefill}
+- {name: prefill-1, addr: "127.0.0.1:18502", model: meta-llama/Llama-3.3-70B-Instruct, hardware: h200, dialect: sglang, disaggregationMode: prefill}
+- {name: decode-0, addr: "127.0.0.1:18511", model: meta-llama/Llama-3.3-70B-Instruct, hardware: l40s, dialect: sglang, sidecar: true, sidecarConnector: sglang, kvBytesPerToken: 163840, engineAddr: "127.0.0.1:18521"}
+`
+
+// The same split through llm-d's sidecar speaking SGLang's PD fields: the long prompt is prefilled by an SGLang
+// prefill server for the decode server's bootstrap room, and decoded there; a prefill server that fails costs
+// the request nothing (the decode replica's engine serves it whole), and a short prompt runs whole.
+func TestDisaggregatedSGLangThroughTheSidecar(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	policy := strings.ReplaceAll(disaggPolicy, "engine: vllm", "engine: sglang")
+	dir := stackFiles(t, map[string]string{"policy.yaml": policy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": sglangFleet})
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoder, _ := st.Fleet.Replica("decode-0")
+	legs := func() int64 {
+		var n int64
+		for _, name := range []string{"prefill-0", "prefill-1"} {
+			r, _ := st.Fleet.Replica(name)
+			n += r.BootstrapLegs() // prefill legs that came with SGLang's bootstrap fields
+		}
+		return n
+	}
+	if status, body := sendDisagg(t, st.URL, strings.Repeat("A clause of the supply agreement the model must weigh. ", 300)); status != http.StatusOK ||
+		legs() != 1 || decoder.RemotePrefills() != 1 || decoder.EngineServed() != 0 {
+		t.Fatalf("split: %d, prefill legs %d, remote prefills %d, served past the sidecar %d: %.300s", status, legs(), decoder.RemotePrefills(),
+			decoder.EngineServed(), body)
+	}
+	settled(t, st)
+	if status, body := sendDisagg(t, st.URL, "hi"); status != http.StatusOK || legs() != 1 {
+		t.Fatalf("whole: %d, prefill legs %d: %.300s", status, legs(), body)
+	}
+	settled(t, st)
+	for _, name := range []string{"prefill-0", "prefill-1"} {
+		r, _ := st.Fleet.Replica(name)
+		if err := r.SetFaults(fleetsim.Faults{ErrorRate: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if status, body := sendDisagg(t, st.URL, strings.Repeat("Another clause, which no prefill server will read. ", 300)); status != http.StatusOK ||
+		decoder.EngineServed() != 1 {
+		t.Fatalf("with the prefill servers failing: %d, served past the sidecar %d: %.300s", status, decoder.EngineServed(), body)
+	}
+}
