@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strings"
@@ -338,5 +340,51 @@ func TestRolloutShareWeightsTheGRPCRoute(t *testing.T) {
 		if tc.capWeights && (res.Weights[h200] != 774 || res.Weights[l40s] != 226) {
 			t.Errorf("%s: remembered weights %v", tc.name, res.Weights)
 		}
+	}
+}
+
+// A decode pool's engines past their sidecars are members of its cluster (so that Envoy's override_host may retry
+// a split request there), with their replica's health and the replica named in their metadata; the healthy count
+// is the replicas'.
+func TestEnginesBehindSidecarsJoinTheCluster(t *testing.T) {
+	snap, err := policies.Parse("pd.yaml", []byte(`apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  hardwareClasses:
+    h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}
+  models:
+  - name: m
+    pools:
+    - {name: p, hardwareClass: h200, engine: vllm, role: prefill, endpoints: ["10.0.0.1:8000"]}
+    - {name: d, hardwareClass: h200, engine: vllm, role: decode, endpoints: ["10.0.1.1:8000", "10.0.1.2:8000"], engineEndpoints: ["10.0.1.1:8001", "10.0.1.2:8001"]}
+    disaggregation: {protocol: llm-d, kvBytesPerToken: 163840}
+  tenants:
+  - {name: t, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Build(snap, fakeFleet{"10.0.1.2:8000": {Healthy: false}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{} // address → health, and the replica it sits behind
+	for _, r := range res.Endpoints {
+		cla := r.(*endpointv3.ClusterLoadAssignment)
+		if cla.GetClusterName() != contract.ClusterName("m", "d") {
+			continue
+		}
+		for _, e := range cla.GetEndpoints()[0].GetLbEndpoints() {
+			a := e.GetEndpoint().GetAddress().GetSocketAddress()
+			behind := e.GetMetadata().GetFilterMetadata()["infergate"].GetFields()["behindSidecarOf"].GetStringValue()
+			got[fmt.Sprintf("%s:%d", a.GetAddress(), a.GetPortValue())] = e.GetHealthStatus().String() + " " + behind
+		}
+	}
+	want := map[string]string{
+		"10.0.1.1:8000": "HEALTHY ", "10.0.1.1:8001": "HEALTHY 10.0.1.1:8000",
+		"10.0.1.2:8000": "UNHEALTHY ", "10.0.1.2:8001": "UNHEALTHY 10.0.1.2:8000",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("the decode cluster's endpoints: %v, want %v", got, want)
 	}
 }
