@@ -31,7 +31,17 @@ func main() {
 	modes := flag.String("modes", "FULL_DUPLEX_STREAMED,BUFFERED", "request body modes to measure (the shipped Envoy configs use FULL_DUPLEX_STREAMED)")
 	chunk := flag.Int("chunk", 16384, "body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
 	unloaded := flag.Duration("unloaded", 5*time.Second, "how long the ordinary requests are measured alone first")
+	ordinaryProcess := flag.Bool("ordinary-process", false, "send the ordinary requests from a process and connection of their own, as an independent sender (Envoy's worker) would; false: from the hostile clients' process and connection")
+	child := flag.String("ordinary-child", "", "(internal) run only the ordinary clients against this ext_proc address and report their latencies")
+	childFor := flag.Duration("ordinary-for", 0, "(internal) how long the ordinary clients run")
 	flag.Parse()
+	if *child != "" {
+		m := filterv3.ProcessingMode_BodySendMode(filterv3.ProcessingMode_BodySendMode_value[*modes])
+		if err := ordinaryChild(&bench{ordinary: ordinaryBody(), mode: m, chunk: *chunk}, *child, *childFor); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	log.SetFlags(0)
 	root, err := os.Getwd()
 	if err != nil {
@@ -46,12 +56,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("infergate serve on CPU %s (GOMAXPROCS %d there), clients on the others; %d hostile clients × %d MiB bodies for %s; %s\n\n",
-		b.gatewayCPU, 1, *hostile, *bodyMiB, *loaded, runtime.Version())
+	fmt.Printf("infergate serve on CPU %s (GOMAXPROCS %d there), clients on the others; %d hostile clients × %d MiB bodies for %s; ordinary clients in a process of their own: %v; %s\n\n",
+		b.gatewayCPU, 1, *hostile, *bodyMiB, *loaded, *ordinaryProcess, runtime.Version())
 	fmt.Println("| body mode | run | peak RSS | hostile answered/s | hostile answers | ordinary p50 unloaded | p99 unloaded | p50 under attack | p99 under attack | p99 ratio | ordinary errors | alive |")
 	fmt.Println("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
 	var results []runResult
-	b.chunk = *chunk
+	b.chunk, b.ordinaryProcess = *chunk, *ordinaryProcess
 	for mode := range strings.SplitSeq(*modes, ",") {
 		m, ok := filterv3.ProcessingMode_BodySendMode_value[strings.TrimSpace(mode)]
 		if !ok {

@@ -35,6 +35,8 @@ type bench struct {
 	ordinary    []byte
 	mode        filterv3.ProcessingMode_BodySendMode
 	chunk       int // body frame size in FULL_DUPLEX_STREAMED mode
+	// ordinaryProcess runs the ordinary clients in a process of their own (ordinary.go).
+	ordinaryProcess bool
 }
 
 // The tenants of the quickstart policy the clients speak for: acme may call every model, initech only one
@@ -62,9 +64,14 @@ func newBench(root, dir string, bodyBytes int) (*bench, error) {
 		}
 	}
 	b.hostile = hostileBody(bodyBytes)
-	b.ordinary = []byte(`{"model":"qwen2.5-7b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"` +
-		strings.Repeat("You are a helpful assistant who answers briefly. ", 40) + `"},{"role":"user","content":"What is the capital of France?"}]}`)
+	b.ordinary = ordinaryBody()
 	return b, nil
+}
+
+// ordinaryBody is the ordinary tenant's 2 KiB chat request.
+func ordinaryBody() []byte {
+	return []byte(`{"model":"qwen2.5-7b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a helpful assistant who answers briefly. ", 40) + `"},{"role":"user","content":"What is the capital of France?"}]}`)
 }
 
 // hostileBody is a chat request of n bytes whose logit_bias holds about n/2 zeros: the elements cost a
@@ -127,7 +134,11 @@ func (b *bench) run(ctx context.Context, hostile int, unloaded, loaded time.Dura
 
 	peak := watchRSS(ctx, gw.pid)
 	var errs, total atomic.Int64
-	res.unloaded = summarize(b.ordinaryLoad(ctx, client, unloaded, &errs, &total))
+	lat, err := b.measureOrdinary(ctx, client, gw.extproc, unloaded, &errs, &total)
+	if err != nil {
+		return res, err
+	}
+	res.unloaded = summarize(lat)
 
 	hostileCtx, stopHostile := context.WithCancel(ctx)
 	answers := &answerCounts{warm: make(chan struct{}), warmAt: hostile}
@@ -146,7 +157,13 @@ func (b *bench) run(ctx context.Context, hostile int, unloaded, loaded time.Dura
 		return res, ctx.Err()
 	}
 	before := answers.total()
-	res.loaded = summarize(b.ordinaryLoad(ctx, client, loaded, &errs, &total))
+	lat, err = b.measureOrdinary(ctx, client, gw.extproc, loaded, &errs, &total)
+	if err != nil {
+		stopHostile()
+		wg.Wait()
+		return res, err
+	}
+	res.loaded = summarize(lat)
 	res.hostileRate = float64(answers.total()-before) / loaded.Seconds()
 	stopHostile()
 	wg.Wait()
@@ -159,6 +176,14 @@ func (b *bench) run(ctx context.Context, hostile int, unloaded, loaded time.Dura
 	res.hostileAnswers = answers.String()
 	res.ordinaryErrors, res.ordinaryRequests = int(errs.Load()), int(total.Load())
 	return res, nil
+}
+
+// measureOrdinary runs the ordinary load for d, in a process of its own or on the hostile clients' connection.
+func (b *bench) measureOrdinary(ctx context.Context, client extprocv3.ExternalProcessorClient, addr string, d time.Duration, errs, total *atomic.Int64) ([]time.Duration, error) {
+	if b.ordinaryProcess {
+		return b.ordinaryInChild(addr, d, errs, total)
+	}
+	return b.ordinaryLoad(ctx, client, d, errs, total), nil
 }
 
 // ordinaryLoad sends ordinary requests from two clients, one after another each, for d.
