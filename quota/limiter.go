@@ -43,14 +43,16 @@ type Metrics struct {
 
 // Limiter admits and settles requests against tenants' quotas.
 type Limiter struct {
-	redis    *redisBackend
-	leases   *leases
-	live     *liveSlots
-	local    *localBackend
-	log      *slog.Logger
-	up       atomic.Bool
-	probing  atomic.Bool
-	failures atomic.Int32 // consecutive failed admissions, a wave of concurrent ones counting once
+	// replayRetries counts probes that reached Redis but could not replay the local admissions (tests).
+	replayRetries atomic.Int64
+	redis         *redisBackend
+	leases        *leases
+	live          *liveSlots
+	local         *localBackend
+	log           *slog.Logger
+	up            atomic.Bool
+	probing       atomic.Bool
+	failures      atomic.Int32 // consecutive failed admissions, a wave of concurrent ones counting once
 	// attempts numbers the admissions that may ask Redis, in the order they start; counted is the number
 	// reached when the last failure was counted: a failure of an admission that started before it is of the
 	// same wave (one stall that every request in flight met) and does not count again.
@@ -366,9 +368,15 @@ func (l *Limiter) markDown(err error) {
 	}
 }
 
+// maxReplayFailures is how many probes in a row may fail to replay local admissions before they are given up
+// and shared admission resumes without them (two minutes at the probe's pace): a Redis that answers PING but
+// never the script must not hold the quotas in their fail mode for a monthly window.
+const maxReplayFailures = 480
+
 func (l *Limiter) probe() {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	replayFailures := 0
 	for {
 		select {
 		case <-l.ctx.Done():
@@ -381,10 +389,21 @@ func (l *Limiter) probe() {
 		cancel()
 		if err == nil {
 			// What this gateway admitted on its own goes to Redis before shared admission resumes, so the
-			// window goes on from its real usage there too.
+			// window goes on from its real usage there too. What does not reach it stays here and is tried
+			// again at the next probe, shared admission still off: resuming without it would let the window be
+			// spent twice (a Redis Cluster answers the PING from a node whose peer is still failing over).
 			rctx, rcancel := context.WithTimeout(l.ctx, time.Second)
-			if rerr := l.redis.replay(rctx, l.local.takeUnsynced(l.now())); rerr != nil {
-				l.log.Warn("could not replay local admissions to Redis; those windows are undercounted there", "err", redactAddr(rerr))
+			failed, rerr := l.redis.replay(rctx, l.local.takeUnsynced(l.now()))
+			if rerr != nil {
+				rcancel()
+				if replayFailures++; replayFailures < maxReplayFailures {
+					l.local.restoreUnsynced(failed)
+					l.replayRetries.Add(1)
+					l.log.Debug("could not replay local admissions to Redis yet; quotas stay in their fail mode", "err", redactAddr(rerr))
+					continue
+				}
+				l.log.Warn("could not replay local admissions to Redis; those windows are undercounted there", "err", redactAddr(rerr),
+					"attempts", replayFailures)
 			}
 			// Then the settlements held through the outage: slots freed, refunds and charges.
 			l.redis.holding.Store(false)

@@ -169,6 +169,18 @@ func (l *localBackend) takeUnsynced(now time.Time) []replay {
 	return out
 }
 
+// restoreUnsynced gives back what a replay could not deliver, to be replayed at the next attempt (a counter whose
+// window has ended since is not restored: nothing is left to add it to).
+func (l *localBackend) restoreUnsynced(items []replay) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, it := range items {
+		if c, ok := l.counters[it.key]; ok {
+			c.unsynced += it.amount
+		}
+	}
+}
+
 // counted is this gateway's own count for a window counter, when it has one.
 func (l *localBackend) counted(now time.Time, key string) (int64, bool) {
 	l.mu.Lock()

@@ -173,6 +173,38 @@ func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
 	}
 }
 
+// A Redis that answers PING but refuses the replay of the outage's admissions (a Redis Cluster whose slot is
+// still failing over answers from another node) keeps the limiter in its fail mode, the admissions kept for the
+// next probe; once the replay goes through they are in Redis's window. They used to be dropped and shared
+// admission resumed without them, so the window was spent twice (TestRealClusterMasterFailover overshot 45 %).
+func TestRefusedReplayKeepsTheFailMode(t *testing.T) {
+	srv := redistest.Start(t)
+	snap, tn, m := policy(t, "tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
+	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
+	l := newLimiter(t, srv.Addr, false, c)
+	srv.Kill()
+	for range downAfterFailures {
+		_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 0)) // a request of no tokens: only marks Redis down
+	}
+	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 400))
+	if err != nil || rej != nil || !tk.local {
+		t.Fatalf("local admission: %+v %+v %v", tk, rej, err)
+	}
+	srv.ExtraArgs = []string{"--rename-command", "EVAL", ""} // PING answers, the replay script is refused
+	srv.Restart()
+	wait.For(t, "three refused replays", func() bool { return l.replayRetries.Load() >= 3 })
+	if l.Up() {
+		t.Fatal("shared admission resumed though the outage's admissions never reached Redis")
+	}
+	srv.Kill()
+	srv.ExtraArgs = nil
+	srv.Restart()
+	wait.For(t, "recovery", l.Up)
+	if v, _ := srv.Do("GET", tk.entries[0].key); v != "400" {
+		t.Errorf("Redis counter %q after recovery, want the 400 admitted during the outage", v)
+	}
+}
+
 // A request that ends while Redis is down frees its concurrency slot (and settles its tokens) once Redis is
 // back: the settlement waits through the outage instead of being dropped, and the slot does not stay taken
 // until its TTL.

@@ -157,19 +157,38 @@ end
 return 1
 `)
 
-// replay sends local admissions to Redis, one small script per counter in one pipeline.
-func (b *redisBackend) replay(ctx context.Context, items []replay) error {
+// replay sends local admissions to Redis, one small script per counter, and returns those that did not reach it
+// (with the first error): a Redis Cluster whose slot is still failing over answers a PING from another node and
+// refuses the script. The scripts go one by one, not in a pipeline. A script that timed out
+// may have run; it is returned too, so that it is counted twice rather than not at all (a stricter window, not
+// an overshoot). Recovery replays a handful of counters, once.
+func (b *redisBackend) replay(ctx context.Context, items []replay) ([]replay, error) {
 	if len(items) == 0 {
-		return nil
+		return nil, nil
 	}
+	cmds := make([]*redis.Cmd, len(items))
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, it := range items {
+		for i, it := range items {
 			windowed := strings.Contains(it.key, ":rps:") || strings.Contains(it.key, ":tpm:")
-			replayScript.Eval(ctx, p, []string{it.key}, it.amount, counterTTL(windowed, it.window).Milliseconds())
+			cmds[i] = replayScript.Eval(ctx, p, []string{it.key}, it.amount, counterTTL(windowed, it.window).Milliseconds())
 		}
 		return nil
 	})
-	return err
+	if err == nil {
+		return nil, nil
+	}
+	var failed []replay
+	for i, c := range cmds {
+		if c == nil || c.Err() != nil {
+			failed = append(failed, items[i])
+		}
+	}
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		// A cluster client keeps sending a slot's commands to its dead master until it reloads the slots: ask
+		// for them now, so that the next try finds the promoted replica.
+		cc.ReloadState(ctx)
+	}
+	return failed, err
 }
 
 // redisBackend is the shared quota store.

@@ -28,6 +28,8 @@ type Server struct {
 	member bool
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd has exited
+	// ExtraArgs are given to redis-server at the next Restart (e.g. --rename-command EVAL "" to refuse scripts).
+	ExtraArgs []string
 }
 
 // Start runs a standalone server with persistence off.
@@ -141,7 +143,7 @@ func (s *Server) launch() error {
 		// default a master waits 5 s for more replicas before it streams its dataset).
 		args = append(args, "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0")
 	}
-	cmd := exec.Command("redis-server", args...)
+	cmd := exec.Command("redis-server", append(args, s.ExtraArgs...)...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
