@@ -200,7 +200,7 @@ func (d *Director) learn(rt *Route, o Outcome, st Settlement, usage openai.Usage
 	dec := rt.Decision
 	dec.ServedBy = o.Served
 	prefillFailed := dec.Prefill != "" && (st.Outcome == OutcomeUpstream5xx || st.Outcome == OutcomeReset)
-	if rt.retriedPastSidecar(o.Served) {
+	if st.PrefillFailed {
 		// Envoy retried the split request on its decode replica's engine, past the sidecar: the prefill leg
 		// failed, and the same engine (whose cache the picker tracks under the sidecar's address) served it whole.
 		dec.ServedBy, prefillFailed = dec.Endpoints[0], true

@@ -91,8 +91,10 @@ func (d *decision) prefiller(role, decoder string) (string, *policies.Pool) {
 			if ep == decoder || !d.canPrefill(ep) {
 				continue
 			}
-			if c := d.candidate(ep); d.slo && c != nil && c.pred.set && (soonest == "" || c.pred.TTFT < soonestTTFT) {
-				soonest, soonestPool, soonestTTFT = ep, pool, c.pred.TTFT
+			if d.slo {
+				if c := d.candidate(ep); c != nil && c.pred.set && (soonest == "" || c.pred.TTFT < soonestTTFT) {
+					soonest, soonestPool, soonestTTFT = ep, pool, c.pred.TTFT
+				}
 			}
 			if s := xxh3.HashStringSeed(ep, key); best == "" || s > bestScore {
 				best, bestPool, bestScore = ep, pool, s
@@ -126,8 +128,10 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	transfer := float64(uncached) * float64(dg.KVBytesPerToken) * 8 / (gbps * 1e9)
 	whole := float64(uncached) / c.prefillTPS
 	split := float64(uncached)/prefillTPS + transfer
-	if p := d.candidate(prefiller); d.slo && c.pred.set && p != nil && p.pred.set {
-		whole, split = c.pred.TTFT.Seconds(), p.pred.TTFT.Seconds()+transfer
+	if d.slo && c.pred.set {
+		if p := d.candidate(prefiller); p != nil && p.pred.set {
+			whole, split = c.pred.TTFT.Seconds(), p.pred.TTFT.Seconds()+transfer
+		}
 	}
 	ttft := time.Duration(split * float64(time.Second))
 	if split < whole {

@@ -145,30 +145,41 @@ func TestOvershootIsCounted(t *testing.T) {
 	}
 }
 
-// What the fail-open limiter admitted while Redis was down is added to Redis when it answers again, so the
-// window does not start over there either.
-func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
+// outageAdmission kills a fail-open limiter's Redis (a tokensPerMinute limit of 1000, no leases), marks it down
+// and admits 400 tokens locally; admit asks the limiter for more.
+func outageAdmission(t *testing.T) (*redistest.Server, *Limiter, *Ticket, func(tokens int64) (*Ticket, *Rejection, error)) {
+	t.Helper()
 	srv := redistest.Start(t)
 	snap, tn, m := policy(t, "tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
 	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
 	l := newLimiter(t, srv.Addr, false, c)
+	admit := func(tokens int64) (*Ticket, *Rejection, error) {
+		return l.Admit(context.Background(), req(snap, tn, m, tokens))
+	}
 	srv.Kill()
 	for range downAfterFailures {
-		_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 0)) // a request of no tokens: only marks Redis down
+		_, _, _ = admit(0) // a request of no tokens: only marks Redis down
 	}
 	if l.Up() {
 		t.Fatal("still up")
 	}
-	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 400))
+	tk, rej, err := admit(400)
 	if err != nil || rej != nil || !tk.local {
 		t.Fatalf("local admission: %+v %+v %v", tk, rej, err)
 	}
+	return srv, l, tk, admit
+}
+
+// What the fail-open limiter admitted while Redis was down is added to Redis when it answers again, so the
+// window does not start over there either.
+func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
+	srv, l, tk, admit := outageAdmission(t)
 	srv.Restart() // no persistence: Redis comes back empty
 	wait.For(t, "recovery", l.Up)
 	if v, _ := srv.Do("GET", tk.entries[0].key); v != "400" {
 		t.Errorf("Redis counter %q after recovery, want the 400 admitted during the outage", v)
 	}
-	if _, rej, _ := l.Admit(context.Background(), req(snap, tn, m, 700)); rej == nil {
+	if _, rej, _ := admit(700); rej == nil {
 		t.Error("700 more admitted on top of 400 of a 1000 limit")
 	}
 }
@@ -178,18 +189,7 @@ func TestOutageAdmissionsReplayedToRedis(t *testing.T) {
 // next probe; once the replay goes through they are in Redis's window. They used to be dropped and shared
 // admission resumed without them, so the window was spent twice (TestRealClusterMasterFailover overshot 45 %).
 func TestRefusedReplayKeepsTheFailMode(t *testing.T) {
-	srv := redistest.Start(t)
-	snap, tn, m := policy(t, "tokensPerMinute: 1000", "failMode: open, redisTimeout: 200ms, leaseFraction: 0")
-	c := &clock{now: time.Date(2026, 12, 1, 10, 0, 1, 0, time.UTC)}
-	l := newLimiter(t, srv.Addr, false, c)
-	srv.Kill()
-	for range downAfterFailures {
-		_, _, _ = l.Admit(context.Background(), req(snap, tn, m, 0)) // a request of no tokens: only marks Redis down
-	}
-	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 400))
-	if err != nil || rej != nil || !tk.local {
-		t.Fatalf("local admission: %+v %+v %v", tk, rej, err)
-	}
+	srv, l, tk, _ := outageAdmission(t)
 	srv.ExtraArgs = []string{"--rename-command", "EVAL", ""} // PING answers, the replay script is refused
 	srv.Restart()
 	wait.For(t, "three refused replays", func() bool { return l.replayRetries.Load() >= 3 })

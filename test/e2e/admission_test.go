@@ -277,17 +277,7 @@ func TestAdmissionSeriesAreExported(t *testing.T) {
 	if len(want) < 4 {
 		t.Fatalf("the dashboard and rules read %d admission series: %v", len(want), want)
 	}
-	var missing []string
-	if !wait.Until(10*time.Second, func() bool {
-		missing = missing[:0]
-		live := liveSeries(t, st.MetricsURL)
-		for _, name := range want {
-			if !live[name] {
-				missing = append(missing, name)
-			}
-		}
-		return len(missing) == 0
-	}) {
+	if missing := unexported(t, st, want); len(missing) > 0 {
 		t.Errorf("queried but not exported after a queued request: %v", missing)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/wait"
@@ -44,13 +43,7 @@ spec:
 // (x-prefiller-host-port, set by infergate) and decodes on the KV cache it pulled; a short one runs whole on the
 // decode replica; a client's own x-prefiller-host-port never reaches the sidecar.
 func TestDisaggregatedRequestThroughTheSidecar(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := disaggStack(t, disaggPolicy, disaggFleet)
 	legs := func() int64 {
 		var n int64
 		for _, name := range []string{"prefill-0", "prefill-1"} {
@@ -94,13 +87,7 @@ func TestDisaggregatedRequestThroughTheSidecar(t *testing.T) {
 // past the sidecar (engineEndpoints), which prefills the request itself, so no request is lost; infergate then
 // rests that prefiller, and the next requests are split onto the other one, or run whole when both rest.
 func TestAFailingPrefillerIsLeftOut(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := disaggStack(t, disaggPolicy, disaggFleet)
 	decoder, _ := st.Fleet.Replica("decode-0")
 	n := 0
 	send := func() {
@@ -150,13 +137,7 @@ func TestAFailingPrefillerIsLeftOut(t *testing.T) {
 // A prefiller that dies while it prefills: the sidecar's prefill leg is cut, and the request is served whole by the
 // decode replica's engine past the sidecar, not lost.
 func TestAPrefillerDyingMidwayLosesNoRequest(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := disaggStack(t, disaggPolicy, disaggFleet)
 	decoder, _ := st.Fleet.Replica("decode-0")
 	// Both prefillers hang, so the leg is in flight on whichever is named; once a leg has reached one, it dies:
 	// its listener and the connections it holds are closed.
@@ -187,6 +168,20 @@ func TestAPrefillerDyingMidwayLosesNoRequest(t *testing.T) {
 	}
 }
 
+// disaggStack starts the data plane, infergate and the simulated fleet from a policy and a fleet file, on free
+// ports, for the test's lifetime.
+func disaggStack(t *testing.T, policy, fleet string) *Stack {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := stackFiles(t, map[string]string{"policy.yaml": policy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": fleet})
+	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // sendDisagg sends one chat request for the disaggregated model and returns its status and body.
 func sendDisagg(t *testing.T, url, content string) (int, string) {
 	body, _ := json.Marshal(map[string]any{"model": "llama-3.3-70b", "max_tokens": 4,
@@ -210,13 +205,7 @@ func disaggregationSeries(nameOrExpr string) bool {
 
 // Once a request was split, every disaggregation series the shipped dashboard and rules read is exported.
 func TestDisaggregationSeriesAreExported(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := stackFiles(t, map[string]string{"policy.yaml": disaggPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": disaggFleet})
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := disaggStack(t, disaggPolicy, disaggFleet)
 	if status, body := sendDisagg(t, st.URL, strings.Repeat("A clause of the agreement the model must weigh. ", 300)); status != http.StatusOK {
 		t.Fatalf("%d %.300s", status, body)
 	}
@@ -224,17 +213,7 @@ func TestDisaggregationSeriesAreExported(t *testing.T) {
 	if len(want) < 2 {
 		t.Fatalf("the dashboard and rules read %d disaggregation series: %v", len(want), want)
 	}
-	var missing []string
-	if !wait.Until(10*time.Second, func() bool {
-		missing = missing[:0]
-		live := liveSeries(t, st.MetricsURL)
-		for _, name := range want {
-			if !live[name] {
-				missing = append(missing, name)
-			}
-		}
-		return len(missing) == 0
-	}) {
+	if missing := unexported(t, st, want); len(missing) > 0 {
 		t.Errorf("queried but not exported after a split request: %v", missing)
 	}
 }
@@ -253,14 +232,7 @@ replicas:
 // prefill server for the decode server's bootstrap room, and decoded there; a prefill server that fails costs
 // the request nothing (the decode replica's engine serves it whole), and a short prompt runs whole.
 func TestDisaggregatedSGLangThroughTheSidecar(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	policy := strings.ReplaceAll(disaggPolicy, "engine: vllm", "engine: sglang")
-	dir := stackFiles(t, map[string]string{"policy.yaml": policy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml", "fleet.yaml": sglangFleet})
-	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml", FreePorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := disaggStack(t, strings.ReplaceAll(disaggPolicy, "engine: vllm", "engine: sglang"), sglangFleet)
 	decoder, _ := st.Fleet.Replica("decode-0")
 	legs := func() int64 {
 		var n int64

@@ -321,6 +321,24 @@ func liveSeries(t *testing.T, url string) map[string]bool {
 	return live
 }
 
+// unexported waits up to 10 s for the gateway to export every series of want (they appear as settlements'
+// observers run) and returns those it still does not.
+func unexported(t *testing.T, st *Stack, want []string) []string {
+	t.Helper()
+	var missing []string
+	wait.Until(10*time.Second, func() bool {
+		missing = missing[:0]
+		live := liveSeries(t, st.MetricsURL)
+		for _, name := range want {
+			if !live[name] {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	})
+	return missing
+}
+
 // queriedSeries is every series the shipped dashboard and rules read that keep selects, once each.
 func queriedSeries(t *testing.T, keep func(string) bool) []string {
 	t.Helper()
