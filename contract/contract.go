@@ -24,6 +24,9 @@ const (
 	// HeaderRollout is a tester's choice of rollout arm ("candidate" or "baseline"), read from the client and
 	// honoured only for the tenants a rollout names as testers; it is stripped like every reserved header.
 	HeaderRollout = "x-infergate-rollout"
+	// HeaderResidency names the regions a pinned tenant's request must stay in, "region[,region...]" sorted
+	// (policies spec.regions): its pool's route then fails over only inside them.
+	HeaderResidency = "x-infergate-residency"
 )
 
 // HeaderPrefiller names a split request's prefill endpoint (ip:port) to the decode pod's routing sidecar
@@ -109,6 +112,12 @@ func FallbackClusterName(model, fallback string) string { return "fallback/" + m
 
 // FailoverClusterName is the aggregate of a pool and its model's managed API: "failover/<model>/<pool>".
 func FailoverClusterName(model, pool string) string { return "failover/" + model + "/" + pool }
+
+// ResidentFailoverClusterName is the aggregate a pinned tenant's requests to a pool fail over through: only
+// pools and managed APIs inside the residency ("region[,region...]"): "failover/<model>/<pool>/<residency>".
+func ResidentFailoverClusterName(model, pool, residency string) string {
+	return FailoverClusterName(model, pool) + "/" + residency
+}
 
 // SecretName is the SDS generic secret holding a managed API's credential: "fallback-key/<model>/<fallback>".
 func SecretName(model, fallback string) string { return "fallback-key/" + model + "/" + fallback }

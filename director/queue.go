@@ -99,7 +99,7 @@ func (d *Director) elsewhere(snap *policies.Snapshot, rt *Route, in picker.Input
 			return dec, to, true
 		}
 	}
-	if dec, ok := picker.SaturatedFallback(model, in.Adapter); ok {
+	if dec, ok := picker.SaturatedFallback(snap, in); ok {
 		return dec, model, true
 	}
 	return picker.Decision{}, nil, false
@@ -130,5 +130,5 @@ func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admissi
 	}
 	metrics.Result(model.Name, tier, "shed", why)
 	return picker.Decision{}, &Refusal{Reason: NoCapacity, Model: model.Name, Tenant: req.Tenant.Name,
-		Err: &picker.NoCapacity{Model: model.Name, Saturated: true, RetryAfter: out.RetryAfter}}
+		Err: &picker.NoCapacity{Model: model.Name, Saturated: true, RetryAfter: out.RetryAfter, Residency: req.Snapshot.Residency(req.Tenant)}}
 }

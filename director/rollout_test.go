@@ -115,11 +115,24 @@ func TestShadowPhaseCopiesBaselineRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The same with regions: the candidate's L40S pool in eu-west, and the tenant pinned to us-east.
+	regional := strings.NewReplacer("  tiers:", "  regions: [{name: us-east}, {name: eu-west}]\n  tiers:",
+		"      hardwareClass: h200\n", "      hardwareClass: h200\n      region: us-east\n",
+		"    - name: llama70b-l40s\n      hardwareClass: l40s\n", "    - name: llama70b-l40s\n      hardwareClass: l40s\n      region: eu-west\n",
+		"    - name: qwen7b-l40s\n      hardwareClass: l40s\n", "    - name: qwen7b-l40s\n      hardwareClass: l40s\n      region: us-east\n",
+		"    tier: pro\n", "    tier: pro\n    residency: [us-east]\n").Replace(text)
+	pinned, err := policies.Parse("policy.yaml", []byte(regional))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name     string
+		snap     *policies.Snapshot
 		rollouts Rollouts
 		copies   int
-	}{{"shadowing", shadowing{}, 1}, {"progressing", fixedShare(0), 0}} {
+	}{{"shadowing", snap, shadowing{}, 1}, {"progressing", snap, fixedShare(0), 0},
+		{"shadowing a tenant pinned outside the candidate's region", pinned, shadowing{}, 0}} {
+		snap := tc.snap
 		sent := &copies{}
 		var heard []Settlement
 		d := New(Options{Policies: policies.NewStaticStore(snap), Rollouts: tc.rollouts, Shadows: sent,

@@ -75,6 +75,9 @@ func (d *Director) shadow(req *Request, rt *Route, sp *picker.Split) {
 	c := ShadowCopy{RequestID: req.RequestID, Model: plan.Model.Name, Tier: policies.TierOf(req.Tenant), Plan: plan.Shadow, Endpoint: req.Endpoint,
 		Stream: req.Body.Stream, Targets: rt.targets}
 	for _, p := range pools {
+		if !req.Snapshot.Resident(req.Tenant, p.Region) {
+			continue // a copy is the tenant's data too: never outside its residency
+		}
 		c.Endpoints = append(c.Endpoints, p.Endpoints...)
 		c.HardwareClass, c.Provider = p.HardwareClass, p.Engine
 	}

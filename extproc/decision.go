@@ -129,6 +129,9 @@ func (rs *requestState) routingHeaders(s *headerSet) {
 	if rs.snap.Gateway().TenantHeader {
 		s.set(contract.HeaderTenant, rs.tenant.Name)
 	}
+	if r := rs.snap.ResidencyKey(rs.tenant); r != "" {
+		s.set(contract.HeaderResidency, r) // its pool's route fails over only inside the residency
+	}
 	if !rs.hadReqID {
 		s.set(contract.HeaderRequestID, rs.requestID)
 	}

@@ -48,6 +48,8 @@ func clientError(err error) *openai.Error {
 	case r.Reason == director.ClientGone:
 		return &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Code: "client_closed_request",
 			Message: "The client closed the request while it waited for capacity."} // no one reads it: for logs
+	case errors.As(r.Err, &nc) && nc.Residency != nil:
+		return openai.OutsideResidency(nc.Model, nc.Residency, nc.RetryAfter)
 	case errors.As(r.Err, &nc) && nc.Saturated:
 		return openai.Overloaded(nc.Model, nc.RetryAfter)
 	case errors.As(r.Err, &nc):

@@ -47,7 +47,8 @@ func TestBufferedChatRouting(t *testing.T) {
 	s.send(postHeaders("/v1/chat/completions", keyAcme,
 		"content-length", strconv.Itoa(len(chatBody)),
 		"x-gateway-destination-endpoint", "6.6.6.6:22", "X-Infergate-Pool", "evil", "x-infergate-tenant", "root",
-		"x-prefiller-host-port", "169.254.169.254:80", "x-kv-cache-source-host-port", "10.9.9.9:8000"))
+		"x-prefiller-host-port", "169.254.169.254:80", "x-kv-cache-source-host-port", "10.9.9.9:8000",
+		"x-infergate-residency", "anywhere"))
 	// BUFFERED: headers are answered at once (Envoy only then sends the body), forged headers removed.
 	hr := s.recv().GetRequestHeaders()
 	if hr == nil {
@@ -56,7 +57,7 @@ func TestBufferedChatRouting(t *testing.T) {
 	removed := sorted(hr.GetResponse().GetHeaderMutation().GetRemoveHeaders())
 	// llm-d's prefill/decode headers too: a decode pod's routing sidecar would send the prompt to that address.
 	for _, want := range []string{"authorization", "x-gateway-destination-endpoint", "x-infergate-pool", "x-infergate-tenant",
-		"x-prefiller-host-port", "x-kv-cache-source-host-port"} {
+		"x-prefiller-host-port", "x-kv-cache-source-host-port", "x-infergate-residency"} {
 		if !slices.Contains(removed, want) {
 			t.Errorf("header %q not removed (removed %v)", want, removed)
 		}
@@ -81,6 +82,9 @@ func TestBufferedChatRouting(t *testing.T) {
 	}
 	if set[contract.HeaderTenant] != "acme" {
 		t.Errorf("tenant header = %q", set[contract.HeaderTenant])
+	}
+	if r, ok := set[contract.HeaderResidency]; ok {
+		t.Errorf("a tenant pinned to no region got residency %q", r)
 	}
 	if set[contract.HeaderRequestID] == "" {
 		t.Error("x-request-id not generated")

@@ -48,6 +48,9 @@ type Config struct {
 	RedisCluster  bool
 	// InstanceID names this gateway across restarts (see quota.Options.InstanceID).
 	InstanceID string
+	// Region is the gateway's own region of the policy's spec.regions: the picker and the xDS clusters prefer
+	// its pools and fail over in its order (docs/regions.md). Empty: every region ranks alike.
+	Region string
 	// SharePlacements publishes the picker's new placements to the other gateway replicas over Redis pub/sub
 	// and learns theirs (the placements package), so that many replicas keep one replica's prefix affinity.
 	// Without Redis it does nothing.
@@ -132,6 +135,9 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		return nil, err
 	}
 	log.Info("policy loaded", "path", c.PolicyPath, "version", store.Current().Version)
+	if err := checkRegion(store.Current(), c.Region, log); err != nil {
+		return nil, err
+	}
 	if err := discover(ctx, c, store, log); err != nil {
 		return nil, err
 	}
@@ -171,6 +177,7 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 		DigestKey: digestKey})
 	state := rolloutFleet{state: scrapedFleet(engines), shares: g.Rollouts}
 	g.XDS = xds.NewServer(log)
+	g.XDS.Region = c.Region
 	g.XDS.AllowSecrets(c.SecretNodes...)
 	if err := g.XDS.Update(store.Current(), state); err != nil {
 		g.Close()
@@ -437,6 +444,7 @@ func (g *Gateway) relayScrapes(ctx context.Context, c Config, sealer *pubsub.Sea
 func (g *Gateway) picker(ctx context.Context, c Config, inflight *fleet.InFlight, engines picker.EngineView, sealer *pubsub.Sealer) picker.Picker {
 	a := picker.ForStore(g.Policies, inflight, engines)
 	a.Metrics = picker.NewMetrics(g.Registry)
+	a.Region = c.Region
 	client := g.sharedRedis(c)
 	if !c.SharePlacements || client == nil {
 		return a
@@ -519,4 +527,18 @@ func scrapeTargets(snap *policies.Snapshot) []fleet.Target {
 		}
 	}
 	return out
+}
+
+// checkRegion refuses a region the policy does not have (the gateway would rank every region alike without
+// saying so), and warns of a policy with regions served without one.
+func checkRegion(snap *policies.Snapshot, region string, log *slog.Logger) error {
+	switch {
+	case region != "" && snap.Regional() && snap.RegionOrder(region) == nil:
+		return fmt.Errorf("--region %q is not one of the policy's spec.regions", region)
+	case region != "" && !snap.Regional():
+		log.Warn("the policy has no regions: --region is ignored until it has", "region", region)
+	case region == "" && snap.Regional():
+		log.Warn("the policy has regions but this gateway names none (--region): every region ranks alike")
+	}
+	return nil
 }

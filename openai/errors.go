@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -118,6 +119,19 @@ func MethodNotAllowed(method, path string) *Error {
 func NoCapacity(model string) *Error {
 	return &Error{Status: http.StatusServiceUnavailable, Type: TypeServiceUnavailable, Code: "server_is_overloaded",
 		Message: fmt.Sprintf("No capacity is available for the model `%s`; please try again later.", model)}
+}
+
+// OutsideResidency is a 503 for a tenant pinned to regions when nothing inside them can take the request (down
+// or busy) and nothing outside may: it names the regions, so the client knows why the fleet's other capacity was
+// not used. retry, when set, is when room may free up inside.
+func OutsideResidency(model string, regions []string, retry time.Duration) *Error {
+	hdr := map[string]string{"retry-after": "1"}
+	if retry > 0 {
+		hdr["retry-after"] = strconv.FormatInt(int64(math.Ceil(retry.Seconds())), 10)
+	}
+	return &Error{Status: http.StatusServiceUnavailable, Type: TypeServiceUnavailable, Code: "residency_unavailable", Header: hdr,
+		Message: fmt.Sprintf("No capacity for the model `%s` is available within your data residency (%s), and requests are never served outside it; please try again later.",
+			model, strings.Join(regions, ", "))}
 }
 
 // BodiesInFlight is a 503 for a request body that arrives while the gateway holds as many bytes of bodies not

@@ -57,6 +57,9 @@ type Affinity struct {
 	// Now is the picker's clock (nil: time.Now): SLO placement times its own sends' prefills by it against the
 	// engines' readings, which a simulated fleet stamps in its own time.
 	Now func() time.Time
+	// Region is the gateway's own region (infergate serve --region): its pools come first, the others follow
+	// in its failover order (see Regions). "" ranks every region alike.
+	Region string
 
 	live  liveSet // the policy's endpoints, for Learn; nil until PolicyChanged
 	churn churn
@@ -70,6 +73,7 @@ type Affinity struct {
 	weights atomic.Pointer[resolvedWeights]
 	// failedPrefillers are prefill endpoints a split request failed on, until when they are named to no other.
 	failedPrefillers sync.Map // endpoint → time.Time
+	regions          regionHealth
 }
 
 // resolvedWeights are the scorer table's weights under one policy snapshot.

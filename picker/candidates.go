@@ -34,6 +34,10 @@ type scored struct {
 
 	matched int    // leading prompt blocks the index holds there (bound)
 	rank    uint64 // rendezvous rank (bound)
+	// region is the pool's region's place in the gateway's region order (0: its own; see Regions), rtt the round
+	// trip to it.
+	region int
+	rtt    time.Duration
 	// parts are the table's scores, total their weighted sum, fit that of the hardware-fit scorers (score).
 	parts       [scorers.Max]float64
 	total, fit  float64
@@ -59,18 +63,28 @@ func (d *decision) candidates() (blockTokens int) {
 	if in.Queueing {
 		headroom, replicas = snap.QueueClass(in.Tenant).Headroom, float64(max(1, snap.QuotaSettings().GatewayReplicas))
 	}
+	order := snap.RegionOrder(p.Region)
+	var counts regionCounts
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]
 		if !pool.ServesWhole() || in.Tenant != nil && !snap.PoolAllowed(in.Tenant, pool) {
 			continue // a prefill-only pool takes no whole request
 		}
-		speed := snap.Speed(pool)
+		region, used := regionOf(order, pool)
+		if !used {
+			continue // a region this gateway does not fail over to
+		}
+		speed, rtt := snap.Speed(pool), snap.RegionRTT(p.Region, pool.Region)
 		for _, ep := range pool.Endpoints {
 			own := p.InFlight.Count(ep)
 			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
-				cost: speed.CostPerToken(), speed: speed}
+				cost: speed.CostPerToken(), speed: speed, region: region, rtt: rtt}
+			counts.seen[region]++
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
+				if fresh {
+					counts.up[region]++
+				}
 				switch {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
@@ -103,37 +117,48 @@ func (d *decision) candidates() (blockTokens int) {
 		}
 	}
 	d.all, d.saturated, d.unavailable = cands, saturated, unavailable
+	if p.Engines == nil {
+		counts.up = counts.seen
+	}
+	d.regional = len(order) > 1
+	d.holdBack(order, &counts)
 	return blockTokens
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy
-// allows it for this condition (never for a LoRA adapter, which the provider does not have), otherwise
-// NoCapacity; a saturated model whose requests queue is NoCapacity, for the director to queue the request.
-func overflow(model *policies.Model, in Input, saturated, unavailable int) (Decision, error) {
-	adapter := in.Adapter
+// allows it for this condition (never for a LoRA adapter, which the provider does not have, nor outside the
+// tenant's residency), otherwise NoCapacity; a saturated model whose requests queue is NoCapacity, for the
+// director to queue the request.
+func overflow(snap *policies.Snapshot, in Input, saturated, unavailable int) (Decision, error) {
 	cond := policies.WhenUnavailable
 	if saturated > 0 {
 		cond = policies.WhenSaturated
 		if in.Queueing {
-			return Decision{}, &NoCapacity{Model: model.Name, Saturated: true} // the queue first
+			return Decision{}, noCapacity(snap, in, true) // the queue first
 		}
 	}
-	if dec, ok := fallbackFor(model, adapter, cond); ok {
+	if dec, ok := fallbackFor(snap, in, cond); ok {
 		return dec, nil
 	}
-	return Decision{}, &NoCapacity{Model: model.Name, Saturated: saturated > 0}
+	return Decision{}, noCapacity(snap, in, saturated > 0)
+}
+
+// noCapacity is the NoCapacity of a request, naming the residency that bounded it.
+func noCapacity(snap *policies.Snapshot, in Input, saturated bool) *NoCapacity {
+	return &NoCapacity{Model: in.Model.Name, Saturated: saturated, Residency: snap.Residency(in.Tenant)}
 }
 
 // SaturatedFallback is the managed fallback a saturated model's overflow may go to, if the policy names one
-// (the admission queue's degradation once a request cannot start in time).
-func SaturatedFallback(model *policies.Model, adapter string) (Decision, bool) {
-	return fallbackFor(model, adapter, policies.WhenSaturated)
+// that the tenant's residency allows (the admission queue's degradation once a request cannot start in time).
+func SaturatedFallback(snap *policies.Snapshot, in Input) (Decision, bool) {
+	return fallbackFor(snap, in, policies.WhenSaturated)
 }
 
-func fallbackFor(model *policies.Model, adapter, cond string) (Decision, bool) {
+func fallbackFor(snap *policies.Snapshot, in Input, cond string) (Decision, bool) {
+	model := in.Model
 	for i := range model.Fallbacks {
 		f := &model.Fallbacks[i]
-		if adapter == "" && slices.Contains(f.When, cond) {
+		if in.Adapter == "" && slices.Contains(f.When, cond) && snap.FallbackAllowed(in.Tenant, f) {
 			return Decision{Fallback: f}, true
 		}
 	}

@@ -31,7 +31,8 @@ type decision struct {
 	// prompt.
 	all                    []scored
 	saturated, unavailable int
-	tooLong                int // candidates whose KV cache cannot hold the request at all (bound)
+	tooLong                int  // candidates whose KV cache cannot hold the request at all (bound)
+	regional               bool // the candidates are in more than one region (see Regions)
 	prompt                 prompt
 	hashed                 bool
 	// model is what SLO placement read of its model's learning; busy says every endpoint was too busy to serve
@@ -114,6 +115,9 @@ func (d *decision) run() (Decision, error) {
 // place decides among cands (every candidate, or one rollout arm's): bound, score, then order by score or,
 // under SLO placement, by predicted timing and cost; the first wins.
 func (d *decision) place(cands []scored) (Decision, error) {
+	if d.regional && !d.slo {
+		return d.placeNearest(cands)
+	}
 	eligible, anyMatch, kvFull := d.bound(cands)
 	if len(eligible) == 0 {
 		return d.overflow(kvFull)
@@ -128,7 +132,7 @@ func (d *decision) place(cands []scored) (Decision, error) {
 // overflow is the decision when no candidate can take the request (kvFull more were left out for a full KV
 // cache): see overflow.
 func (d *decision) overflow(kvFull int) (Decision, error) {
-	return overflow(d.in.Model, d.in, d.saturated+kvFull, d.unavailable+d.tooLong)
+	return overflow(d.snap, d.in, d.saturated+kvFull, d.unavailable+d.tooLong)
 }
 
 // pickArm places a rolled-out model's request on its arm's pools. A candidate arm that cannot take it (no

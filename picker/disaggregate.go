@@ -30,7 +30,7 @@ func (d *decision) disaggregate(dec *Decision) {
 	}
 	// The pools made for prefill first; pools that do both only when none of those can take it.
 	for _, role := range [...]string{policies.RolePrefill, policies.RoleBoth} {
-		ep, pool := d.prefiller(role, dec.Endpoints[0])
+		ep, pool := d.prefiller(role, dec.Endpoints[0], dec.Pool.Region)
 		if ep == "" {
 			continue
 		}
@@ -71,8 +71,9 @@ func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
 // other than the decoder, that may take a prefill leg (canPrefill). Under SLO placement, among those it
 // predicts for (pools that also take whole requests), the one predicted to prefill the prompt soonest, its
 // queue and cached prefix counted; otherwise by rendezvous on the prompt's first block: a prefix keeps its
-// prefiller, whose cache holds it, and prefixes spread over the pool.
-func (d *decision) prefiller(role, decoder string) (string, *policies.Pool) {
+// prefiller, whose cache holds it, and prefixes spread over the pool. Only pools of the decoder's region
+// prefill for it: a KV cache does not cross regions.
+func (d *decision) prefiller(role, decoder, region string) (string, *policies.Pool) {
 	key := d.prompt.hashes[0]
 	var best, soonest string
 	var bestPool, soonestPool *policies.Pool
@@ -84,7 +85,7 @@ func (d *decision) prefiller(role, decoder string) (string, *policies.Pool) {
 		if r == "" {
 			r = policies.RoleBoth
 		}
-		if r != role || d.in.Tenant != nil && !d.snap.PoolAllowed(d.in.Tenant, pool) {
+		if r != role || pool.Region != region || d.in.Tenant != nil && !d.snap.PoolAllowed(d.in.Tenant, pool) {
 			continue
 		}
 		for _, ep := range pool.Endpoints {

@@ -240,7 +240,7 @@ func TestSLOPlacementPicksTheSoonestPrefiller(t *testing.T) {
 				{endpoint: "10.0.0.1:1", pred: Prediction{set: true, TTFT: ttft1}},
 				{endpoint: "10.0.0.2:1", pred: Prediction{set: true, TTFT: ttft2}},
 			}}
-		ep, _ := d.prefiller(policies.RoleBoth, "10.0.1.1:1")
+		ep, _ := d.prefiller(policies.RoleBoth, "10.0.1.1:1", "")
 		return ep
 	}
 	if got := pick(true, 2*time.Second, 300*time.Millisecond); got != "10.0.0.2:1" {

@@ -69,8 +69,9 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 		p.pred.observe(d.Endpoints[0], d.Predicted, 0, tpot)
 		return
 	}
-	p.pred.observe(d.Endpoints[0], d.Predicted, ttft, tpot)
-	p.pred.noteRatio(model, ttft, d.Predicted.TTFT)
+	engine, engineTTFT := d.Predicted.atEngine(ttft)
+	p.pred.observe(d.Endpoints[0], engine, engineTTFT, tpot)
+	p.pred.noteRatio(model, engineTTFT, engine.TTFT)
 	if pd := d.Predicted; pd.inTime && d.Pool != nil {
 		missed := ttft > pd.limit || (pd.tpotLimit > 0 && tpot > pd.tpotLimit)
 		key := poolKey{model, d.Pool.Name}

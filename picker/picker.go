@@ -3,6 +3,7 @@
 package picker
 
 import (
+	"strings"
 	"time"
 
 	"github.com/infergate/infergate/contract"
@@ -158,11 +159,18 @@ type NoCapacity struct {
 	Saturated bool
 	// RetryAfter, when set, is when the client may find room (the admission queue's drain time).
 	RetryAfter time.Duration
+	// Residency, when the tenant is pinned to regions, names them: no replica or fallback inside them could
+	// take the request, and none outside may.
+	Residency []string
 }
 
 func (e *NoCapacity) Error() string {
-	if e.Saturated {
-		return "every replica of " + e.Model + " is saturated"
+	within := ""
+	if e.Residency != nil {
+		within = " within the tenant's residency (" + strings.Join(e.Residency, ", ") + ")"
 	}
-	return "no replica of " + e.Model + " is available"
+	if e.Saturated {
+		return "every replica of " + e.Model + within + " is saturated"
+	}
+	return "no replica of " + e.Model + " is available" + within
 }

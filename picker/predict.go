@@ -23,7 +23,10 @@ type Prediction struct {
 	idle time.Duration
 	// tail is how much later than TTFT the first token may come at the tail of its spread (see Judging at the
 	// tail); meets judges TTFT + tail.
-	tail     time.Duration
+	tail time.Duration
+	// rtt is the round trip to the endpoint's region, which TTFT and idle include (see Regions) and the
+	// endpoint's own model never sees.
+	rtt      time.Duration
 	uncached float64
 	// sentAt is when the request was sent (SLO placement's clock), which finds it among its endpoint's recent
 	// sends once it finishes.

@@ -61,11 +61,17 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	p, in := d.p, d.in
 	plan := d.planGroup(all)
 	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective, d.now)
+	for i := range eligible {
+		eligible[i].addRTT()
+	}
 	d.predicted = eligible
 	nGood := d.judge(eligible)
 	if !d.trustPredictions() {
-		// The predictions are not to be relied on: rank as placement: affinity does; the chosen endpoint still
-		// carries its prediction, so that the models learn and trust can return.
+		// The predictions are not to be relied on: rank as placement: affinity does, in the nearest region; the
+		// chosen endpoint still carries its prediction, so that the models learn and trust can return.
+		if d.regional {
+			eligible, all = nearestOnly(eligible, all, &d.buf.peers)
+		}
 		return d.decide(d.order(eligible, all, anyMatched(eligible))), nil
 	}
 	group := plan.followUps > 0
@@ -84,7 +90,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	}
 	good := eligible[:nGood]
 	nBand := 1
-	for nBand < len(good) && good[nBand].sloCost(group) <= good[0].sloCost(group)*(1+costTolerance) {
+	for nBand < len(good) && good[nBand].region == good[0].region && good[nBand].sloCost(group) <= good[0].sloCost(group)*(1+costTolerance) {
 		nBand++
 	}
 	band := good[:nBand]
@@ -95,13 +101,15 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	return d.decide(append(ordered, eligible[nBand:]...)), nil
 }
 
-// rankBySLO sorts judged candidates in place: the meeting ones first, cheapest first (for a new group, by
-// group cost); then the late ones, fastest at the tail of their spread first (see atTail).
+// rankBySLO sorts judged candidates in place: the meeting ones first, nearest region first, then cheapest
+// first (for a new group, by group cost); then the late ones, fastest at the tail of their spread first (see atTail).
 func rankBySLO(cands []scored, group bool) {
 	sortScored(cands, true, func(a, b *scored) int {
 		switch {
 		case a.meets != b.meets:
 			return trueFirst(a.meets)
+		case a.meets && a.region != b.region: // the nearest region in time first (see Regions)
+			return a.region - b.region
 		case a.meets:
 			return cmpFloat(a.sloCost(group), b.sloCost(group))
 		}
@@ -169,21 +177,21 @@ func (d *decision) judgeAt(eligible []scored) (nGood int) {
 // when the fleet is overloaded; otherwise the fastest.
 func (d *decision) noneInTime(late, all []scored) (Decision, error) {
 	p, in := d.p, d.in
-	if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSLO); ok {
+	if dec, ok := fallbackFor(d.snap, in, policies.WhenSLO); ok {
 		p.noteSharing(anyMatched(late))
 		return d.managed(dec), nil
 	}
 	if d.worthWaiting(late) {
-		return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
+		return Decision{}, noCapacity(d.snap, in, true)
 	}
 	if d.overloaded(late) {
 		p.Metrics.fellBack(in.Model.Name, "overload")
 		p.pred.noteDecision(in.Model.Name, true, false)
-		if dec, ok := fallbackFor(in.Model, in.Adapter, policies.WhenSaturated); ok {
+		if dec, ok := fallbackFor(d.snap, in, policies.WhenSaturated); ok {
 			p.noteSharing(anyMatched(late))
 			return d.managed(dec), nil
 		}
-		return Decision{}, &NoCapacity{Model: in.Model.Name, Saturated: true}
+		return Decision{}, noCapacity(d.snap, in, true)
 	}
 	return d.decide(d.fastest(late, all)), nil
 }

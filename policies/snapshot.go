@@ -17,21 +17,24 @@ type Snapshot struct {
 	Version  string
 	LoadedAt time.Time
 
-	models      map[string]*Model // canonical names, aliases and adapters
-	adapters    map[string]bool   // names that are LoRA adapters
-	tierRules   map[*Tenant]*tierRules
-	tenantByKey map[[sha256.Size]byte]*Tenant
-	allowed     map[*Tenant]map[*Model]bool // nil inner map: every model
-	adapterOK   map[*Tenant]map[string]bool // the adapters a tenant lists (every one with "*")
-	everything  map[*Tenant]bool            // "*"
-	modelQuota  map[*Tenant]map[*Model]Quota
-	rollouts    map[*Model]*RolloutPlan
-	redisTO     time.Duration
-	upIdle      time.Duration
-	slos        map[sloKey]Targets
-	sloTable    []SLOEntry
-	admission   AdmissionSettings
-	queueRules  map[*Tenant]queueRules
+	models       map[string]*Model // canonical names, aliases and adapters
+	adapters     map[string]bool   // names that are LoRA adapters
+	tierRules    map[*Tenant]*tierRules
+	tenantByKey  map[[sha256.Size]byte]*Tenant
+	allowed      map[*Tenant]map[*Model]bool // nil inner map: every model
+	adapterOK    map[*Tenant]map[string]bool // the adapters a tenant lists (every one with "*")
+	everything   map[*Tenant]bool            // "*"
+	modelQuota   map[*Tenant]map[*Model]Quota
+	rollouts     map[*Model]*RolloutPlan
+	redisTO      time.Duration
+	upIdle       time.Duration
+	slos         map[sloKey]Targets
+	sloTable     []SLOEntry
+	admission    AdmissionSettings
+	queueRules   map[*Tenant]queueRules
+	regions      regionTable
+	residency    map[*Tenant][]string // tenants pinned to regions (Residency)
+	residencyKey map[*Tenant]string
 }
 
 // compile builds the snapshot of a validated policy. It applies the defaults to the document first, once: every
@@ -39,20 +42,22 @@ type Snapshot struct {
 func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 	applyDefaults(pol)
 	s := &Snapshot{
-		Policy:      pol,
-		Source:      source,
-		Version:     version,
-		LoadedAt:    now,
-		models:      map[string]*Model{},
-		adapters:    map[string]bool{},
-		tierRules:   map[*Tenant]*tierRules{},
-		tenantByKey: map[[sha256.Size]byte]*Tenant{},
-		allowed:     map[*Tenant]map[*Model]bool{},
-		adapterOK:   map[*Tenant]map[string]bool{},
-		everything:  map[*Tenant]bool{},
-		modelQuota:  map[*Tenant]map[*Model]Quota{},
-		redisTO:     DefaultRedisTimeout,
-		upIdle:      DefaultUpstreamIdleTimeout,
+		Policy:       pol,
+		Source:       source,
+		Version:      version,
+		LoadedAt:     now,
+		models:       map[string]*Model{},
+		adapters:     map[string]bool{},
+		tierRules:    map[*Tenant]*tierRules{},
+		tenantByKey:  map[[sha256.Size]byte]*Tenant{},
+		allowed:      map[*Tenant]map[*Model]bool{},
+		adapterOK:    map[*Tenant]map[string]bool{},
+		everything:   map[*Tenant]bool{},
+		modelQuota:   map[*Tenant]map[*Model]Quota{},
+		residency:    map[*Tenant][]string{},
+		residencyKey: map[*Tenant]string{},
+		redisTO:      DefaultRedisTimeout,
+		upIdle:       DefaultUpstreamIdleTimeout,
 	}
 	if d, err := time.ParseDuration(pol.Spec.Quotas.RedisTimeout); err == nil && d > 0 {
 		s.redisTO = d
@@ -61,8 +66,10 @@ func compile(pol *Policy, source, version string, now time.Time) *Snapshot {
 		s.upIdle = d
 	}
 	s.compileModels(pol)
+	s.compileRegions(pol)
 	for i := range pol.Spec.Tenants {
 		s.compileTenant(pol, &pol.Spec.Tenants[i])
+		s.compileResidency(pol, &pol.Spec.Tenants[i])
 	}
 	s.compileSLOs(pol)
 	s.compileRollouts(pol)
@@ -182,10 +189,11 @@ type tierRules struct {
 	models  map[*Model]bool
 }
 
-// PoolAllowed reports whether the tenant's tier may use a pool's hardware class.
+// PoolAllowed reports whether the tenant may use a pool: its tier allows the pool's hardware class, and the pool
+// is in its residency.
 func (s *Snapshot) PoolAllowed(t *Tenant, p *Pool) bool {
 	r := s.tierRules[t]
-	return r == nil || r.classes == nil || r.classes[p.HardwareClass]
+	return (r == nil || r.classes == nil || r.classes[p.HardwareClass]) && s.Resident(t, p.Region)
 }
 
 // TenantForKey finds the tenant owning a plaintext bearer key by its sha256 digest, so the policy never needs

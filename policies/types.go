@@ -49,6 +49,10 @@ type Spec struct {
 	Admission *Admission `yaml:"admission,omitempty" json:"admission,omitempty"`
 	// Audit says how long the audit log (infergate serve --audit-log) keeps what it wrote.
 	Audit Audit `yaml:"audit,omitempty" json:"audit,omitempty"`
+	// Regions, when set, place the pools in geographic regions or on-prem sites: every pool names its region,
+	// each gateway prefers its own (infergate serve --region) and fails over to the others in order, and tenants
+	// or tiers may be pinned to some (residency). docs/regions.md.
+	Regions []Region `yaml:"regions,omitempty" json:"regions,omitempty"`
 	// Models are what clients may ask for, each with its pools of replicas and its fallbacks.
 	Models []Model `yaml:"models" json:"models"`
 	// Tenants are who may call: their keys, models, tier and quotas.
@@ -127,6 +131,10 @@ type Routing struct {
 	// predicted to meet the target and takes the cheapest of them, prefix affinity counted in the cost; "affinity"
 	// ranks by the scores alone, cost only breaking ties (what infergate did before SLO placement).
 	Placement string `yaml:"placement,omitempty" json:"placement,omitempty" jsonschema:"enum=slo,enum=affinity"`
+	// RegionFailback is how long a region whose pools were down (none with fresh metrics) must stay up before
+	// requests prefer it again, e.g. "10s" (default 10s): a region that flickers does not pull traffic back and
+	// forth.
+	RegionFailback string `yaml:"regionFailback,omitempty" json:"regionFailback,omitempty"`
 	// SLOMargin is the most of the TTFT target a prediction, taken at the tail of the endpoint's spread, may use
 	// and still count as meeting it (default 0.8): what the spread does not show (bursts after the decision)
 	// needs room too. Each pool's calibration only tightens it.
@@ -270,6 +278,8 @@ type Pool struct {
 	// prefill leg fails (the sidecar answers the prefiller's error) is retried on its decode replica's engine,
 	// which prefills it itself: a failing prefiller costs time, not the request (docs/disaggregation.md).
 	EngineEndpoints []string `yaml:"engineEndpoints,omitempty" json:"engineEndpoints,omitempty"`
+	// Region names one of spec.regions: where the replicas run. Required when the policy has regions.
+	Region string `yaml:"region,omitempty" json:"region,omitempty"`
 }
 
 // EngineEndpoint is the engine behind endpoint ep's sidecar (Pool.EngineEndpoints), "" when the pool names none.
@@ -345,6 +355,10 @@ type Fallback struct {
 	// CAFile is the PEM bundle, on Envoy's host, that an https baseURL's certificate must chain to (default
 	// DefaultProviderCAFile, the system bundle): Envoy verifies the provider before it sends the key.
 	CAFile string `yaml:"caFile,omitempty" json:"caFile,omitempty" jsonschema:"pattern=^/"`
+	// Region names one of spec.regions where the provider keeps the data it is sent: a tenant pinned to regions
+	// (residency) overflows only to a fallback in one of them. Without it the provider is outside every region
+	// and takes no pinned tenant's request.
+	Region string `yaml:"region,omitempty" json:"region,omitempty"`
 }
 
 // DefaultProviderCAFile is the system CA bundle of Debian-based images, Envoy's own among them.
@@ -371,6 +385,10 @@ type Tier struct {
 	// endpoint: below 1, an endpoint is full for this tier while higher tiers still find room. Every gateway
 	// replica reads the same engine queues, so the room kept back holds across replicas.
 	Headroom float64 `yaml:"headroom,omitempty" json:"headroom,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
+	// Residency pins the tier's requests to these regions (spec.regions): they are never placed on a pool or
+	// sent to a fallback outside them, under any fault; a request that cannot be served inside gets a 503 naming
+	// them.
+	Residency []string `yaml:"residency,omitempty" json:"residency,omitempty"`
 	// DegradeTo names, per model, the cheaper model a request of this tier is sent to when it cannot start in
 	// time on its own.
 	DegradeTo []Degrade `yaml:"degradeTo,omitempty" json:"degradeTo,omitempty"`
@@ -461,6 +479,9 @@ type Tenant struct {
 	// QueueWeight is the tenant's share against the other tenants of its tier in the admission queue
 	// (weighted fair queuing by tokens; default 1).
 	QueueWeight float64 `yaml:"queueWeight,omitempty" json:"queueWeight,omitempty" jsonschema:"minimum=0"`
+	// Residency pins the tenant's requests to these regions, as a tier's does; with both, the tenant's requests
+	// stay within the regions both name.
+	Residency []string `yaml:"residency,omitempty" json:"residency,omitempty"`
 	// AuditRetention overrides spec.audit.retention for this tenant's audit files, e.g. "2160h" for a
 	// customer whose contract asks for 90 days.
 	AuditRetention string `yaml:"auditRetention,omitempty" json:"auditRetention,omitempty"`

@@ -137,6 +137,7 @@ func (v *validator) policy(pol *Policy) {
 	}
 	v.quotaSettings(&s.Quotas)
 	v.routing(&s.Routing)
+	v.regions(s)
 }
 
 func (v *validator) routing(r *Routing) {

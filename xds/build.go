@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -86,28 +87,36 @@ type Resources struct {
 // Build turns a policy and the fleet's state into clusters, endpoints and routes. previous, when not nil,
 // holds the last weights: a pool's weight only changes when it moved by more than 10 %, so routes do not flap.
 func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32) (*Resources, error) {
+	return BuildInRegion(snap, fleet, previous, "")
+}
+
+// BuildInRegion is Build for the Envoys of one region of the policy's spec.regions (infergate serve
+// --region): pools fail over to the other regions' in its order (see Regions in Envoy's resources).
+func BuildInRegion(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32, region string) (*Resources, error) {
 	out := &Resources{Weights: map[string]uint32{}, modelActions: map[string]*routev3.RouteAction{}}
 	vh := &routev3.VirtualHost{Name: "llm", Domains: []string{"*"}}
 	for i := range snap.Policy.Spec.Models {
 		m := &snap.Policy.Spec.Models[i]
 		var weighted []*routev3.WeightedCluster_ClusterWeight
 		capacities := map[string]float64{}
-		failover := failoverFallback(m)
 		for j := range m.Pools {
 			p := &m.Pools[j]
 			name := contract.ClusterName(m.Name, p.Name)
 			pc := poolCluster(m, p)
 			target := name
-			if failover != nil {
-				// A pool that fails as a whole (every replica ejected or unhealthy) hands over to the managed API:
-				// its route goes to an aggregate of the pool and the fallback, and the whole pool may be ejected.
+			chain := failoverChain(snap, m, p, region, nil)
+			if len(chain) > 0 {
+				// A pool that fails as a whole (every replica ejected or unhealthy) hands over to the next
+				// region's pools and the managed API: its route goes to an aggregate of them, and the whole pool
+				// may be ejected.
 				pc.OutlierDetection.MaxEjectionPercent = wrapperspb.UInt32(100)
 				target = contract.FailoverClusterName(m.Name, p.Name)
 			}
 			out.Clusters = append(out.Clusters, pc)
-			if failover != nil {
-				out.Clusters = append(out.Clusters, failoverCluster(target, name, contract.FallbackClusterName(m.Name, failover.Name)))
+			if len(chain) > 0 {
+				out.Clusters = append(out.Clusters, failoverCluster(target, append([]string{name}, chain...)...))
 			}
+			vh.Routes = append(vh.Routes, residentRoutes(snap, m, p, region, out)...)
 			cla, healthy, util := poolEndpoints(m, p, fleet)
 			out.Endpoints = append(out.Endpoints, cla)
 			hc := snap.Policy.Spec.HardwareClasses[p.HardwareClass]
@@ -119,9 +128,10 @@ func Build(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   contract.ClusterName(m.Name, p.Name),
 				Match:  headerMatch(contract.HeaderPool, p.Name),
-				Action: &routev3.Route_Route{Route: poolRouteAction(target, failover != nil, snap.UpstreamIdleTimeout())},
+				Action: &routev3.Route_Route{Route: poolRouteAction(target, len(chain) > 0, snap.UpstreamIdleTimeout())},
 			})
 		}
+		nearestCapacity(snap, m, region, capacities)
 		weights := capacityWeights(capacities, previous)
 		maps.Copy(out.Weights, weights) // hysteresis follows capacity; the rollout's split applies on top
 		if plan, ok := snap.Rollout(m); ok {
@@ -386,7 +396,8 @@ func poolCluster(m *policies.Model, p *policies.Pool) *clusterv3.Cluster {
 // utilisation of the healthy ones.
 func poolEndpoints(m *policies.Model, p *policies.Pool, fleet FleetState) (*endpointv3.ClusterLoadAssignment, int, float64) {
 	// grpc-go rejects a locality without an ID and one without a weight.
-	lle := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: "infergate", Zone: p.Name}, LoadBalancingWeight: wrapperspb.UInt32(1)}
+	lle := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: cmp.Or(p.Region, "infergate"), Zone: p.Name},
+		LoadBalancingWeight: wrapperspb.UInt32(1)}
 	healthy, utilSum := 0, 0.0
 	for _, ep := range p.Endpoints {
 		host, portStr, _ := net.SplitHostPort(ep) // validated by the policy loader

@@ -26,7 +26,12 @@ func grpcRouteName(model string) string { return "grpc/" + model }
 // the override_host policy nor TLS without a certificate provider, so pool clusters use round robin, plain-text
 // fallbacks are kept, and each model gets an api_listener and a route configuration of its own.
 func BuildGRPC(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32) (*Resources, []types.Resource, error) {
-	res, err := Build(snap, fleet, previous)
+	return buildGRPC(snap, fleet, previous, "")
+}
+
+// buildGRPC is BuildGRPC for the clients of one region (see BuildInRegion).
+func buildGRPC(snap *policies.Snapshot, fleet FleetState, previous map[string]uint32, region string) (*Resources, []types.Resource, error) {
+	res, err := BuildInRegion(snap, fleet, previous, region)
 	if err != nil {
 		return nil, nil, err
 	}

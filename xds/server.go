@@ -51,6 +51,10 @@ func (g groups) ID(n *corev3.Node) string {
 // Server serves the resources built from the live policy and fleet state over ADS (and the per-type xDS
 // services), state of the world and delta.
 type Server struct {
+	// Region is the region of the policy's spec.regions whose Envoys this server configures (infergate serve
+	// --region): their pools fail over in its order. Set before the first Update.
+	Region string
+
 	cache cachev3.SnapshotCache
 	log   *slog.Logger
 	gate  *secretGate
@@ -92,11 +96,11 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 func (s *Server) Update(snap *policies.Snapshot, fleet FleetState) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	res, err := Build(snap, fleet, s.weights)
+	res, err := BuildInRegion(snap, fleet, s.weights, s.Region)
 	if err != nil {
 		return fmt.Errorf("xds: %w", err)
 	}
-	gres, listeners, err := BuildGRPC(snap, fleet, s.weights)
+	gres, listeners, err := buildGRPC(snap, fleet, s.weights, s.Region)
 	if err != nil {
 		return fmt.Errorf("xds (grpc clients): %w", err)
 	}

@@ -58,6 +58,7 @@ type serveConfig struct {
 	tlsClientCA    string
 	secretNodes    string
 	instanceID     string
+	region         string
 	auditLog       string
 	auditMaxBytes  int64
 	auditKeyFile   string
@@ -87,6 +88,7 @@ func serveFlags(cfg *serveConfig, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.messageKeyFile, "redis-message-key-file", "", "file holding the key (32 bytes or more, the same for every replica, e.g. a mounted Secret) that signs the placements, engine readings and rollout states replicas share over Redis; unsigned or stale ones are then dropped and counted. Empty: unsigned, and any Redis client can forge them")
 	fs.BoolVar(&cfg.sharePlacement, "share-placements", true, "with --redis-addr, tell the other gateway replicas over Redis pub/sub where this one starts each conversation group, and learn theirs, so that many replicas keep one replica's prefix affinity")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "this gateway's name across restarts (a pod name; letters, digits, . _ -): its quota concurrency slots carry it, and a restart frees the previous run's at once; never shared by two running gateways")
+	fs.StringVar(&cfg.region, "region", "", "this gateway's region (one of the policy's spec.regions): its pools first, then the region's failover order; the xDS clusters fail over in the same order. Empty: every region ranks alike")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig for discovering pools that name a Kubernetes Service (their EndpointSlices); empty: the pod's service account")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&cfg.auditLog, "audit-log", "", "audit log of settled requests (JSON lines with digests, never text or keys): a folder of per-tenant files, or - for standard output; empty disables it")
@@ -134,7 +136,7 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, SharePlacements: cfg.sharePlacement,
+	gc := gateway.Config{PolicyPath: cfg.policy, RedisCluster: cfg.redisCluster, InstanceID: cfg.instanceID, Region: cfg.region, SharePlacements: cfg.sharePlacement,
 		RelayScrapes: cfg.relayScrapes, RedisMessageKeyFile: cfg.messageKeyFile,
 		ScrapeInterval: cfg.scrapeInterval, SecretNodes: splitList(cfg.secretNodes), Logger: log}
 	// The password comes from the environment (a Secret), never a flag: flags show in process listings.

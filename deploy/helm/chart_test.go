@@ -246,6 +246,9 @@ func TestDefaultValues(t *testing.T) {
 			t.Errorf("args %q lack %s", args, want)
 		}
 	}
+	if strings.Contains(args, "--region") {
+		t.Errorf("args %q name a region by default", args)
+	}
 }
 
 // hasRole says whether infergate's ServiceAccount (in the release's namespace) may watch ns's EndpointSlices.
@@ -273,7 +276,7 @@ func TestEverythingOn(t *testing.T) {
 	c := d.Spec.Template.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--redis-addr=infergate-redis.infergate.svc:6379", "--tls-client-ca=/etc/infergate/tls/ca.crt",
-		"--xds-secret-nodes=llm-gateway-envoy"} {
+		"--xds-secret-nodes=llm-gateway-envoy", "--region=eu-west"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %s", args, want)
 		}
