@@ -84,6 +84,10 @@ bench-fleetstate: ## what keeping the fleet's state costs: 20 gateway replicas �
 chaos: test-deps ## reliability suite: faults injected one at a time under load, table for RELIABILITY.md (≤ 10 min)
 	$(GO) run ./test/chaos
 
+.PHONY: chaos-regions
+chaos-regions: test-deps ## regions over a real network (root: network namespaces, Toxiproxy between them): every fault, table for RELIABILITY.md (≈ 2 min)
+	$(GO) run ./test/regionchaos
+
 .PHONY: stress-quota
 stress-quota: test-deps ## the quota outage tests 20 times under the race detector beside two CPU hogs (issue #35's lost refund; ≈ 2 min)
 	@bash -c 'hog() { while :; do :; done; }; hog & h1=$$!; hog & h2=$$!; trap "kill $$h1 $$h2" EXIT; \

@@ -68,6 +68,7 @@ type Scraper struct {
 	targets   []Target
 	targetSet map[string]bool
 	latest    map[string]EngineMetrics
+	scraping  map[string]bool // targets whose scrape has not finished (a far one outlasts its round)
 
 	firstMu   sync.Mutex
 	firstCh   chan struct{}
@@ -172,7 +173,7 @@ func (s *Scraper) interval() time.Duration {
 func (s *Scraper) Run(ctx context.Context) {
 	client := s.Client
 	if client == nil {
-		client = &http.Client{Timeout: s.interval()}
+		client = &http.Client{Timeout: s.scrapeTimeout()}
 	}
 	t := time.NewTicker(s.interval())
 	defer t.Stop()
@@ -188,37 +189,88 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
-// round scrapes every target once, concurrently, and hands the readings to the relay.
+// scrapeTimeout bounds one scrape: up to the age at which a reading goes stale, less an interval, so that an
+// engine in another region, a round trip of 100 ms or more away, is still read in time.
+func (s *Scraper) scrapeTimeout() time.Duration {
+	return max(s.interval(), s.staleAfter()-s.interval())
+}
+
+// round scrapes every target, concurrently, and hands the readings to the relay. It waits at most one interval:
+// a scrape still going then (an engine far away) finishes on its own, its reading stored when it comes, and the
+// target is not scraped again until it has; the relay then gets the target's last reading instead.
 func (s *Scraper) round(ctx context.Context, client *http.Client) {
-	s.mu.RLock()
+	s.mu.Lock()
 	targets := s.targets
-	s.mu.RUnlock()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var readings []Reading
-	for _, tg := range targets {
-		wg.Go(func() {
-			m, err := s.scrape(ctx, client, tg)
-			if err == nil {
-				s.mu.Lock()
-				s.latest[tg.Addr] = m
-				s.mu.Unlock()
-			}
-			if s.Relay != nil {
-				mu.Lock()
-				readings = append(readings, Reading{Addr: tg.Addr, Metrics: m, Failed: err != nil})
-				mu.Unlock()
-			}
-		})
+	if s.scraping == nil {
+		s.scraping = map[string]bool{}
 	}
-	wg.Wait()
+	var started []Target
+	for _, tg := range targets {
+		if !s.scraping[tg.Addr] {
+			s.scraping[tg.Addr] = true
+			started = append(started, tg)
+		}
+	}
+	s.mu.Unlock()
+	results := make(chan Reading, len(started)) // a straggler's send never blocks
+	for _, tg := range started {
+		go func() {
+			m, err := s.scrape(ctx, client, tg)
+			s.mu.Lock()
+			if err == nil {
+				s.latest[tg.Addr] = m
+			}
+			delete(s.scraping, tg.Addr)
+			s.mu.Unlock()
+			results <- Reading{Addr: tg.Addr, Metrics: m, Failed: err != nil}
+		}()
+	}
+	readings := s.gather(ctx, results, len(started))
 	s.firstOnce.Do(func() { close(s.first()) })
-	if s.Relay != nil && len(readings) > 0 {
-		s.Relay.Publish(readings)
+	if s.Relay != nil && len(targets) > 0 {
+		s.Relay.Publish(s.withHeld(readings, targets))
 	}
 	if s.OnRound != nil {
 		s.OnRound()
 	}
+}
+
+// gather takes the round's readings as they come, for at most one interval.
+func (s *Scraper) gather(ctx context.Context, results <-chan Reading, n int) []Reading {
+	readings := make([]Reading, 0, n)
+	timer := time.NewTimer(s.interval())
+	defer timer.Stop()
+	for len(readings) < n {
+		select {
+		case r := <-results:
+			readings = append(readings, r)
+		case <-timer.C:
+			return readings
+		case <-ctx.Done():
+			return readings
+		}
+	}
+	return readings
+}
+
+// withHeld completes a round's readings with the last reading of every target the round has none of (a scrape
+// still going), so that the replicas taking the round find every target in it: such a target counts as failed
+// until it has been read once.
+func (s *Scraper) withHeld(readings []Reading, targets []Target) []Reading {
+	got := make(map[string]bool, len(readings))
+	for _, r := range readings {
+		got[r.Addr] = true
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, tg := range targets {
+		if got[tg.Addr] {
+			continue
+		}
+		m, ok := s.latest[tg.Addr]
+		readings = append(readings, Reading{Addr: tg.Addr, Metrics: m, Failed: !ok})
+	}
+	return readings
 }
 
 // FirstRound is closed once Run has scraped every target once (successfully or not): a gateway that waits for

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -90,6 +92,62 @@ func TestScraperAgainstSimulatedReplicas(t *testing.T) {
 	}
 	if _, fresh := sc.Metrics("10.9.9.9:1"); fresh {
 		t.Error("an endpoint never scraped counts as fresh")
+	}
+}
+
+// An engine in another region answers its scrape after more than an interval: it is still read (the scrape's
+// timeout is the stale age less an interval), and the engines near by are read every round meanwhile, not held
+// back by it. The relay hears every target in every round: the far one by its last reading while it is read.
+func TestAFarEngineIsReadWithoutSlowingTheNearOnes(t *testing.T) {
+	exposition, err := os.ReadFile("testdata/vllm-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var near, far atomic.Int64
+	release := make(chan struct{}) // closed at the end: the far engine stops waiting
+	defer close(release)
+	serve := func(count *atomic.Int64, delay bool) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if delay {
+				select { // three intervals of round trip
+				case <-time.After(120 * time.Millisecond):
+				case <-release:
+				}
+			}
+			count.Add(1)
+			_, _ = w.Write(exposition)
+		}))
+		t.Cleanup(srv.Close)
+		return strings.TrimPrefix(srv.URL, "http://")
+	}
+	nearAddr, farAddr := serve(&near, false), serve(&far, true)
+	pub := &heardRounds{}
+	sc := &Scraper{Interval: 40 * time.Millisecond, Relay: pub} // stale after 200 ms, a scrape may take 160
+	sc.SetTargets([]Target{{nearAddr, MustDialect("vllm")}, {farAddr, MustDialect("vllm")}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	wait.For(t, "the far engine read three times", func() bool { return far.Load() >= 3 })
+	if _, fresh := sc.Metrics(farAddr); !fresh {
+		t.Error("the far engine's reading is not fresh")
+	}
+	if n, f := near.Load(), far.Load(); n < 2*f {
+		t.Errorf("near engine read %d times while the far one was read %d: the far one holds the rounds back", n, f)
+	}
+	if incomplete := pub.incomplete.Load(); incomplete > 0 {
+		t.Errorf("%d rounds went to the relay without every target", incomplete)
+	}
+}
+
+// heardRounds is a relay that counts the rounds it hears that miss a target.
+type heardRounds struct{ incomplete atomic.Int64 }
+
+func (h *heardRounds) Skip() bool { return false }
+
+func (h *heardRounds) Publish(rs []Reading) {
+	if len(rs) != 2 {
+		h.incomplete.Add(1)
 	}
 }
 

@@ -432,10 +432,10 @@ func (g *Gateway) relayScrapes(ctx context.Context, c Config, sealer *pubsub.Sea
 		return
 	}
 	g.Relay = relay.New(relay.Options{Client: client, Scraper: g.Scraper, Interval: c.ScrapeInterval,
-		Metrics: relay.NewMetrics(g.Registry), Logger: g.log, Sealer: sealer})
+		Metrics: relay.NewMetrics(g.Registry), Logger: g.log, Sealer: sealer, Region: c.Region})
 	g.Scraper.Relay = g.Relay
 	go g.Relay.Run(ctx)
-	g.log.Info("engine readings relayed between gateway replicas over Redis: one replica scrapes for all", "channel", relay.Channel)
+	g.log.Info("engine readings relayed between gateway replicas over Redis: one replica scrapes for all", "channel", relay.ChannelFor(c.Region))
 }
 
 // picker builds the gateway's one picker: prefix affinity over the policy store, the in-flight counts and the

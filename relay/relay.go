@@ -28,17 +28,23 @@ type Options struct {
 	Sealer *pubsub.Sealer
 	// Now replaces the clock (tests).
 	Now func() time.Time
+	// Region, when set, is the gateway's region (docs/regions.md): the replicas of one region share their
+	// readings among themselves only (ChannelFor, LeaseKeyFor), since a reading depends on where it was taken
+	// from — an engine another region cannot reach, or reaches slowly, is not down for this one.
+	Region string
 }
 
 // Relay is one replica's part: the scraper's fleet.Relay, the lease, the publisher and the subscriber.
 type Relay struct {
 	o      Options
 	origin string
-	leader atomic.Bool
-	heard  atomic.Int64 // unix nanoseconds of the last round accepted from another replica
-	out    chan []fleet.Reading
-	ready  chan struct{}
-	once   sync.Once
+	// channel and leaseKey are the region's (ChannelFor, LeaseKeyFor).
+	channel, leaseKey string
+	leader            atomic.Bool
+	heard             atomic.Int64 // unix nanoseconds of the last round accepted from another replica
+	out               chan []fleet.Reading
+	ready             chan struct{}
+	once              sync.Once
 
 	warner pubsub.Warner
 }
@@ -67,7 +73,7 @@ func New(o Options) *Relay {
 	var id [16]byte
 	_, _ = rand.Read(id[:])
 	return &Relay{o: o, origin: hex.EncodeToString(id[:]), out: make(chan []fleet.Reading, 1), ready: make(chan struct{}),
-		warner: pubsub.Warner{Log: o.Logger}}
+		warner: pubsub.Warner{Log: o.Logger}, channel: ChannelFor(o.Region), leaseKey: LeaseKeyFor(o.Region)}
 }
 
 // Leader reports whether this replica holds the lease and scrapes for the others.
@@ -117,7 +123,7 @@ func (r *Relay) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.keepLease(ctx) })
 	wg.Go(func() { r.publish(ctx) })
-	pubsub.Subscribe(ctx, r.o.Client, Channel, func() { r.once.Do(func() { close(r.ready) }) }, r.receive, &r.warner)
+	pubsub.Subscribe(ctx, r.o.Client, r.channel, func() { r.once.Do(func() { close(r.ready) }) }, r.receive, &r.warner)
 	wg.Wait()
 }
 
@@ -126,10 +132,10 @@ func (r *Relay) keepLease(ctx context.Context) {
 	defer t.Stop()
 	ttl := (5 * r.o.Interval).Milliseconds()
 	for {
-		got, err := lease.Run(ctx, r.o.Client, []string{LeaseKey}, r.origin, ttl).Int()
+		got, err := lease.Run(ctx, r.o.Client, []string{r.leaseKey}, r.origin, ttl).Int()
 		held := err == nil && got == 1
 		if err != nil && ctx.Err() == nil {
-			r.warner.Warn("fleet relay lease", err, "key", LeaseKey)
+			r.warner.Warn("fleet relay lease", err, "key", r.leaseKey)
 		}
 		if was := r.leader.Swap(held); was != held {
 			r.o.Logger.Info("fleet relay", "scraping_for_all_replicas", held)
@@ -153,14 +159,14 @@ func (r *Relay) publish(ctx context.Context) {
 		case rs := <-r.out:
 			msg, err := encode(r.origin, rs, r.o.Now())
 			if err == nil {
-				err = r.o.Client.Publish(ctx, Channel, r.o.Sealer.Seal(Channel, msg)).Err()
+				err = r.o.Client.Publish(ctx, r.channel, r.o.Sealer.Seal(r.channel, msg)).Err()
 			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
 				r.o.Metrics.dropped.Inc()
-				r.warner.Warn("fleet relay: round not published", err, "channel", Channel)
+				r.warner.Warn("fleet relay: round not published", err, "channel", r.channel)
 			}
 		}
 	}
@@ -168,17 +174,17 @@ func (r *Relay) publish(ctx context.Context) {
 
 func (r *Relay) receive(msg []byte) {
 	now := r.o.Now()
-	payload, err := r.o.Sealer.Open(Channel, msg)
+	payload, err := r.o.Sealer.Open(r.channel, msg)
 	if err != nil {
 		r.o.Metrics.received.WithLabelValues(pubsub.Reason(err)).Inc()
-		r.warner.Warn("fleet relay: message dropped", err, "channel", Channel)
+		r.warner.Warn("fleet relay: message dropped", err, "channel", r.channel)
 		return
 	}
 	origin, rs, err := decode(payload, now)
 	switch {
 	case err != nil:
 		r.o.Metrics.received.WithLabelValues("malformed").Inc()
-		r.warner.Warn("fleet relay: message dropped", err, "channel", Channel)
+		r.warner.Warn("fleet relay: message dropped", err, "channel", r.channel)
 	case origin == r.origin:
 		r.o.Metrics.received.WithLabelValues("own").Inc()
 	case !r.o.Scraper.AcceptRound(rs):

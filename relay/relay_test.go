@@ -54,10 +54,15 @@ func startGateway(t *testing.T, redisAddr string, targets []fleet.Target) *gatew
 
 func startGatewayWith(t *testing.T, client redis.UniversalClient, targets []fleet.Target) *gatewayReplica {
 	t.Helper()
+	return startGatewayIn(t, client, targets, "")
+}
+
+func startGatewayIn(t *testing.T, client redis.UniversalClient, targets []fleet.Target, region string) *gatewayReplica {
+	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &gatewayReplica{scraper: &fleet.Scraper{Interval: interval}, stop: cancel, done: make(chan struct{})}
-	g.relay = New(Options{Client: client, Scraper: g.scraper, Interval: interval})
+	g.relay = New(Options{Client: client, Scraper: g.scraper, Interval: interval, Region: region})
 	g.scraper.Relay = g.relay
 	g.scraper.SetTargets(targets)
 	var wg sync.WaitGroup
@@ -139,6 +144,43 @@ func TestOneReplicaScrapesForAll(t *testing.T) {
 		n, _ := leaders(rest)
 		return n == 1
 	})
+}
+
+// The replicas of each region share readings among themselves: one leader per region, on one Redis, and a
+// region never takes another's readings (an engine far from one region is not down for the other).
+func TestEachRegionRelaysItsOwnReadings(t *testing.T) {
+	exposition, err := os.ReadFile("../fleet/testdata/vllm-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Start(t)
+	e := startEngine(t, exposition)
+	targets := []fleet.Target{{Addr: e.addr(), Dialect: fleet.MustDialect("vllm")}}
+	east := []*gatewayReplica{
+		startGatewayIn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}), targets, "us-east"),
+		startGatewayIn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}), targets, "us-east"),
+	}
+	west := []*gatewayReplica{startGatewayIn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}), targets, "us-west")}
+	wait.For(t, "one leader in each region", func() bool {
+		ne, _ := leaders(east)
+		nw, _ := leaders(west)
+		return ne == 1 && nw == 1
+	})
+	_, leader := leaders(east)
+	accepted := func(g *gatewayReplica) float64 {
+		return testutil.ToFloat64(g.relay.o.Metrics.received.WithLabelValues("accepted"))
+	}
+	follower := east[0]
+	if follower == leader {
+		follower = east[1]
+	}
+	wait.For(t, "the east follower to take the east leader's rounds", func() bool { return accepted(follower) >= 5 })
+	if got := accepted(west[0]); got != 0 {
+		t.Fatalf("the west region's replica took %v rounds from the east", got)
+	}
+	if ChannelFor("us-east") == ChannelFor("us-west") || LeaseKeyFor("") != LeaseKey {
+		t.Fatal("regions share a channel, or a gateway without a region has another key")
+	}
 }
 
 // Without Redis each replica scrapes on its own, as without a relay.

@@ -20,6 +20,20 @@ const (
 	LeaseKey = "infergate:fleet:scraper"
 )
 
+// ChannelFor and LeaseKeyFor are the channel and lease of one region's replicas (Channel and LeaseKey when
+// region is "").
+func ChannelFor(region string) string { return scoped(Channel, region) }
+
+// LeaseKeyFor: see ChannelFor.
+func LeaseKeyFor(region string) string { return scoped(LeaseKey, region) }
+
+func scoped(name, region string) string {
+	if region == "" {
+		return name
+	}
+	return name + ":" + region
+}
+
 // Bounds on a message, checked before anything else is believed: a round of up to MaxReadings engines.
 const (
 	MaxMessageBytes = 8 << 20

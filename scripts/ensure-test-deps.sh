@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs, from Debian's packages, the programs the tests run for real (for example redis-server for the
-# quota suite, promtool for the alert rules under deploy/observability) when they are missing, so `make test`
+# quota suite, promtool for the alert rules under deploy/observability, ip(8) for the regions in network
+# namespaces, test/regionnet) when they are missing, so `make test`
 # passes on a fresh machine.
 # Each entry is "binary:debian-package".
 set -euo pipefail
-needs=("redis-server:redis-server" "promtool:prometheus")
+needs=("redis-server:redis-server" "promtool:prometheus" "ip:iproute2")
 missing=()
 for entry in "${needs[@]+"${needs[@]}"}"; do
   command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")

@@ -128,7 +128,7 @@ func BuildInRegion(snap *policies.Snapshot, fleet FleetState, previous map[strin
 			vh.Routes = append(vh.Routes, &routev3.Route{
 				Name:   contract.ClusterName(m.Name, p.Name),
 				Match:  headerMatch(contract.HeaderPool, p.Name),
-				Action: &routev3.Route_Route{Route: poolRouteAction(target, len(chain) > 0, snap.UpstreamIdleTimeout())},
+				Action: &routev3.Route_Route{Route: poolAction(m, chain, target, snap.UpstreamIdleTimeout())},
 			})
 		}
 		nearestCapacity(snap, m, region, capacities)
@@ -260,6 +260,16 @@ func failoverCluster(name string, children ...string) *clusterv3.Cluster {
 		LbPolicy:       clusterv3.Cluster_CLUSTER_PROVIDED,
 		ConnectTimeout: durationpb.New(time.Second),
 	}
+}
+
+// poolAction is a pool route's action: to its cluster or failover aggregate, with the retry priority that moves
+// retries to the next region when the chain holds one.
+func poolAction(m *policies.Model, chain []string, target string, idle time.Duration) *routev3.RouteAction {
+	a := poolRouteAction(target, len(chain) > 0, idle)
+	if crossRegion(m, chain) {
+		a = withRetryPriority(a)
+	}
+	return a
 }
 
 // poolRouteAction sends the requests infergate routed to a pool to its cluster (or failover aggregate), and

@@ -69,9 +69,24 @@ func TestGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, rs := range map[string][]types.Resource{"clusters": res.Clusters, "endpoints": res.Endpoints, "routes": res.Routes} {
+	golden(t, "quickstart", res)
+	// examples/regions, served to the Envoys of us-east: failover chains across regions, a residency's routes.
+	regional, err := policies.LoadFile("../examples/regions/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err = BuildInRegion(regional, nil, nil, "us-east"); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "regions", res)
+}
+
+// golden compares a build's clusters, endpoints and routes with testdata/<name>.*.yaml.
+func golden(t *testing.T, name string, res *Resources) {
+	t.Helper()
+	for kind, rs := range map[string][]types.Resource{"clusters": res.Clusters, "endpoints": res.Endpoints, "routes": res.Routes} {
 		got := toYAML(t, rs)
-		path := "testdata/quickstart." + name + ".yaml"
+		path := "testdata/" + name + "." + kind + ".yaml"
 		if *update {
 			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
 				t.Fatal(err)
@@ -82,7 +97,7 @@ func TestGolden(t *testing.T) {
 			t.Fatalf("%v (run with -update to create)", err)
 		}
 		if got != string(want) {
-			t.Errorf("%s differs from %s; run go test ./xds -update and review the diff", name, path)
+			t.Errorf("%s differs from %s; run go test ./xds -update and review the diff", kind, path)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/policies"
@@ -20,7 +21,7 @@ import (
 // nearest region that has capacity.
 
 // failoverChain is the clusters a pool's requests fail over to inside Envoy, in order: the model's pools that
-// take whole requests in the regions after the pool's own in the order of region (the gateway's), then the
+// take whole requests under the pool's served name in the regions after the pool's own in the order of region (the gateway's), then the
 // first fallback whose when lists unavailable; with within set (a residency), only those inside it.
 func failoverChain(snap *policies.Snapshot, m *policies.Model, p *policies.Pool, region string, within []string) []string {
 	inside := func(r string) bool { return within == nil || r != "" && slices.Contains(within, r) }
@@ -32,7 +33,8 @@ func failoverChain(snap *policies.Snapshot, m *policies.Model, p *policies.Pool,
 				continue
 			}
 			for j := range m.Pools {
-				if q := &m.Pools[j]; q.Region == r && q.ServesWhole() {
+				// The body was rewritten to the pool's served name: only a pool serving the same name can take it.
+				if q := &m.Pools[j]; q.Region == r && q.ServesWhole() && q.ServedModel == p.ServedModel {
 					chain = append(chain, contract.ClusterName(m.Name, q.Name))
 				}
 			}
@@ -62,8 +64,9 @@ func residentRoutes(snap *policies.Snapshot, m *policies.Model, p *policies.Pool
 		}
 		match := headerMatch(contract.HeaderPool, p.Name)
 		match.Headers = append(match.Headers, headerMatch(contract.HeaderResidency, key).Headers...)
+		action := poolAction(m, chain, target, snap.UpstreamIdleTimeout())
 		routes = append(routes, &routev3.Route{Name: contract.ResidentFailoverClusterName(m.Name, p.Name, key), Match: match,
-			Action: &routev3.Route_Route{Route: poolRouteAction(target, len(chain) > 0, snap.UpstreamIdleTimeout())}})
+			Action: &routev3.Route_Route{Route: action}})
 	}
 	return routes
 }
@@ -92,4 +95,31 @@ func nearestCapacity(snap *policies.Snapshot, m *policies.Model, region string, 
 			delete(capacities, contract.ClusterName(m.Name, m.Pools[j].Name))
 		}
 	}
+}
+
+// crossRegion says whether a failover chain holds another region's pool: its route's retries then move to the
+// next priority after retryPriorityEvery attempts in the pool (see withRetryPriority).
+func crossRegion(m *policies.Model, chain []string) bool {
+	for _, name := range chain {
+		for j := range m.Pools {
+			if contract.ClusterName(m.Name, m.Pools[j].Name) == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// retryPriorityEvery is how many attempts a request makes in its pool before a retry goes to the next
+// priority of its failover aggregate (the next region): the chosen replica and one other.
+const retryPriorityEvery = 2
+
+// withRetryPriority lets a route's retries leave a pool that fails as it is being lost, before Envoy has ejected
+// its replicas: after retryPriorityEvery attempts, the priorities attempted (the aggregate's children) are
+// excluded (envoy.retry_priorities.previous_priorities), so the last retry goes to the next region.
+func withRetryPriority(a *routev3.RouteAction) *routev3.RouteAction {
+	a.RetryPolicy.RetryPriority = &routev3.RetryPolicy_RetryPriority{Name: "envoy.retry_priorities.previous_priorities",
+		ConfigType: &routev3.RetryPolicy_RetryPriority_TypedConfig{TypedConfig: mustAny(
+			&previousprioritiesv3.PreviousPrioritiesConfig{UpdateFrequency: retryPriorityEvery})}}
+	return a
 }

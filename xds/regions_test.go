@@ -117,6 +117,31 @@ func TestPoolsFailOverAcrossRegionsInsideEnvoy(t *testing.T) {
 			t.Errorf("from %q, %v: fails over through %v, want %v", tc.region, tc.headers, got, tc.want)
 		}
 	}
+	// The retries of a route whose chain crosses regions leave a failing pool after two attempts (the retry
+	// priority); a chain of the pool and the managed API alone keeps them in the pool.
+	for region, want := range map[string]string{"us-east": "envoy.retry_priorities.previous_priorities", "": ""} {
+		res, err := BuildInRegion(snap, nil, nil, region)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes() {
+			if r.GetName() == contract.ClusterName("m", "east") {
+				if got := r.GetRoute().GetRetryPolicy().GetRetryPriority().GetName(); got != want {
+					t.Errorf("from %q: the east route's retry priority %q, want %q", region, got, want)
+				}
+			}
+		}
+	}
+	// A pool that serves the model under another name cannot take a body rewritten for this one.
+	renamed, err := BuildInRegion(regionalSnap(t, func(s string) string {
+		return strings.Replace(s, "region: us-west, endpoints", "region: us-west, servedModel: other-name, endpoints", 1)
+	}), nil, nil, "us-east")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := children(t, renamed, routeTo(renamed, map[string]string{contract.HeaderPool: "east"})); !slices.Equal(got, []string{pool("east"), pool("eu"), together}) {
+		t.Errorf("a pool under another served name is in the chain: %v", got)
+	}
 	// A managed API inside the residency takes the pinned tenant's overflow too.
 	res, err := BuildInRegion(regionalSnap(t, func(s string) string {
 		return strings.Replace(s, "when: [unavailable]}", "when: [unavailable], region: eu-west}", 1)

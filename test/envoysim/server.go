@@ -301,11 +301,13 @@ func (dp *DataPlane) forwardUpstream(ctx context.Context, route *routev3.Route, 
 		cancel()
 		return localResponse(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", "upstream_connection_failure")
 	}
+	priority := newRetryPriority(ra.GetRetryPolicy())
 	for attempt := 0; attempt <= retry.retries; attempt++ {
-		target := dp.attemptCluster(cluster)
+		target := dp.attemptCluster(cluster, priority)
 		if target == nil {
 			break
 		}
+		priority.tried(target)
 		dp.health.sawTraffic(target.Name)
 		listed := overrideList(target, h, md)
 		host := dp.hosts.next(dp, target, listed, tried)

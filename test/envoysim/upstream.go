@@ -17,10 +17,12 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
 	credinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
+	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/metadata"
@@ -210,8 +212,9 @@ func (dp *DataPlane) availableShare(c *Cluster) float64 {
 // attemptCluster resolves the cluster an attempt goes to: for an aggregate, one of its children, chosen as
 // Envoy's aggregate load balancer does — the children's priorities in order, each taking min(100 %, 1.4 ×
 // its available share) of what the ones before it left, normalised when together they cannot take it all,
-// and the first child when no host is available anywhere (panic).
-func (dp *DataPlane) attemptCluster(c *Cluster) *Cluster {
+// and the first child when no host is available anywhere (panic). With a retry priority (nil: none), the
+// children it excludes take no load.
+func (dp *DataPlane) attemptCluster(c *Cluster, rp *retryPriority) *Cluster {
 	if len(c.Children) == 0 {
 		return c
 	}
@@ -225,11 +228,22 @@ func (dp *DataPlane) attemptCluster(c *Cluster) *Cluster {
 		return nil
 	}
 	loads := make([]float64, len(children))
-	left, total := 1.0, 0.0
-	for i, ch := range children {
-		loads[i] = min(left, overprovisioning*dp.availableShare(ch))
-		left -= loads[i]
-		total += loads[i]
+	spill := func(skip map[*Cluster]bool) float64 {
+		left, total := 1.0, 0.0
+		for i, ch := range children {
+			loads[i] = 0
+			if !skip[ch] {
+				loads[i] = min(left, overprovisioning*dp.availableShare(ch))
+			}
+			left -= loads[i]
+			total += loads[i]
+		}
+		return total
+	}
+	total := spill(rp.exclusions())
+	if total == 0 && rp.exclusions() != nil {
+		rp.reset() // no child left with an available host: start over
+		total = spill(nil)
 	}
 	if total == 0 {
 		return children[0]
@@ -242,6 +256,53 @@ func (dp *DataPlane) attemptCluster(c *Cluster) *Cluster {
 		r -= l
 	}
 	return children[len(children)-1]
+}
+
+// retryPriority is a request's envoy.retry_priorities.previous_priorities, as Envoy documents it: every update
+// frequency attempts, the priorities (an aggregate's children) attempted so far are excluded from the load,
+// which stays as computed between updates; when no priority left has an available host, the attempted ones
+// are forgotten and the load starts over.
+type retryPriority struct {
+	every     int
+	attempted []*Cluster
+	excluded  map[*Cluster]bool
+}
+
+// newRetryPriority reads a route retry policy's retry priority; nil without previous_priorities.
+func newRetryPriority(rp *routev3.RetryPolicy) *retryPriority {
+	p := rp.GetRetryPriority()
+	if p.GetName() != "envoy.retry_priorities.previous_priorities" {
+		return nil
+	}
+	cfg := &previousprioritiesv3.PreviousPrioritiesConfig{}
+	if err := p.GetTypedConfig().UnmarshalTo(cfg); err != nil || cfg.GetUpdateFrequency() <= 0 {
+		return nil
+	}
+	return &retryPriority{every: int(cfg.GetUpdateFrequency())}
+}
+
+// exclusions are the children the next attempt may not go to (nil for none).
+func (p *retryPriority) exclusions() map[*Cluster]bool {
+	if p == nil {
+		return nil
+	}
+	if n := len(p.attempted); n > 0 && n%p.every == 0 {
+		p.excluded = map[*Cluster]bool{}
+		for _, c := range p.attempted {
+			p.excluded[c] = true
+		}
+	}
+	return p.excluded
+}
+
+// reset forgets the attempted priorities.
+func (p *retryPriority) reset() { p.attempted, p.excluded = nil, nil }
+
+// tried records an attempt's cluster.
+func (p *retryPriority) tried(c *Cluster) {
+	if p != nil {
+		p.attempted = append(p.attempted, c)
+	}
 }
 
 // errNoCredential is a credential injector without its secret (Envoy answers 401).

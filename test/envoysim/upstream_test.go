@@ -34,12 +34,44 @@ func TestAggregateSpillsByAvailability(t *testing.T) {
 			outliers: &outliers{consecutive: map[string]int{}, ejectedTill: map[string]time.Time{}, ejections: map[string]int{}}}
 		n, toPool := 20000, 0
 		for range n {
-			if dp.attemptCluster(agg) == pool {
+			if dp.attemptCluster(agg, nil) == pool {
 				toPool++
 			}
 		}
 		if got := float64(toPool) / float64(n); math.Abs(got-tc.wantPool) > 0.02 {
 			t.Errorf("%d of 4 unhealthy: %.3f of attempts to the pool, want %.2f", tc.unhealthy, got, tc.wantPool)
+		}
+	}
+}
+
+// The previous_priorities retry priority, as Envoy documents it: with update frequency N, after every N attempts
+// the priorities attempted so far take no load; when none left has an available host, it starts over. With
+// healths {100, 0, 50} and frequency 1 the attempts go P0, P2, P0, P2.
+func TestPreviousPrioritiesExcludeAttemptedChildren(t *testing.T) {
+	p0 := &Cluster{Name: "p0", Endpoints: []string{"10.0.0.1:1"}}
+	p1 := &Cluster{Name: "p1", Endpoints: []string{"10.0.1.1:1"}, Unhealthy: map[string]bool{"10.0.1.1:1": true}}
+	p2 := &Cluster{Name: "p2", Endpoints: []string{"10.0.2.1:1", "10.0.2.2:1"}, Unhealthy: map[string]bool{"10.0.2.2:1": true}}
+	agg := &Cluster{Name: "agg", Children: []string{"p0", "p1", "p2"}}
+	dp := &DataPlane{cfg: &Config{Clusters: map[string]*Cluster{"p0": p0, "p1": p1, "p2": p2, "agg": agg}},
+		outliers: &outliers{consecutive: map[string]int{}, ejectedTill: map[string]time.Time{}, ejections: map[string]int{}}}
+	for _, tc := range []struct {
+		every int
+		want  []*Cluster
+	}{
+		{1, []*Cluster{p0, p2, p0, p2}},
+		{2, []*Cluster{p0, p0, p2, p2}},
+		{0, []*Cluster{p0, p0, p0, p0}}, // no retry priority
+	} {
+		var rp *retryPriority
+		if tc.every > 0 {
+			rp = &retryPriority{every: tc.every}
+		}
+		for i, want := range tc.want {
+			got := dp.attemptCluster(agg, rp)
+			if got != want {
+				t.Fatalf("update frequency %d, attempt %d: %s, want %s", tc.every, i+1, got.Name, want.Name)
+			}
+			rp.tried(got)
 		}
 	}
 }

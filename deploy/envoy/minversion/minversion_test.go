@@ -30,6 +30,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 )
@@ -111,6 +112,9 @@ func TestServedResources(t *testing.T) {
 		"quickstart.clusters.yaml":  func() proto.Message { return &clusterv3.Cluster{} },
 		"quickstart.endpoints.yaml": func() proto.Message { return &endpointv3.ClusterLoadAssignment{} },
 		"quickstart.routes.yaml":    func() proto.Message { return &routev3.RouteConfiguration{} },
+		"regions.clusters.yaml":     func() proto.Message { return &clusterv3.Cluster{} },
+		"regions.endpoints.yaml":    func() proto.Message { return &endpointv3.ClusterLoadAssignment{} },
+		"regions.routes.yaml":       func() proto.Message { return &routev3.RouteConfiguration{} },
 	} {
 		b, err := os.ReadFile(filepath.Join("../../../xds/testdata", file))
 		if err != nil {
