@@ -30,8 +30,11 @@ type Settlement struct {
 	// sidecar, served the request whole (Endpoint is then that engine).
 	Prefill, PrefillPool string
 	PrefillFailed        bool
-	Operation            openai.Endpoint
-	Stream               bool
+	// Region is where the request was served when the policy has regions (docs/regions.md): its pool's region,
+	// or its managed API's ("" for one outside every region).
+	Region    string
+	Operation openai.Endpoint
+	Stream    bool
 	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
 	Routed   bool
 	Status   int    // upstream HTTP status; 0 when the response never started
@@ -291,10 +294,10 @@ func (rt *Route) settlement() Settlement {
 		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
 		if f := rt.Decision.Fallback; f != nil {
-			st.Provider = f.Name
+			st.Provider, st.Region = f.Name, f.Region
 		}
 		if p := rt.Decision.Pool; p != nil && rt.Decision.Fallback == nil {
-			st.HardwareClass, st.Provider = p.HardwareClass, p.Engine
+			st.HardwareClass, st.Provider, st.Region = p.HardwareClass, p.Engine, p.Region
 		}
 	}
 	return st

@@ -168,11 +168,13 @@ func Build(ctx context.Context, c Config) (*Gateway, error) {
 	if auditLog != nil {
 		shadowObs = append(shadowObs, auditLog)
 	}
+	metrics := telemetry.NewMetrics(g.Registry)
+	metrics.Region = c.Region
 	dir := director.New(director.Options{Policies: store, Picker: pick, InFlight: inflight, Admission: admit,
 		Metrics: director.NewMetrics(g.Registry), Logger: log, Queue: queue, Rollouts: g.Rollouts,
 		Shadows: shadow.New(shadow.Options{Observers: shadowObs, Registry: g.Registry, Tracing: c.Tracing,
 			Pairs: g.Rollouts.ShadowPair}),
-		Observers: observers(c, telemetry.NewMetrics(g.Registry), g.Autoscaler, g.Rollouts, auditLog)})
+		Observers: observers(c, metrics, g.Autoscaler, g.Rollouts, auditLog)})
 	g.ExtProc = extproc.New(extproc.Options{Policies: store, Director: dir, Logger: log, Tracing: c.Tracing,
 		DigestKey: digestKey})
 	state := rolloutFleet{state: scrapedFleet(engines), shares: g.Rollouts}

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,10 @@ type Metrics struct {
 	// split and splitTTFT follow requests split between a prefill and a decode endpoint (docs/disaggregation.md).
 	split     *prometheus.CounterVec
 	splitTTFT *prometheus.HistogramVec
+	// regions counts where a regional gateway's requests were served (docs/regions.md).
+	regions *prometheus.CounterVec
+	// Region is the gateway's own region (infergate serve --region); "" counts no region series.
+	Region string
 
 	series sync.Map // seriesKey → *requestSeries
 }
@@ -81,8 +86,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.splitTTFT = hist("infergate_disaggregated_ttft_seconds",
 		"TTFT of requests served split: the prefill leg, the KV cache's transfer and the decoder's first step (the sidecar's own spans, under the request's trace, time each leg).",
 		ttftBuckets, "model", "prefill_pool", "decode_pool")
+	m.regions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_region_requests_total",
+		Help: "Requests a gateway with a region routed, by model, from (the gateway's region) and to (the region of the pool or managed API that served it; outside: a managed API outside every region). to ≠ from while the home region is healthy is traffic paid twice: the round trip and the other region's capacity."},
+		[]string{"model", "from", "to"})
 	if reg != nil {
-		reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.tokens, m.queue, m.requests, m.good, m.poolTokens, m.split, m.splitTTFT)
+		reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.tokens, m.queue, m.requests, m.good, m.poolTokens, m.split, m.splitTTFT, m.regions)
 	}
 	return m
 }
@@ -154,6 +162,9 @@ func (m *Metrics) Settled(st director.Settlement) {
 	}
 	if st.Prefill != "" {
 		m.splitSettled(st)
+	}
+	if m.Region != "" {
+		m.regions.WithLabelValues(st.Model, m.Region, cmp.Or(st.Region, "outside")).Inc()
 	}
 	u := st.Usage
 	s.input.Observe(float64(u.PromptTokens))

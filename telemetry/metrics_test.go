@@ -130,6 +130,37 @@ func TestMetricsFromSettlements(t *testing.T) {
 	}
 }
 
+// A gateway with a region counts where its requests were served; one without counts no region series.
+func TestRegionRequestsAreCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.Region = "us-east"
+	local := director.Settlement{Routed: true, Tenant: "acme", Tier: "pro", Model: "llama", Pool: "east", HardwareClass: "l40s",
+		Operation: openai.EndpointChat, Provider: "vllm", Outcome: director.OutcomeOK, Region: "us-east"}
+	remote := local
+	remote.Pool, remote.Region = "west", "us-west"
+	managed := local
+	managed.Pool, managed.Region, managed.HardwareClass = "fallback/together", "", director.ManagedClass
+	refused := director.Settlement{Tenant: "acme", Tier: "pro", Model: "llama", Outcome: director.OutcomeUnavailable}
+	for _, st := range []director.Settlement{local, local, remote, managed, refused} {
+		m.Settled(st)
+	}
+	fams := parse(t, exposition(t, reg))
+	to := func(r string) map[string]string {
+		return map[string]string{"model": "llama", "from": "us-east", "to": r}
+	}
+	checkSamples(t, fams, []sample{
+		{"infergate_region_requests_total", to("us-east"), 2},
+		{"infergate_region_requests_total", to("us-west"), 1},
+		{"infergate_region_requests_total", to("outside"), 1},
+	})
+	plain := prometheus.NewRegistry()
+	NewMetrics(plain).Settled(remote)
+	if f := parse(t, exposition(t, plain))["infergate_region_requests_total"]; f != nil && len(f.GetMetric()) > 0 {
+		t.Errorf("a gateway without a region exported %v", f.GetMetric())
+	}
+}
+
 // Split requests are counted by what became of them, and the TTFT of those served split is timed by their pools.
 func TestSplitRequestsAreCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()

@@ -323,9 +323,9 @@ func (r *Request) End(st director.Settlement, m Marks) {
 	r.emit(span, code, m.Ended)
 }
 
-// maxSpanAttrs is how many attributes End sets at most: eight always, the shadow mark, up to thirteen more when
+// maxSpanAttrs is how many attributes End sets at most: eight always, the shadow mark, up to fourteen more when
 // routed, the error type.
-const maxSpanAttrs = 23
+const maxSpanAttrs = 24
 
 // appendRoutedAttrs adds the attributes of where a routed request went and what it used.
 func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []attribute.KeyValue {
@@ -358,6 +358,9 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 	}
 	if st.PrefillFailed {
 		attrs = append(attrs, attribute.Bool("infergate.prefill_failed", true))
+	}
+	if st.Region != "" {
+		attrs = append(attrs, attribute.String("infergate.region", st.Region))
 	}
 	return attrs
 }

@@ -184,7 +184,7 @@ func TestPrometheusAnswersTheDashboard(t *testing.T) {
 			// A rollout's panels read series that exist only with a rollout (TestRolloutSeriesAnswerTheDashboard),
 			// the admission queue's only once a request has waited (TestAdmissionSeriesAreExported), the split
 			// requests' once one was split (TestDisaggregationSeriesAreExported).
-			if rolloutSeries(q.Expr) || admissionSeries(q.Expr) || disaggregationSeries(q.Expr) {
+			if rolloutSeries(q.Expr) || admissionSeries(q.Expr) || disaggregationSeries(q.Expr) || regionSeries(q.Expr) {
 				continue
 			}
 			if len(prom.query(t, grafanaVars.Replace(q.Expr), "")) == 0 {

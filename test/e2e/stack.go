@@ -81,6 +81,8 @@ type Options struct {
 	RolloutInterval time.Duration
 	// Kubernetes is gateway.Config's: the API pools naming a Service are discovered from (a fake clientset).
 	Kubernetes kubernetes.Interface
+	// Region is gateway.Config's: the gateway's region of a policy with regions.
+	Region string
 	// BeforeGateway, when set, runs once the fleet is up and before the gateway starts (to announce the
 	// fleet's endpoints through Kubernetes, say).
 	BeforeGateway func(*fleetsim.Fleet) error
@@ -221,7 +223,7 @@ func (st *Stack) replicaConfig(ecfg *envoysim.Config) gateway.Config {
 		scrape = 0
 	}
 	return gateway.Config{PolicyPath: st.policyPath, ScrapeInterval: scrape, Logger: o.Logger, RedisAddrs: o.RedisAddrs,
-		RolloutInterval: o.RolloutInterval, Kubernetes: o.Kubernetes, SharePlacements: true, RelayScrapes: true, // serve's defaults
+		RolloutInterval: o.RolloutInterval, Kubernetes: o.Kubernetes, Region: o.Region, SharePlacements: true, RelayScrapes: true, // serve's defaults
 		SecretNodes: []string{ecfg.Bootstrap.GetNode().GetId()}, // as serve's default --xds-secret-nodes does for the quickstart
 	}
 }

@@ -227,7 +227,7 @@ func TestObservabilityNamesOnlyExportedSeries(t *testing.T) {
 				// A rollout's series exist only with a rollout, the admission queue's once a request has
 				// waited, the split requests' once one was split: TestRolloutSeriesAnswerTheDashboard,
 				// TestAdmissionSeriesAreExported and TestDisaggregationSeriesAreExported check them.
-				if !live[name] && !rolloutSeries(name) && !admissionSeries(name) && !disaggregationSeries(name) {
+				if !live[name] && !rolloutSeries(name) && !admissionSeries(name) && !disaggregationSeries(name) && !regionSeries(name) {
 					out = append(out, name)
 				}
 			}
