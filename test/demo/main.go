@@ -141,6 +141,9 @@ func run(ctx context.Context, bin, envoyFile, listen string, duration time.Durat
 	}
 	args := []string{"serve", "--policy", policyPath,
 		"--extproc-addr", extprocAddr, "--metrics-addr", metricsAddr, "--xds-addr", xdsAddr, "--admin-addr", adminAddr, "--audit-log", auditDir}
+	if os.Getenv("DEMO_SCENARIO") == "region-down" {
+		args = append(args, "--region", "us-east") // e2e.RegionalPolicy's home region
+	}
 	if redisAddr, stopRedis, err := loadgen.StartRedis(); err == nil {
 		defer stopRedis()
 		args = append(args, "--redis-addr", redisAddr)

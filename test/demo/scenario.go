@@ -25,8 +25,13 @@ func demoPolicy(root, dir, scenario string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if scenario == "rollout" {
+	switch scenario {
+	case "rollout":
 		if policy, err = canaryPolicy(policy); err != nil {
+			return "", err
+		}
+	case "region-down":
+		if policy, err = e2e.RegionalPolicy(policy); err != nil {
 			return "", err
 		}
 	}
@@ -43,7 +48,7 @@ type scenario interface {
 }
 
 // scenarios are the names DEMO_SCENARIO takes.
-var scenarios = []string{"steady", "pool-down", "replica-fails", "quota", "long-prompts", "rollout"}
+var scenarios = []string{"steady", "pool-down", "replica-fails", "quota", "long-prompts", "rollout", "region-down"}
 
 func scenarioFor(name string) (scenario, error) {
 	switch name {
@@ -58,6 +63,8 @@ func scenarioFor(name string) (scenario, error) {
 			model: "qwen2.5-7b", system: groups[0]}, nil
 	case "rollout":
 		return &canary{faultAt: 45 * time.Second, admin: "http://" + adminAddr}, nil
+	case "region-down":
+		return &regionDown{poolDown: poolDown{downAt: 6 * time.Second, upAt: 16 * time.Second, prefix: "llama70b-h200"}}, nil
 	case "long-prompts":
 		return &burst{name: "long-prompts", from: 5 * time.Second, to: 10 * time.Second, rate: 6, tenant: tenants[0],
 			model: "llama-3.3-70b", system: strings.Repeat(groups[1], 12)}, nil
@@ -260,4 +267,58 @@ func (b *burst) summary([]sample) string {
 	}
 	return fmt.Sprintf("\nscenario long-prompts: %d long prompts (about %d KiB each): %d prefilled on H200, %d on L40S.\n",
 		len(b.results), len(b.system)>>10, byClass["h200"], byClass["l40s"])
+}
+
+// regionDown runs the quickstart in two regions (e2e.RegionalPolicy) from us-east, and takes us-east's llama
+// pool (the H200s) down, then back: llama traffic fails over to us-west's L40Ss, globex — pinned to us-east —
+// is refused with a 503 naming its residency, and the traffic returns once us-east has stayed up for the
+// policy's regionFailback (10 s).
+type regionDown struct{ poolDown }
+
+func (r *regionDown) status() string {
+	state := fmt.Sprintf("us-east's llama pool (H200) goes down at %s", r.downAt)
+	switch {
+	case r.err != nil:
+		state = "fault injection failed: " + r.err.Error()
+	case r.up:
+		state = "us-east's llama pool is back: traffic returns to it once it has stayed up for 10 s (regionFailback)"
+	case r.down:
+		state = fmt.Sprintf("us-east's llama pool DOWN until %s: llama traffic fails over to us-west (L40S); globex, pinned to us-east, gets 503 residency_unavailable", r.upAt)
+	}
+	return "\nscenario region-down: " + state + "\n"
+}
+
+// summary counts the llama requests of each phase by where they went, and when us-east took them back.
+func (r *regionDown) summary(samples []sample) string {
+	var west, refused, failed int
+	statuses := map[string]int{} // the others' failures, by tenant and status
+	back := time.Duration(-1)
+	for _, x := range samples {
+		if !strings.HasPrefix(x.model, "llama") || x.tenant == "initech" { // initech may not use llama (403)
+			continue
+		}
+		during := x.at >= r.downAt+time.Second && x.at < r.upAt
+		switch {
+		case during && x.tenant == "globex" && x.status == http.StatusServiceUnavailable:
+			refused++
+		case during && strings.HasPrefix(x.replica, "llama70b-l40s"):
+			west++
+		case during && x.status != http.StatusOK:
+			failed++
+			statuses[fmt.Sprintf("%s %d", x.tenant, x.status)]++
+		case x.at >= r.upAt && back < 0 && x.tenant != "globex" && strings.HasPrefix(x.replica, r.prefix):
+			back = x.at - r.upAt // globex may only be served there: it goes back at once
+		}
+	}
+	after := "not within the demo"
+	if back >= 0 {
+		after = back.Round(100*time.Millisecond).String() + " after it came back"
+	}
+	others := fmt.Sprintf("%d others failed", failed)
+	if failed > 0 {
+		others += fmt.Sprintf(" (by tenant and status: %v)", statuses)
+	}
+	return fmt.Sprintf("\nscenario region-down: while us-east's llama pool was down (%s to %s), %d llama requests were served in us-west, "+
+		"%d of globex's (pinned to us-east) were refused with 503 residency_unavailable, %s; the other tenants' llama traffic came back to us-east %s.\n",
+		r.downAt, r.upAt, west, refused, others, after)
 }

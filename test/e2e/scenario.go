@@ -43,3 +43,20 @@ func PoolDown(f *fleetsim.Fleet, prefix string, down bool) (int, error) {
 	}
 	return n, nil
 }
+
+// RegionalPolicy puts the quickstart policy's pools in two regions (docs/regions.md): the H200s and qwen in
+// us-east, the L40Ss in us-west, 40 ms apart; globex, of the pro tier, is pinned to us-east. A gateway run with
+// --region us-east prefers the H200s and fails over to the L40Ss.
+func RegionalPolicy(policy []byte) ([]byte, error) {
+	out := strings.NewReplacer(
+		"  tiers:", "  regions: [{name: us-east, rtt: {us-west: 40ms}}, {name: us-west}]\n  tiers:",
+		"      hardwareClass: h200\n", "      hardwareClass: h200\n      region: us-east\n",
+		"    - name: llama70b-l40s\n      hardwareClass: l40s\n", "    - name: llama70b-l40s\n      hardwareClass: l40s\n      region: us-west\n",
+		"    - name: qwen7b-l40s\n      hardwareClass: l40s\n", "    - name: qwen7b-l40s\n      hardwareClass: l40s\n      region: us-east\n",
+		"    tier: pro\n", "    tier: pro\n    residency: [us-east]\n",
+	).Replace(string(policy))
+	if strings.Count(out, "region: us-") != 3 || !strings.Contains(out, "residency: [us-east]") {
+		return nil, fmt.Errorf("the policy is not the quickstart's: its pools could not be put in regions")
+	}
+	return []byte(out), nil
+}
