@@ -54,7 +54,7 @@ func TestRolloutEvalGate(t *testing.T) {
 			var s rollout.Status
 			wait.Within(t, "the eval gate's verdict", rolloutLimit, func() bool {
 				s = status(t, ctl)
-				return s.Phase != rollout.Checking && s.Phase != rollout.Evaluating
+				return s.Phase != "" && s.Phase != rollout.Checking && s.Phase != rollout.Evaluating // "": before the first tick
 			})
 			if s.Phase != tc.want || s.Eval == nil || s.Eval.Cases != 3 || judged.Load() != 1 {
 				t.Fatalf("%s: %q, report %+v, judged %d times", s.Phase, s.Reason, s.Eval, judged.Load())

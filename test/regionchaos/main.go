@@ -67,7 +67,7 @@ func run(ctx context.Context, only string, keep bool) int {
 	opts := regionnet.Options{Infergate: bins[0], Sim: bins[1], Edge: bins[2], Root: root, Dir: dir,
 		Regions: []string{"us-east", "us-west", "eu-west"},
 		RTT:     map[string]time.Duration{"us-east/us-west": 40 * time.Millisecond, "us-east/eu-west": 60 * time.Millisecond, "us-west/eu-west": 80 * time.Millisecond},
-		Inside:  "eu-west", Failback: 3 * time.Second}
+		Inside:  "eu-west", Failback: 3 * time.Second, MeteredRPS: 20}
 	c, err := regionnet.Start(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "regionchaos: start:", err)

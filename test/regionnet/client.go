@@ -20,6 +20,11 @@ type Answer struct {
 	Err  error
 	// Took is the time from sending to the whole answer.
 	Took time.Duration
+	// Window is, for an answer admitted under a requestsPerSecond limit, the end (a Unix second) of the
+	// one-second window the quota counted it in: when its headers came plus the x-ratelimit-reset-requests the
+	// gateway computed at admission, to the nearest second (a window ends on a whole second, and the headers come
+	// less than half a second after the admission). 0 otherwise.
+	Window int64
 }
 
 // Lost says the request got no answer, or one no client could act on: not a 2xx, and not an OpenAI-shaped
@@ -45,6 +50,7 @@ func (c *Cluster) Ask(ctx context.Context, region, tenant, prompt string) Answer
 		return Answer{Err: err, Took: time.Since(start)}
 	}
 	defer resp.Body.Close()
+	headers := time.Now()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	a := Answer{Status: resp.StatusCode, Err: err, Took: time.Since(start)}
 	var doc struct {
@@ -56,6 +62,9 @@ func (c *Cluster) Ask(ctx context.Context, region, tenant, prompt string) Answer
 		a.Code = doc.Error.Code
 	}
 	a.Served = c.servedBy(resp.Header.Get("x-simulated-replica"))
+	if reset, err := time.ParseDuration(resp.Header.Get("x-ratelimit-reset-requests")); err == nil && a.Status/100 == 2 {
+		a.Window = headers.Add(reset).Add(500 * time.Millisecond).Unix()
+	}
 	if a.Status/100 == 2 && a.Served == "" {
 		a.Err = fmt.Errorf("a %d answer names no replica: %.200s", a.Status, data)
 	}

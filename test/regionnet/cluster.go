@@ -50,6 +50,9 @@ type Options struct {
 	Inside string
 	// TimeScale runs the simulated engines faster than the hardware (default 0.05).
 	TimeScale float64
+	// MeteredRPS, when set, adds the tenant "metered" with that requestsPerSecond limit, which Run sends to
+	// every region at several times the limit to measure how the limit holds across regions.
+	MeteredRPS int
 }
 
 // Cluster is the running fleet: per region a namespace with infergate, its engines and its edge (the data
@@ -352,6 +355,9 @@ spec:
 	}
 	b.WriteString("  tenants:\n")
 	fmt.Fprintf(&b, "  - {name: open, apiKeys: [%q], models: [\"*\"]}\n", keyHash(Key("open")))
+	if c.opts.MeteredRPS > 0 {
+		fmt.Fprintf(&b, "  - {name: metered, apiKeys: [%q], models: [\"*\"], quota: {requestsPerSecond: %d}}\n", keyHash(Key("metered")), c.opts.MeteredRPS)
+	}
 	for _, r := range c.Regions {
 		fmt.Fprintf(&b, "  - {name: pinned-%s, residency: [%s], apiKeys: [%q], models: [\"*\"]}\n", r, r, keyHash(Key("pinned-"+r)))
 	}

@@ -14,7 +14,8 @@ import (
 // and come back, then the home region is cut off from the other. Nothing is lost beyond what only the cut
 // region could serve, nothing is served outside a tenant's residency, the failover is under two seconds (Envoy's
 // retry priority moves the first requests, the picker the rest), and the traffic comes back once, after the
-// failback. make chaos-regions runs every scenario on three regions.
+// failback. A tenant's requestsPerSecond limit holds in every window across both regions on one Redis (outside
+// the faults). make chaos-regions runs every scenario on three regions.
 func TestRegionsFailOverOverARealNetwork(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root (CI runs as root)")
@@ -42,7 +43,7 @@ func TestRegionsFailOverOverARealNetwork(t *testing.T) {
 	}
 	c, err := Start(ctx, Options{Infergate: bins["./cmd/infergate"], Sim: bins["./cmd/infergate-sim"], Edge: bins["./test/regionnet/edge"],
 		Root: root, Dir: dir, Regions: []string{"us-east", "eu-west"}, RTT: map[string]time.Duration{"us-east/eu-west": 50 * time.Millisecond},
-		Failback: 2 * time.Second})
+		Failback: 2 * time.Second, MeteredRPS: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,9 @@ func TestRegionsFailOverOverARealNetwork(t *testing.T) {
 		f.Report(&out)
 		t.Logf("%s:\n%s", s.Name, out.String())
 		for _, v := range f.Verdicts() {
-			if !v.Met {
+			// Not asserted: a gateway falling to its fail mode admits more than its share in the first window
+			// (RELIABILITY.md); make chaos-regions reports it.
+			if !v.Met && !v.DuringFault {
 				t.Errorf("%s: %s: not met", s.Name, v.Target)
 			}
 		}

@@ -27,6 +27,8 @@ type Scenario struct {
 	// HomeUp says the home region's engines stay up: nothing should fail over, and no open request leave its
 	// region at any time.
 	HomeUp bool
+	// RedisCut says every other region loses Redis (which lives in the home region) during the fault.
+	RedisCut bool
 }
 
 // Scenarios are the faults of issue #39, for a cluster of at least two regions.
@@ -41,7 +43,7 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		{Name: "region-down", What: "the home region's engines refuse connections", Begin: refuse(true), End: refuse(false), Cut: homeCut},
 		{Name: "partition", What: "the home region cut off from the others (both ways, Redis with it)",
-			Begin: partition(true), End: partition(false), HomeUp: true,
+			Begin: partition(true), End: partition(false), HomeUp: true, RedisCut: true,
 			// From home, the far region's pinned tenant has no resident region left.
 			Cut: func(c *Cluster, region, tenant string) bool { return region == c.home() && tenant == "pinned-"+c.far() }},
 		{Name: "slow-region", What: "the next region's links 5× slower, then the home region's engines down",
@@ -128,6 +130,11 @@ func slow(ctx context.Context, c *Cluster, region string, factor int) error {
 // set, is called at the end of the outage (to save what the gateways export).
 func (c *Cluster) Run(ctx context.Context, s Scenario, p Phases, atEnd func()) (Figures, error) {
 	tr := c.StartTraffic(ctx, p.Interval, "open", "pinned-home", "pinned-"+c.far())
+	var metered *Traffic
+	if c.opts.MeteredRPS > 0 {
+		// Each region offers the metered tenant twice its whole limit.
+		metered = c.StartTraffic(ctx, time.Second/time.Duration(2*c.opts.MeteredRPS), "metered")
+	}
 	sleep(ctx, p.Warm)
 	t0 := time.Now()
 	if err := s.Begin(ctx, c); err != nil {
@@ -148,7 +155,49 @@ func (c *Cluster) Run(ctx context.Context, s Scenario, p Phases, atEnd func()) (
 	if err := ctx.Err(); err != nil {
 		return Figures{}, err
 	}
-	return c.measure(s, records, t0, t1), nil
+	f := c.measure(s, records, t0, t1)
+	if metered != nil {
+		c.measureQuota(&f, s, metered.Stop(), t0, t1)
+	}
+	return f, nil
+}
+
+// measureQuota counts the metered tenant's admitted requests across every region in each one-second window its
+// requestsPerSecond limit is kept in (as the gateways' x-ratelimit-reset-requests tell): the most in a window
+// before the fault or after it (the limit), and in one during it (the limit the fault allows: docs/regions.md —
+// regions cut off from Redis admit ⌈limit ÷ gatewayReplicas⌉ each, the others the whole limit); and the rate
+// over each. Windows the fault's start falls in, and those up to a second after its end, count with neither: a
+// gateway cut off from Redis keeps its fail mode until its next probe (every 250 ms) reaches Redis again.
+func (c *Cluster) measureQuota(f *Figures, s Scenario, records []Record, t0, t1 time.Time) {
+	perWindow := map[int64]int{}
+	for _, r := range records {
+		if r.Window != 0 {
+			perWindow[r.Window]++
+		}
+	}
+	f.QuotaLimit, f.QuotaFaultBound = c.opts.MeteredRPS, float64(c.opts.MeteredRPS)
+	if s.RedisCut { // one gateway per region, gatewayReplicas the regions' count: each admits ⌈limit ÷ it⌉
+		share := (c.opts.MeteredRPS + len(c.Regions) - 1) / len(c.Regions)
+		f.QuotaFaultBound += float64(share * (len(c.Regions) - 1))
+	}
+	var out, fault, outWindows, faultWindows int
+	for end, n := range perWindow {
+		from, to := time.Unix(end-1, 0), time.Unix(end, 0)
+		switch {
+		case !from.Before(t0) && !to.After(t1):
+			fault, faultWindows = fault+n, faultWindows+1
+			f.QuotaFaultWorst = max(f.QuotaFaultWorst, n)
+		case to.Before(t0) || from.After(t1.Add(time.Second)):
+			out, outWindows = out+n, outWindows+1
+			f.QuotaWorst = max(f.QuotaWorst, n)
+		}
+	}
+	if outWindows > 0 {
+		f.QuotaRate = float64(out) / float64(outWindows)
+	}
+	if faultWindows > 0 {
+		f.QuotaFaultRate = float64(fault) / float64(faultWindows)
+	}
 }
 
 // Figures are one scenario's measurements.
@@ -175,6 +224,11 @@ type Figures struct {
 	Examples []string
 	Refusals map[string]int
 	HomeUp   bool
+	// QuotaLimit is the metered tenant's requests per second (0: not measured), QuotaFaultBound what the fault
+	// allows; QuotaRate and QuotaFaultRate are the rates admitted across every region outside the fault and
+	// during it, QuotaWorst and QuotaFaultWorst the most admitted in one second.
+	QuotaLimit, QuotaWorst, QuotaFaultWorst    int
+	QuotaRate, QuotaFaultRate, QuotaFaultBound float64
 }
 
 // measure turns a scenario's records into its figures.
