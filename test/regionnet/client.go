@@ -21,9 +21,9 @@ type Answer struct {
 	// Took is the time from sending to the whole answer.
 	Took time.Duration
 	// Window is, for an answer admitted under a requestsPerSecond limit, the end (a Unix second) of the
-	// one-second window the quota counted it in: when its headers came plus the x-ratelimit-reset-requests the
-	// gateway computed at admission, to the nearest second (a window ends on a whole second, and the headers come
-	// less than half a second after the admission). 0 otherwise.
+	// one-second window the quota counted it in: when the request was sent plus the x-ratelimit-reset-requests
+	// the gateway computed from the moment its admission began (which also picks the window: an admission that
+	// waited out a Redis timeout is counted in the window it began in), to the nearest second. 0 otherwise.
 	Window int64
 }
 
@@ -50,7 +50,6 @@ func (c *Cluster) Ask(ctx context.Context, region, tenant, prompt string) Answer
 		return Answer{Err: err, Took: time.Since(start)}
 	}
 	defer resp.Body.Close()
-	headers := time.Now()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	a := Answer{Status: resp.StatusCode, Err: err, Took: time.Since(start)}
 	var doc struct {
@@ -63,7 +62,7 @@ func (c *Cluster) Ask(ctx context.Context, region, tenant, prompt string) Answer
 	}
 	a.Served = c.servedBy(resp.Header.Get("x-simulated-replica"))
 	if reset, err := time.ParseDuration(resp.Header.Get("x-ratelimit-reset-requests")); err == nil && a.Status/100 == 2 {
-		a.Window = headers.Add(reset).Add(500 * time.Millisecond).Unix()
+		a.Window = start.Add(reset).Add(500 * time.Millisecond).Unix()
 	}
 	if a.Status/100 == 2 && a.Served == "" {
 		a.Err = fmt.Errorf("a %d answer names no replica: %.200s", a.Status, data)
