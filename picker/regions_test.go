@@ -2,6 +2,7 @@ package picker
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,8 +53,8 @@ func regionEngines(down, busy []string) engines {
 	for pool, eps := range regionEndpoints {
 		for _, ep := range eps {
 			switch {
-			case contains(down, pool):
-			case contains(busy, pool):
+			case slices.Contains(down, pool):
+			case slices.Contains(busy, pool):
 				e[ep] = fleet.EngineMetrics{Running: 16, Waiting: 8}
 			default:
 				e[ep] = fleet.EngineMetrics{}
@@ -61,15 +62,6 @@ func regionEngines(down, busy []string) engines {
 		}
 	}
 	return e
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func regionSnap(t *testing.T, placement string, edit func(string) string) (*policies.Snapshot, *policies.Model) {
@@ -174,7 +166,7 @@ func TestSLOPlacementAddsTheRoundTripToRemotePools(t *testing.T) {
 	byPool := map[string]time.Duration{}
 	for _, s := range d.Scores {
 		for pool, eps := range regionEndpoints {
-			if contains(eps, s.Endpoint) {
+			if slices.Contains(eps, s.Endpoint) {
 				byPool[pool] = s.TTFT
 			}
 		}
