@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/infergate/infergate/fleet"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
@@ -53,7 +54,15 @@ func TestRouteSplitsARolledOutModel(t *testing.T) {
 		{"promoted: the candidate", "sk-demo-globex", "", 1, "llama70b-l40s", picker.ArmCandidate},
 	} {
 		var heard []Settlement
-		d := New(Options{Policies: policies.NewStaticStore(snap), Rollouts: tc.share,
+		busy := &fleet.InFlight{} // two requests at every engine already: the settlement says so
+		m, _ := snap.Model("llama-70b")
+		for _, p := range m.Pools {
+			for _, ep := range p.Endpoints {
+				busy.Start(ep)
+				busy.Start(ep)
+			}
+		}
+		d := New(Options{Policies: policies.NewStaticStore(snap), Rollouts: tc.share, InFlight: busy,
 			Observers: []SettleObserver{ObserverFunc(func(s Settlement) { heard = append(heard, s) })}})
 		tenant, _ := snap.TenantForKey(tc.key)
 		body, err := openai.ParseRequest(openai.EndpointChat, []byte(`{"model":"llama-70b","messages":[{"role":"user","content":"hi"}]}`))
@@ -72,7 +81,7 @@ func TestRouteSplitsARolledOutModel(t *testing.T) {
 		}
 		d.Settle(rt, Outcome{Status: 200})
 		chosen := tc.header != "" && tc.key == "sk-demo-acme" && tc.header != "l40s" && (tc.header == "baseline" || tc.share > 0)
-		if len(heard) != 1 || heard[0].Arm != tc.wantArm || heard[0].ArmChosen != chosen {
+		if len(heard) != 1 || heard[0].Arm != tc.wantArm || heard[0].ArmChosen != chosen || heard[0].Load != 2 {
 			t.Errorf("%s: settlements %+v", tc.name, heard)
 		}
 	}

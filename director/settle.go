@@ -60,6 +60,9 @@ type Settlement struct {
 	// ArmChosen says a tester chose it (x-infergate-rollout), so the gates leave the request out.
 	Arm       string
 	ArmChosen bool
+	// Load is the picker's count of requests in flight at the endpoint when it chose it (picker.Decision.Load),
+	// by which the rollout gates match the arms' latencies.
+	Load int64
 	// Shadow says the request is a copy sent to a rollout's candidate in its shadow phase (director.Shadows):
 	// never returned to a client and never charged; only the rollout's gates, the shadow metrics and the audit
 	// log (marked) see it.
@@ -290,7 +293,7 @@ func (rt *Route) settlement() Settlement {
 		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
 	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
 		st.Pool, st.ServedModel, st.Arm, st.Prefill = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm, rt.Decision.Prefill
-		st.PrefillPool = rt.Decision.PrefillPool
+		st.PrefillPool, st.Load = rt.Decision.PrefillPool, rt.Decision.Load
 		st.ArmChosen = st.Arm != "" && rt.split.Force != ""
 		st.HardwareClass = ManagedClass
 		if f := rt.Decision.Fallback; f != nil {

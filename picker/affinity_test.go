@@ -462,3 +462,62 @@ func BenchmarkPickAndObserve(b *testing.B) {
 		p.Observe(d, openai.Usage{PromptTokens: real})
 	}
 }
+
+// A decision says the load the picker saw at its endpoint — this gateway's own requests, or the engine's
+// running batch plus this gateway's sends since its reading, if more — which the rollout gates match the arms'
+// latencies by.
+func TestDecisionCarriesTheLoadItSaw(t *testing.T) {
+	snap, err := policies.Parse("p.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	all := []string{"10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1", "10.0.1.1:1"}
+	for _, tc := range []struct {
+		name    string
+		running float64 // every engine's batch; nil metrics when negative
+		own     int     // this gateway's requests at every endpoint
+		since   int     // more of them sent after the picker first saw the reading
+		want    int64
+	}{
+		{"own requests, no engine metrics", -1, 1, 2, 3},
+		{"the engine's batch, larger than the own requests", 6, 2, 0, 6},
+		{"the batch and the sends since the reading", 6, 2, 3, 9},
+		{"own requests beyond the batch and the sends since", 1, 4, 1, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inflight := &fleet.InFlight{}
+			p := &Affinity{InFlight: inflight, Index: NewIndex(), Hasher: Hasher{BlockBytes: 64}}
+			if tc.running >= 0 {
+				eng := engines{}
+				for _, ep := range all {
+					eng[ep] = fleet.EngineMetrics{Running: tc.running, At: time.Now().Add(-time.Hour)}
+				}
+				p.Engines = eng
+			}
+			start := func(n int) {
+				for _, ep := range all {
+					for range n {
+						inflight.Start(ep)
+					}
+				}
+			}
+			start(tc.own)
+			if _, err := p.Pick(snap, Input{Model: m, Request: request(t, "system", "user")}); err != nil {
+				t.Fatal(err)
+			}
+			start(tc.since)
+			d, err := p.Pick(snap, Input{Model: m, Request: request(t, "system", "user")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Load != tc.want {
+				t.Errorf("load %d, want %d", d.Load, tc.want)
+			}
+		})
+	}
+	least, err := (&LeastInFlight{InFlight: inFlight(map[string]int{"10.0.0.1:1": 2, "10.0.0.2:1": 2, "10.0.0.3:1": 2, "10.0.0.4:1": 2, "10.0.1.1:1": 2})}).Pick(snap, Input{Model: m})
+	if err != nil || least.Load != 2 {
+		t.Errorf("least in flight: load %d (%v), want 2", least.Load, err)
+	}
+}

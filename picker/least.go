@@ -66,7 +66,7 @@ func (p *LeastInFlight) Pick(snap *policies.Snapshot, in Input) (Decision, error
 		}
 		eps = append(eps, c.endpoint)
 	}
-	return Decision{Pool: best.pool, Endpoints: eps, Adapter: in.Adapter}, nil
+	return Decision{Pool: best.pool, Endpoints: eps, Adapter: in.Adapter, Load: best.load}, nil
 }
 
 // Observe implements Picker: the baseline learns nothing.

@@ -34,6 +34,10 @@ type Decision struct {
 	// ServedBy is the endpoint Envoy reports it used, set on the way back when Envoy reports it: a retry may
 	// have moved the request past Endpoints[0].
 	ServedBy string
+	// Load is the picker's count of requests in flight at Endpoints[0] when it chose it (with engine metrics, the
+	// engine's running batch as last read plus this gateway's sends since): the rollout gates compare the
+	// arms' latencies at the same load (docs/rollouts.md).
+	Load int64
 	// Predicted is what SLO placement expected of the destination (zero otherwise).
 	Predicted Prediction
 	// Prefill, when set, is the prefill endpoint (ip:port) of a request split between it and the decode

@@ -56,7 +56,7 @@ func (d *decision) decide(ordered []scored) Decision {
 		}
 	}
 	dec := Decision{Pool: best.pool, Endpoints: chosen, Adapter: in.Adapter, EstimatedPromptTokens: pr.estimated,
-		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), churn: basis}
+		ExpectedCachedTokens: int(float64(best.matched*pr.blockTokens) / pr.scale), Load: best.load, churn: basis}
 	if len(pr.hashes) > 0 {
 		dec.FirstBlock, dec.GroupBlock = pr.hashes[0], GroupKey(pr.hashes)
 	}

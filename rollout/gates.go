@@ -90,11 +90,11 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 			func() string {
 				return fmt.Sprintf("goodput %.3f against the baseline's %.3f: below ×%.2f", candidate.GoodRatio(), baseline.GoodRatio(), g.MinGoodputRatio)
 			}},
-		{"ttft", ratioShift(candidate.TTFT, baseline.TTFT, g.MaxTTFTRatio, g.MinRequests), tauLatency,
+		{"ttft", ratioShift(candidate.TTFT, candidate.TTFTLoad, baseline.TTFT, baseline.TTFTLoad, g.MaxTTFTRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("TTFT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TTFTRatio, f.TTFTP95Ratio, g.MaxTTFTRatio)
 			}},
-		{"tpot", ratioShift(candidate.TPOT, baseline.TPOT, g.MaxTPOTRatio, g.MinRequests), tauLatency,
+		{"tpot", ratioShift(candidate.TPOT, candidate.TPOTLoad, baseline.TPOT, baseline.TPOTLoad, g.MaxTPOTRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("TPOT ×%.2f the baseline's at the median (×%.2f at p95): more than ×%.2f", f.TPOTRatio, f.TPOTP95Ratio, g.MaxTPOTRatio)
 			}},
@@ -104,11 +104,11 @@ func Evaluate(g policies.RolloutGates, alpha float64, candidate, baseline Arm) V
 					candidate.UnfinishedRate(), baseline.UnfinishedRate(), g.MaxUnfinishedIncrease)
 			}},
 		// Output length is two-sided: longer or shorter, each with half the gate's share.
-		{"output", ratioShift(candidate.Output, baseline.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+		{"output", ratioShift(candidate.Output, nil, baseline.Output, nil, g.MaxOutputRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("output ×%.2f the baseline's length at the median: more than ×%.2f", f.OutputRatio, g.MaxOutputRatio)
 			}},
-		{"output", ratioShift(baseline.Output, candidate.Output, g.MaxOutputRatio, g.MinRequests), tauLatency,
+		{"output", ratioShift(baseline.Output, nil, candidate.Output, nil, g.MaxOutputRatio, g.MinRequests), tauLatency,
 			func() string {
 				return fmt.Sprintf("output ×%.2f the baseline's length at the median: less than ×%.2f", f.OutputRatio, 1/g.MaxOutputRatio)
 			}},
@@ -142,13 +142,13 @@ func finishIncrease(candidate, baseline Arm, g policies.RolloutGates) Estimate {
 }
 
 // ratioShift estimates whether the candidate's values (log latencies, log output tokens) exceed r times the
-// baseline's; with fewer than minSamples on either arm (a model that never streams has no TTFT) the gate has
-// nothing to say.
-func ratioShift(candidate, baseline []float64, r float64, minSamples int) Estimate {
+// baseline's at the same load (the values' load strata; nil for a measure the load does not move); with fewer
+// than minSamples on either arm (a model that never streams has no TTFT) the gate has nothing to say.
+func ratioShift(candidate []float64, candidateLoad []uint16, baseline []float64, baselineLoad []uint16, r float64, minSamples int) Estimate {
 	if len(candidate) < max(minSamples, 2) || len(baseline) < max(minSamples, 2) {
 		return Estimate{}
 	}
-	return shiftedMannWhitney(slices.Clone(candidate), slices.Clone(baseline), math.Log(r))
+	return stratifiedShift(candidate, candidateLoad, baseline, baselineLoad, math.Log(r))
 }
 
 // quantileRatio is the ratio of the two samples' q-quantiles (log seconds in, a plain ratio out), 0 when either

@@ -80,6 +80,40 @@ func TestSamplesCollectEachArm(t *testing.T) {
 	}
 }
 
+// Each latency sample keeps the load stratum its request was placed at, through the arms' merge across
+// hardware classes and through the thinned reference the 100 % step judges against.
+func TestSamplesKeepTheirLoad(t *testing.T) {
+	w := NewSamples()
+	w.judgeFrom("m", time.Unix(1000, 0))
+	for i := range 600 {
+		st := settle(picker.ArmBaseline, true, director.OutcomeOK, time.Duration(1+i)*time.Millisecond)
+		st.Load = int64(i / 100) // slower requests at higher loads: 0, 1, 2, 3 (stratum 2), 4, 5 (stratum 3)
+		st.HardwareClass = []string{"h100", "l40s"}[i%2]
+		w.Settled(st)
+	}
+	_, base := w.Arms("m", 1000)
+	check := func(name string, a Arm) {
+		if len(a.TTFTLoad) != len(a.TTFT) || len(a.TPOTLoad) != len(a.TPOT) || len(a.TTFT) == 0 {
+			t.Fatalf("%s: %d TTFT with %d strata, %d TPOT with %d", name, len(a.TTFT), len(a.TTFTLoad), len(a.TPOT), len(a.TPOTLoad))
+		}
+		for i, v := range a.TTFT {
+			ms := int(math.Round(math.Exp(v) * 1000))
+			if want := loadStratum(int64((ms - 1) / 100)); a.TTFTLoad[i] != want {
+				t.Fatalf("%s: %d ms kept with stratum %d, want %d", name, ms, a.TTFTLoad[i], want)
+			}
+		}
+	}
+	check("arm", base)
+	ref := base.reference()
+	check("reference", ref)
+	if len(ref.TTFT) != referencePoints {
+		t.Errorf("reference of %d points", len(ref.TTFT))
+	}
+	if old := (Arm{TTFT: []float64{1, 2}}); old.reference().TTFTLoad != nil {
+		t.Error("a sample without strata was given some")
+	}
+}
+
 // A candidate on one hardware class is compared with the baseline's requests on that class, when there are
 // enough of them: a faster class in the baseline would otherwise make a healthy candidate look slow.
 func TestSamplesCompareTheSameHardwareClass(t *testing.T) {
@@ -109,13 +143,16 @@ func TestReservoirStaysUniform(t *testing.T) {
 	r := reservoir{rng: 1}
 	n := 10 * maxSamples
 	for i := range n {
-		r.add(float64(i))
+		r.add(float64(i), uint16(i%loadStrata))
 	}
-	if len(r.vals) != maxSamples || r.seen != n {
-		t.Fatalf("kept %d of %d", len(r.vals), r.seen)
+	if len(r.vals) != maxSamples || len(r.strata) != maxSamples || r.seen != n {
+		t.Fatalf("kept %d of %d (%d strata)", len(r.vals), r.seen, len(r.strata))
 	}
 	var late int
-	for _, v := range r.vals {
+	for i, v := range r.vals {
+		if r.strata[i] != uint16(int(v)%loadStrata) {
+			t.Fatalf("value %v kept with stratum %d", v, r.strata[i])
+		}
 		if v >= float64(n/2) {
 			late++
 		}

@@ -5,7 +5,9 @@
 package rollout
 
 import (
+	"cmp"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -28,9 +30,13 @@ type Arm struct {
 	// end on their own (cut at max tokens, filtered, aborted: not stop or tool_calls).
 	Finished   int `json:"finished,omitempty"`
 	Unfinished int `json:"unfinished,omitempty"`
-	// TTFT and TPOT are log seconds of a uniform sample of the requests (TTFT of streamed ones only).
-	TTFT []float64 `json:"ttft,omitempty"`
-	TPOT []float64 `json:"tpot,omitempty"`
+	// TTFT and TPOT are log seconds of a uniform sample of the requests (TTFT of streamed ones only);
+	// TTFTLoad and TPOTLoad are each sample's load stratum (loadStratum), by which the gates compare the arms
+	// at the same load. A reference saved before they existed has none, and is compared unstratified.
+	TTFT     []float64 `json:"ttft,omitempty"`
+	TPOT     []float64 `json:"tpot,omitempty"`
+	TTFTLoad []uint16  `json:"ttftLoad,omitempty"`
+	TPOTLoad []uint16  `json:"tpotLoad,omitempty"`
 	// Output is the log of the output tokens of a uniform sample of the requests that generated any.
 	Output []float64 `json:"output,omitempty"`
 }
@@ -54,7 +60,16 @@ func ratio(a, b int) float64 {
 func (a *Arm) merge(b *Arm) {
 	a.Requests, a.Good, a.Errors = a.Requests+b.Requests, a.Good+b.Good, a.Errors+b.Errors
 	a.Finished, a.Unfinished = a.Finished+b.Finished, a.Unfinished+b.Unfinished
+	a.TTFTLoad, a.TPOTLoad = appendStrata(a.TTFTLoad, len(a.TTFT), b.TTFTLoad, len(b.TTFT)), appendStrata(a.TPOTLoad, len(a.TPOT), b.TPOTLoad, len(b.TPOT))
 	a.TTFT, a.TPOT, a.Output = append(a.TTFT, b.TTFT...), append(a.TPOT, b.TPOT...), append(a.Output, b.Output...)
+}
+
+// appendStrata joins two samples' strata, which stay parallel to their values only when both have them.
+func appendStrata(a []uint16, na int, b []uint16, nb int) []uint16 {
+	if len(a) != na || len(b) != nb {
+		return nil
+	}
+	return append(a, b...)
 }
 
 // referencePoints is how many latency points a stored baseline reference keeps per metric.
@@ -64,47 +79,79 @@ const referencePoints = 256
 // evenly spaced order statistics of each latency. A test against it uses referencePoints as the baseline's
 // sample size, which only widens its variance.
 func (a Arm) reference() Arm {
-	thin := func(v []float64) []float64 {
-		v = slices.Clone(v)
-		slices.Sort(v)
-		if len(v) <= referencePoints {
-			return v
-		}
-		out := make([]float64, referencePoints)
-		for i := range out {
-			out[i] = v[(2*i+1)*len(v)/(2*referencePoints)]
-		}
-		return out
+	ref := Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, Finished: a.Finished, Unfinished: a.Unfinished}
+	ref.TTFT, ref.TTFTLoad = thin(a.TTFT, a.TTFTLoad)
+	ref.TPOT, ref.TPOTLoad = thin(a.TPOT, a.TPOTLoad)
+	ref.Output, _ = thin(a.Output, nil)
+	return ref
+}
+
+// thin keeps referencePoints evenly spaced order statistics of a sample, each with its stratum when the sample
+// has them.
+func thin(v []float64, strata []uint16) ([]float64, []uint16) {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
 	}
-	return Arm{Requests: a.Requests, Good: a.Good, Errors: a.Errors, Finished: a.Finished, Unfinished: a.Unfinished,
-		TTFT: thin(a.TTFT), TPOT: thin(a.TPOT), Output: thin(a.Output)}
+	slices.SortStableFunc(idx, func(i, j int) int { return cmp.Compare(v[i], v[j]) })
+	if len(idx) > referencePoints {
+		kept := make([]int, referencePoints)
+		for i := range kept {
+			kept[i] = idx[(2*i+1)*len(idx)/(2*referencePoints)]
+		}
+		idx = kept
+	}
+	vals := make([]float64, len(idx))
+	var out []uint16
+	if len(strata) == len(v) && len(v) > 0 {
+		out = make([]uint16, len(idx))
+	}
+	for k, i := range idx {
+		vals[k] = v[i]
+		if out != nil {
+			out[k] = strata[i]
+		}
+	}
+	return vals, out
 }
 
 func (a Arm) equal(b Arm) bool {
 	return a.Requests == b.Requests && a.Good == b.Good && a.Errors == b.Errors && a.Finished == b.Finished &&
 		a.Unfinished == b.Unfinished && slices.Equal(a.TTFT, b.TTFT) && slices.Equal(a.TPOT, b.TPOT) &&
-		slices.Equal(a.Output, b.Output)
+		slices.Equal(a.Output, b.Output) && slices.Equal(a.TTFTLoad, b.TTFTLoad) && slices.Equal(a.TPOTLoad, b.TPOTLoad)
 }
 
-// reservoir keeps a uniform sample of at most maxSamples values (Vitter's algorithm R).
+// reservoir keeps a uniform sample of at most maxSamples values, each with its load stratum (Vitter's
+// algorithm R).
 type reservoir struct {
-	seen int
-	vals []float64
-	rng  uint64
+	seen   int
+	vals   []float64
+	strata []uint16
+	rng    uint64
 }
 
-func (r *reservoir) add(v float64) {
+func (r *reservoir) add(v float64, stratum uint16) {
 	r.seen++
 	if len(r.vals) < maxSamples {
-		r.vals = append(r.vals, v)
+		r.vals, r.strata = append(r.vals, v), append(r.strata, stratum)
 		return
 	}
 	r.rng ^= r.rng << 13 // xorshift64: the reservoir's choice need not be unpredictable, only uniform
 	r.rng ^= r.rng >> 7
 	r.rng ^= r.rng << 17
 	if j := r.rng % uint64(r.seen); j < maxSamples {
-		r.vals[j] = v
+		r.vals[j], r.strata[j] = v, stratum
 	}
+}
+
+// loadStrata is how many load strata the gates tell apart: 0, 1, 2-3, 4-7, … and 64 or more requests in
+// flight at the endpoint when the request was placed.
+const loadStrata = 8
+
+// loadStratum is a load's stratum: a doubling of the requests in flight changes an engine's batch, and so its
+// latency, about as much at any size.
+func loadStratum(load int64) uint16 {
+	return uint16(min(bits.Len64(uint64(max(load, 0))), loadStrata-1))
 }
 
 // classArm is one arm's requests on one hardware class.
@@ -116,6 +163,7 @@ type classArm struct {
 
 func (c *classArm) arm() Arm {
 	return Arm{Requests: c.requests, Good: c.good, Errors: c.errors, Finished: c.finished, Unfinished: c.unfinished, TTFT: slices.Clone(c.ttft.vals), TPOT: slices.Clone(c.tpot.vals),
+		TTFTLoad: slices.Clone(c.ttft.strata), TPOTLoad: slices.Clone(c.tpot.strata),
 		Output: slices.Clone(c.output.vals)}
 }
 
@@ -187,14 +235,15 @@ func (s *Samples) Settled(st director.Settlement) {
 	case director.OutcomeUpstream5xx, director.OutcomeReset, director.OutcomeTimeout:
 		c.errors++
 	}
+	stratum := loadStratum(st.Load)
 	if st.Timing.TTFT > 0 && st.Timing.Chunked {
-		c.ttft.add(math.Log(st.Timing.TTFT.Seconds()))
+		c.ttft.add(math.Log(st.Timing.TTFT.Seconds()), stratum)
 	}
 	if st.Timing.TPOT > 0 {
-		c.tpot.add(math.Log(st.Timing.TPOT.Seconds()))
+		c.tpot.add(math.Log(st.Timing.TPOT.Seconds()), stratum)
 	}
 	if n := st.Usage.CompletionTokens; n > 0 && st.Outcome == director.OutcomeOK {
-		c.output.add(math.Log(float64(n)))
+		c.output.add(math.Log(float64(n)), 0) // how much a model says does not depend on the load
 	}
 	if st.FinishReason != "" && st.Outcome == director.OutcomeOK {
 		c.finished++

@@ -82,6 +82,75 @@ func shiftedMannWhitney(x, y []float64, shift float64) Estimate {
 	return Estimate{Theta: theta - 0.5, Variance: max(varV/float64(n)+varW/float64(m), floorVariance(n, m))}
 }
 
+// stratumMinimum is the fewest samples of each arm the load strata both arms share must hold for the arms to
+// be compared stratum by stratum; a stratum with fewer of an arm also has its variance taken no smaller than it
+// is when the arms are drawn from one distribution.
+const stratumMinimum = 8
+
+// stratifiedShift is shiftedMannWhitney within each load stratum both arms have at least two samples of,
+// combined with van Elteren's weights (a stratum's n·m/(n+m)): the arms are compared at the same load, so that
+// a candidate carrying more requests per engine than the baseline — a fixed candidate pool at a step above its
+// share of the capacity — is not judged slower for the load alone, while one slower at the same load is.
+// Samples at a load the other arm has not seen say nothing about that. When the shared strata hold fewer than
+// stratumMinimum of either arm — the arms ran at loads too far apart, or there are no strata — the arms are
+// compared whole, as without strata: a candidate so slow that its engines fill beyond any load the baseline saw
+// is still judged.
+func stratifiedShift(x []float64, xs []uint16, y []float64, ys []uint16, shift float64) Estimate {
+	shared := sharedStrata(xs, len(x), ys, len(y))
+	if shared == nil {
+		return shiftedMannWhitney(slices.Clone(x), slices.Clone(y), shift)
+	}
+	var num, den, variance float64
+	for _, s := range shared {
+		gx, gy := inStratum(x, xs, s), inStratum(y, ys, s)
+		n, m := len(gx), len(gy)
+		e := shiftedMannWhitney(gx, gy, shift)
+		if min(n, m) < stratumMinimum {
+			e.Variance = max(e.Variance, float64(n+m+1)/(12*float64(n)*float64(m)))
+		}
+		w := float64(n*m) / float64(n+m)
+		num, den, variance = num+w*e.Theta, den+w, variance+w*w*e.Variance
+	}
+	return Estimate{Theta: num / den, Variance: variance / (den * den)}
+}
+
+// sharedStrata are the load strata with at least two samples of each arm, or nil when they hold fewer than
+// stratumMinimum of either arm in all (or an arm has no strata).
+func sharedStrata(xs []uint16, nx int, ys []uint16, ny int) []uint16 {
+	if len(xs) != nx || len(ys) != ny {
+		return nil
+	}
+	var cx, cy [loadStrata]int
+	for _, s := range xs {
+		cx[min(int(s), loadStrata-1)]++
+	}
+	for _, s := range ys {
+		cy[min(int(s), loadStrata-1)]++
+	}
+	var shared []uint16
+	var sx, sy int
+	for s := range uint16(loadStrata) {
+		if cx[s] >= 2 && cy[s] >= 2 {
+			shared, sx, sy = append(shared, s), sx+cx[s], sy+cy[s]
+		}
+	}
+	if sx < stratumMinimum || sy < stratumMinimum {
+		return nil
+	}
+	return shared
+}
+
+// inStratum is a copy of the values of stratum s.
+func inStratum(v []float64, strata []uint16, s uint16) []float64 {
+	var out []float64
+	for i, t := range strata {
+		if min(t, loadStrata-1) == s {
+			out = append(out, v[i])
+		}
+	}
+	return out
+}
+
 // floorVariance keeps a degenerate sample (every value tied, or one arm entirely above the other, where the
 // placements' variance is 0) from claiming certainty: a quarter of the variance θ̂ has when the two arms are
 // drawn from one distribution, (n+m+1)/(12·n·m).

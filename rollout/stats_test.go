@@ -3,6 +3,8 @@ package rollout
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -122,4 +124,79 @@ func TestLookingOftenDoesNotInflateFalseRollbacks(t *testing.T) {
 		t.Errorf("repeated fixed tests rejected %d of %d, the sequential test %d: the correction shows nothing", naive, runs, sequential)
 	}
 	t.Logf("false rejections over %d looks: sequential %d of %d, repeated fixed tests %d", looks, sequential, runs, naive)
+}
+
+// The stratified estimate by hand: two strata both arms share, each θ̂ weighted by n·m/(n+m); a stratum with
+// fewer than stratumMinimum of an arm has its variance no smaller than under equal distributions; strata only
+// one arm has (here 3, and 4 with one baseline value) add nothing.
+func TestStratifiedShiftByHand(t *testing.T) {
+	x := []float64{1, 2, 3, 10, 11, 12, 13, 14, 50, 51, 60}
+	xs := []uint16{0, 0, 0, 1, 1, 1, 1, 1, 3, 3, 4}
+	y := []float64{0.5, 1.5, 2.5, 3.5, 1, 2, 3, 4, 70}
+	ys := []uint16{0, 0, 0, 0, 1, 1, 1, 1, 4}
+	v0 := max(1.0/48+5.0/108, 8.0/(12*3*4)) // TestShiftedMannWhitneyByHand's interleaved case
+	v1 := 10.0 / (12 * 5 * 4)               // entirely above: θ = ½, the equal-distribution variance
+	w0, w1 := 12.0/7, 20.0/9
+	want := Estimate{Theta: w1 * 0.5 / (w0 + w1), Variance: (w0*w0*v0 + w1*w1*v1) / ((w0 + w1) * (w0 + w1))}
+	e := stratifiedShift(x, xs, y, ys, 0)
+	if !near(e.Theta, want.Theta, 1e-12) || !near(e.Variance, want.Variance, 1e-12) {
+		t.Errorf("stratified: %+v, want %+v", e, want)
+	}
+	// Without strata on either arm (a reference saved before them), or with too few in the shared strata, the
+	// arms are compared whole.
+	whole := shiftedMannWhitney(slices.Clone(x), slices.Clone(y), 0)
+	for name, e := range map[string]Estimate{
+		"no strata":         stratifiedShift(x, nil, y, ys, 0),
+		"too few in shared": stratifiedShift(x, xs, y, []uint16{0, 0, 0, 0, 2, 2, 2, 2, 4}, 0),
+	} {
+		if e != whole {
+			t.Errorf("%s: %+v, want the whole arms' %+v", name, e, whole)
+		}
+	}
+}
+
+// Latency depends on load (an idle engine answers at once, a busy one after its step), and a fixed candidate
+// pool at a step above its share of the fleet is busier than the baseline's: compared whole, a healthy
+// candidate looks five times slower; compared at the same load it passes, while one slower at the same load
+// fails, and one so slow that it runs at loads the baseline never saw is compared whole.
+func TestLatencyGatesCompareAtTheSameLoad(t *testing.T) {
+	p := plan(t)
+	g, alpha := p.Gates, p.GateAlpha()
+	rng := rand.New(rand.NewPCG(3, 4))
+	// arm draws n requests, idle of them at load 0 (3 ms) and the rest at loads 1-7 (18 ms), times slower.
+	arm := func(n, idle int, slower float64, loads ...int64) Arm {
+		if len(loads) == 0 {
+			loads = []int64{1, 2, 3, 5, 7}
+		}
+		a := Arm{Requests: n, Good: n}
+		for i := range n {
+			load, median := int64(0), 0.003
+			if i >= idle {
+				load, median = loads[i%len(loads)], 0.018
+			}
+			a.TTFT = append(a.TTFT, math.Log(slower*median)+0.2*rng.NormFloat64())
+			a.TTFTLoad = append(a.TTFTLoad, loadStratum(load))
+			a.TPOT = append(a.TPOT, math.Log(0.01)+0.1*rng.NormFloat64())
+			a.TPOTLoad = append(a.TPOTLoad, loadStratum(load))
+		}
+		return a
+	}
+	unstratified := func(a Arm) Arm { a.TTFTLoad, a.TPOTLoad = nil, nil; return a }
+	base := arm(300, 200, 1)
+	for _, tc := range []struct {
+		name       string
+		cand, base Arm
+		want       Result
+	}{
+		{"healthy and busier", arm(300, 60, 1), base, Pass},
+		{"healthy and busier, compared whole", unstratified(arm(300, 60, 1)), base, Fail},
+		{"1.6× slower at the same load", arm(300, 200, 1.6), base, Fail},
+		{"1.6× slower and busier", arm(300, 60, 1.6), base, Fail},
+		{"3× slower at loads the baseline never saw", arm(300, 0, 3, 40, 50, 60), arm(300, 0, 1, 1), Fail},
+	} {
+		v := Evaluate(g, alpha, tc.cand, tc.base)
+		if v.Result != tc.want || tc.want == Fail && !strings.Contains(v.Reason, "TTFT") {
+			t.Errorf("%s: %v %q, want %v (evidence %v)", tc.name, v.Result, v.Reason, tc.want, v.Figures.Evidence)
+		}
+	}
 }

@@ -81,7 +81,11 @@ func New(o Options) *Sender {
 
 // Send implements director.Shadows.
 func (s *Sender) Send(c director.ShadowCopy) bool {
-	if len(c.Endpoints) == 0 || c.Plan == nil || !s.admit(c) {
+	admitted, inflight := false, 0
+	if len(c.Endpoints) > 0 && c.Plan != nil {
+		admitted, inflight = s.admit(c)
+	}
+	if !admitted {
 		s.copies.WithLabelValues(c.Model, "dropped").Inc()
 		return false
 	}
@@ -93,6 +97,8 @@ func (s *Sender) Send(c director.ShadowCopy) bool {
 		defer s.wg.Done()
 		defer s.release(c.Model)
 		st, text := s.run(c, ep, body, pair)
+		// The copies are the candidate's only load in this phase, spread evenly over its engines.
+		st.Load = int64(inflight / len(c.Endpoints))
 		if pair {
 			if whole, ok := s.pairs.answer(c.RequestID, 0, st.Outcome == director.OutcomeOK, text); ok {
 				s.judge(whole)
@@ -114,8 +120,8 @@ func (s *Sender) Send(c director.ShadowCopy) bool {
 func (s *Sender) Wait() { s.wg.Wait() }
 
 // admit takes a place for a copy within the phase's bounds: its concurrency and its starts per second (a token
-// bucket holding at most a second's worth).
-func (s *Sender) admit(c director.ShadowCopy) bool {
+// bucket holding at most a second's worth); it also says how many of the model's copies were in flight before.
+func (s *Sender) admit(c director.ShadowCopy) (bool, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now()
@@ -128,11 +134,11 @@ func (s *Sender) admit(c director.ShadowCopy) bool {
 	b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*c.Plan.MaxPerSecond)
 	b.at = now
 	if b.inflight >= c.Plan.MaxConcurrent || b.tokens < 1 {
-		return false
+		return false, 0
 	}
 	b.inflight++
 	b.tokens--
-	return true
+	return true, b.inflight - 1
 }
 
 func (s *Sender) release(model string) {

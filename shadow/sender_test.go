@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -113,6 +114,10 @@ func TestCopiesStayWithinTheirBounds(t *testing.T) {
 	}
 	close(gate)
 	s.Wait()
+	// The two copies at once: the second was sent with the first in flight at the candidate's one engine.
+	if loads := []int64{h.all[0].Load, h.all[1].Load}; slices.Min(loads) != 0 || slices.Max(loads) != 1 {
+		t.Errorf("the copies' loads %v, want 0 and 1", loads)
+	}
 	// One start left in the second's bucket of three; a second later there are three again.
 	if !s.Send(copyFor(ep, plan)) || s.Send(copyFor(ep, plan)) {
 		t.Error("the bucket's last start, then none")

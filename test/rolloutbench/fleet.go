@@ -80,6 +80,7 @@ type engine struct {
 // request is one request's life, from arrival to its settlement.
 type request struct {
 	arm     string
+	load    int // requests in flight at its engine when it arrived, as the picker counts them
 	arrived time.Duration
 	first   time.Duration
 	eng     *engine
@@ -112,16 +113,17 @@ var baseHardware = fleetsim.Hardware{PrefillTokensPerSecond: 30000, DecodeStep: 
 	DecodeStepPerSeq: 150 * time.Microsecond, StepOverhead: time.Millisecond}
 
 // setShare sizes the arms for the candidate's share: the candidate's replicas follow its share of traffic
-// (at least one), as a canary whose replicas scale with its weight does; or, fixed, half the replicas each.
-func (f *fleet) setShare(share float64, replicas int, fixed bool) {
+// (at least one), as a canary whose replicas scale with its weight does; or, fixed, that many replicas each.
+func (f *fleet) setShare(share float64, replicas, fixed int) {
 	c := min(replicas, max(1, int(math.Round(share*float64(replicas)))))
+	b := replicas - c
 	switch {
 	case share <= 0:
-		c = 0
-	case fixed:
-		c = replicas / 2
+		c, b = 0, replicas
+	case fixed > 0:
+		c, b = fixed, fixed
 	}
-	f.active[picker.ArmCandidate], f.active[picker.ArmBaseline] = c, replicas-c
+	f.active[picker.ArmCandidate], f.active[picker.ArmBaseline] = c, b
 }
 
 // arrive sends one request to an arm: the least busy of its active engines.
@@ -153,6 +155,7 @@ func (f *fleet) arrive(arm string, promptTokens, maxOut int) {
 	if err != nil {
 		return
 	}
+	r.load = best.inflight
 	best.inflight++
 	r.eng = best
 	best.pending[seq] = r
@@ -224,7 +227,7 @@ func (f *fleet) emitTokens(r *request, outcome string, ttft, tpot time.Duration,
 			finish = openai.FinishLength
 		}
 	}
-	f.settle(director.Settlement{Routed: true, Model: model, Arm: r.arm, Good: good, Outcome: outcome, HardwareClass: "h100",
+	f.settle(director.Settlement{Routed: true, Model: model, Arm: r.arm, Good: good, Outcome: outcome, HardwareClass: "h100", Load: int64(r.load),
 		Started: epoch.Add(r.arrived), Timing: director.Timing{TTFT: ttft, TPOT: tpot, Chunked: ttft > 0},
 		Usage: openai.Usage{CompletionTokens: int64(output)}, FinishReason: finish})
 }

@@ -4,7 +4,8 @@
 // discrete-event loop (simulated time, a fake clock for the controller). Every run draws its own noise: the
 // load swings sinusoidally by 20-50 %, every engine step is jittered (log-normal, σ 5-15 %), and one replica
 // of either arm has a noisy neighbour that slows its steps by 1.2-1.5× for 5-20 s of every 40-80 s. The
-// candidate's replicas follow its share (a canary that scales with its weight). The report: per fault, the
+// candidate's replicas follow its share (a canary that scales with its weight), except in the fixed-pools
+// rows, where each arm keeps two whatever the share (unequal loads per engine). The report: per fault, the
 // share of runs rolled back, and the candidate requests and time until the rollback; the targets
 // printed met / not met.
 //
@@ -147,6 +148,8 @@ func targets(rows []row) {
 		"A/A (none)": {false, 0.01}, "slowdown 2×": {true, 0.99}, "slowdown 3×": {true, 0.99}, "errors 20 %": {true, 0.99},
 		"slowdown 1.5×": {true, 0.90}, "errors 5 %": {true, 0.90},
 		"cut at max tokens +10 points": {true, 0.90}, // the finish-reason gate's own target
+		// Arms of unequal load per engine, compared at the same load (docs/rollouts.md).
+		"A/A, fixed pools of 2 + 2": {false, 0.01}, "slowdown 1.5×, fixed pools of 2 + 2": {true, 0.90},
 	}
 	fmt.Println("Targets:")
 	for _, r := range rows {

@@ -32,10 +32,11 @@ type fault struct {
 	// unfinished adds to the candidate's share of answers cut at max tokens (every run's answers are cut at
 	// baseUnfinished on both arms).
 	unfinished float64
-	// fixedPools gives each arm half the replicas whatever the share, instead of the candidate's replicas
-	// following its share: at 100 % the candidate's pool takes the whole load and is judged against the
-	// baseline's sample at half of it, the comparison docs/rollouts.md warns of. Reported, not a target.
-	fixedPools bool
+	// fixedPools gives each arm that many replicas whatever the share, instead of the candidate's replicas
+	// following its share: at every step but 50 % the arms carry unequal loads per engine, and at 100 % the
+	// candidate's pool takes the whole load and is judged against the baseline's sample at half of it. The
+	// gates compare the arms at the same load (docs/rollouts.md).
+	fixedPools int
 }
 
 // faults are the rows of the report: A/A first.
@@ -50,7 +51,8 @@ var faults = []fault{
 	{name: "TTFT only ×1.5", ttft: 1.5},
 	{name: "TPOT only ×1.5", tpot: 1.5},
 	{name: "cut at max tokens +10 points", unfinished: 0.10},
-	{name: "A/A, fixed pools of 5 + 5 (not a target)", fixedPools: true},
+	{name: "A/A, fixed pools of 2 + 2", fixedPools: 2},
+	{name: "slowdown 1.5×, fixed pools of 2 + 2", slowdown: 1.5, fixedPools: 2},
 }
 
 // baseUnfinished is the share of both arms' answers that end at max tokens (finish reason length).
