@@ -89,6 +89,11 @@ const (
 	LegFallbackMetadata = "x-infergate-leg-fallback"
 )
 
+// EdgeRegionMetadata is the gRPC metadata an Envoy's ext_proc filter sends (its grpc_service initial_metadata)
+// to name the region the Envoy serves, when its ext_proc cluster can fail over to another region's infergate
+// (docs/regions.md): that gateway then places the request as the Envoy's own region's gateway would.
+const EdgeRegionMetadata = "x-infergate-edge-region"
+
 const fallbackPoolPrefix = "fallback/"
 
 // FallbackPool is the HeaderPool value for a managed API. Pool names cannot contain '/', so it never collides

@@ -140,6 +140,9 @@ type Request struct {
 	MaxQueueWait time.Duration
 	// RolloutArm is the arm a client asked for with the rollout header: honoured only for the plan's testers.
 	RolloutArm string
+	// EdgeRegion is the region of the Envoy that asked, when it is another region's (its ext_proc failed over
+	// to this gateway, docs/regions.md): the request is placed from there. "" is this gateway's own.
+	EdgeRegion string
 }
 
 // Route is a routed request: where it goes, what to change in its body, and what Settle needs.
@@ -168,7 +171,8 @@ type Route struct {
 	inFlight  inFlight
 	settled   bool
 	split     picker.Split
-	pair      bool // a shadow copy was sent for pairing: the answer's text goes to Shadows.Answered
+	pair      bool   // a shadow copy was sent for pairing: the answer's text goes to Shadows.Answered
+	from      string // Request.EdgeRegion
 }
 
 // PairsAnswer says the protocol stage should keep the answer's generated text (up to MaxPairedAnswer) for
@@ -204,7 +208,7 @@ func (d *Director) Route(ctx context.Context, req Request, rt *Route) error {
 func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal {
 	body := req.Body
 	*rt = Route{tenant: req.Tenant, requestID: req.RequestID, started: req.Started, endpoint: req.Endpoint,
-		stream: body.Stream}
+		stream: body.Stream, from: req.EdgeRegion}
 	model, ok := req.Snapshot.Model(body.Model)
 	if !ok {
 		return &Refusal{Reason: ModelNotFound, Model: body.Model, Tenant: req.Tenant.Name}
@@ -229,7 +233,8 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if err := d.admit(ctx, req, rt, maxOut); err != nil {
 		return err
 	}
-	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body, Queueing: d.queueing(req.Snapshot), OutputTokens: maxOut}
+	in := picker.Input{Tenant: req.Tenant, Model: model, Request: body, Queueing: d.queueing(req.Snapshot), OutputTokens: maxOut,
+		Region: req.EdgeRegion}
 	if req.Snapshot.Adapter(body.Model) {
 		in.Adapter = body.Model
 	}

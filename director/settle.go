@@ -32,7 +32,10 @@ type Settlement struct {
 	PrefillFailed        bool
 	// Region is where the request was served when the policy has regions (docs/regions.md): its pool's region,
 	// or its managed API's ("" for one outside every region).
-	Region    string
+	Region string
+	// From is the region of the Envoy that asked when it is another region's (Request.EdgeRegion); "" is the
+	// gateway's own.
+	From      string
 	Operation openai.Endpoint
 	Stream    bool
 	// Routed is false for a request Route refused; such a settlement has no usage, status or endpoint.
@@ -290,7 +293,7 @@ func (d *Director) notify(st Settlement) {
 // settlement fills what the route knows of the request.
 func (rt *Route) settlement() Settlement {
 	st := Settlement{RequestID: rt.requestID, Tenant: rt.tenant.Name, Tier: policies.TierOf(rt.tenant), Model: rt.Model.Name,
-		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets}
+		Operation: rt.endpoint, Stream: rt.stream, Started: rt.started, Targets: rt.targets, From: rt.from}
 	if rt.Decision.Pool != nil || rt.Decision.Fallback != nil {
 		st.Pool, st.ServedModel, st.Arm, st.Prefill = rt.Pool(), rt.Decision.Served(), rt.Decision.Arm, rt.Decision.Prefill
 		st.PrefillPool, st.Load = rt.Decision.PrefillPool, rt.Decision.Load

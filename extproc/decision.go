@@ -33,7 +33,8 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rt := &rs.routed
 	err = rs.srv.director.Route(rs.ctx, director.Request{Snapshot: rs.snap, Tenant: rs.tenant, Endpoint: rs.endpoint,
 		Body: req, Conversation: rs.conversation, RequestID: rs.requestID, Started: rs.started,
-		BodyBytes: int64(len(rs.body)), MaxQueueWait: rs.maxQueueWait(), RolloutArm: rs.rolloutArm}, rt)
+		BodyBytes: int64(len(rs.body)), MaxQueueWait: rs.maxQueueWait(), RolloutArm: rs.rolloutArm,
+		EdgeRegion: rs.edgeRegionOf()}, rt)
 	if err != nil {
 		return nil, false, clientError(err)
 	}
@@ -207,4 +208,22 @@ func (rs *requestState) maxQueueWait() time.Duration {
 		return 0
 	}
 	return rs.snap.Admission().BufferedMessageTimeout - policies.BufferedWaitMargin
+}
+
+// edgeRegionOf is the region the request is placed from: the Envoy's, when it names a region of the policy
+// other than this gateway's; "" (this gateway's own) otherwise. An unknown name is logged and ignored: the
+// metadata comes from Envoy's configuration, never from a client, so it is a mistake to fix, not an attack.
+func (rs *requestState) edgeRegionOf() string {
+	r := rs.edgeRegion
+	if r == "" || !rs.snap.Regional() {
+		return ""
+	}
+	if rs.snap.RegionOrder(r) == nil {
+		if !rs.srv.unknownEdge.Swap(true) {
+			rs.srv.opts.Logger.Warn("an Envoy names a region the policy does not have; its requests are placed from this gateway's (logged once)",
+				"edge_region", r)
+		}
+		return ""
+	}
+	return r
 }

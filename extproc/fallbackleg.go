@@ -26,6 +26,14 @@ func fallbackLeg(ctx context.Context) (model, fallback string) {
 	return get(contract.LegModelMetadata), get(contract.LegFallbackMetadata)
 }
 
+// edgeRegion is the region an Envoy names on its ext_proc stream (contract.EdgeRegionMetadata), "" when none.
+func edgeRegion(ctx context.Context) string {
+	if v := metadata.ValueFromIncomingContext(ctx, contract.EdgeRegionMetadata); len(v) == 1 {
+		return v[0]
+	}
+	return ""
+}
+
 // processFallbackLeg serves the upstream ext_proc stream of one attempt to a managed-API cluster. When Envoy
 // retries a request the pool failed onto the managed API, the body still names the model as the pool serves
 // it, and Envoy does not run the downstream ext_proc again; this stream renames it to the provider's model.

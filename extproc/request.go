@@ -33,6 +33,9 @@ type bodyMode = filterv3.ProcessingMode_BodySendMode
 type requestState struct {
 	srv *Server
 	ctx context.Context
+	// edgeRegion is the region of the Envoy that opened the stream, when its configuration names it
+	// (contract.EdgeRegionMetadata): another region's Envoy that failed over to this gateway.
+	edgeRegion string
 
 	seenFirst bool
 	// declaredLen is the request's content-length, -1 when it has none.

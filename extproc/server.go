@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -50,6 +51,8 @@ type Server struct {
 	receive  receiveGate
 	director *director.Director
 	metrics  *director.Metrics // the director's series, which the protocol stage shares
+	// unknownEdge is set once an Envoy named a region the policy does not have, so the mistake is logged once.
+	unknownEdge atomic.Bool
 }
 
 // New builds a Server; Policies is required.
@@ -126,7 +129,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	m := s.metrics
 	m.ActiveStreams.Inc()
 	defer m.ActiveStreams.Dec()
-	rs := &requestState{srv: s, ctx: stream.Context(), deferSettle: true}
+	rs := &requestState{srv: s, ctx: stream.Context(), deferSettle: true, edgeRegion: edgeRegion(stream.Context())}
 	defer rs.close()
 	for {
 		msg, err := stream.Recv()

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -63,7 +64,8 @@ func (d *decision) candidates() (blockTokens int) {
 	if in.Queueing {
 		headroom, replicas = snap.QueueClass(in.Tenant).Headroom, float64(max(1, snap.QuotaSettings().GatewayReplicas))
 	}
-	order := snap.RegionOrder(p.Region)
+	from := cmp.Or(in.Region, p.Region)
+	order := snap.RegionOrder(from)
 	var counts regionCounts
 	for i := range in.Model.Pools {
 		pool := &in.Model.Pools[i]
@@ -74,7 +76,7 @@ func (d *decision) candidates() (blockTokens int) {
 		if !used {
 			continue // a region this gateway does not fail over to
 		}
-		speed, rtt := snap.Speed(pool), snap.RegionRTT(p.Region, pool.Region)
+		speed, rtt := snap.Speed(pool), snap.RegionRTT(from, pool.Region)
 		for _, ep := range pool.Endpoints {
 			own := p.InFlight.Count(ep)
 			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,

@@ -114,6 +114,9 @@ type Input struct {
 	// director's bound (policies.Snapshot.OutputBound), which SLO placement prices. 0 with a Request: the picker
 	// computes the same bound itself (benchmarks and tests that call it directly).
 	OutputTokens int64
+	// Region, when set, is the region the request is placed from instead of the gateway's own (Affinity.Region):
+	// another region's Envoy whose ext_proc failed over to this gateway (docs/regions.md).
+	Region string
 }
 
 // Target is what the decision is counted against for in-flight load: the chosen endpoint, or the fallback.

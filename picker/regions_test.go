@@ -133,6 +133,38 @@ func TestRegionsFailOverInOrderWithinResidency(t *testing.T) {
 	}
 }
 
+// A request from another region's Envoy (its ext_proc failed over to this gateway) is placed as that region's
+// gateway would place it: its region first, then its failover order; the gateway's own region is only where
+// that order puts it.
+func TestARequestIsPlacedFromTheEnvoysRegion(t *testing.T) {
+	for _, tc := range []struct {
+		name, from string
+		down       []string
+		want       string
+	}{
+		{"this gateway's own region", "", nil, "east"},
+		{"from us-west: us-west first", "us-west", nil, "west"},
+		{"from eu-west: eu-west first", "eu-west", nil, "eu"},
+		{"from us-west, us-west down: its nearest, us-east (60 ms), before eu-west (140 ms)", "us-west", []string{"west"}, "east"},
+		{"from eu-west, eu-west down: us-east (80 ms), not us-west (140 ms)", "eu-west", []string{"eu"}, "east"},
+	} {
+		for _, placement := range []string{policies.PlacementSLO, policies.PlacementAffinity} {
+			t.Run(placement+"/"+tc.name, func(t *testing.T) {
+				snap, m := regionSnap(t, placement, nil)
+				tenant, _ := snap.Tenant("acme")
+				p := newMixedPicker(regionEngines(tc.down, nil))
+				p.Region = "us-east"
+				for i := range 6 {
+					d, err := p.Pick(snap, Input{Tenant: tenant, Model: m, Region: tc.from, Request: request(t, "system "+string(rune('a'+i)), "q")})
+					if got := where(d, err); got != tc.want {
+						t.Fatalf("request %d went to %s, want %s", i, got, tc.want)
+					}
+				}
+			})
+		}
+	}
+}
+
 // The refusal of a pinned tenant names its residency, and the same policy still serves an unpinned tenant
 // elsewhere.
 func TestResidencyRefusalNamesTheRegions(t *testing.T) {

@@ -164,7 +164,7 @@ func (m *Metrics) Settled(st director.Settlement) {
 		m.splitSettled(st)
 	}
 	if m.Region != "" {
-		m.regions.WithLabelValues(st.Model, m.Region, cmp.Or(st.Region, "outside")).Inc()
+		m.regions.WithLabelValues(st.Model, cmp.Or(st.From, m.Region), cmp.Or(st.Region, "outside")).Inc()
 	}
 	u := st.Usage
 	s.input.Observe(float64(u.PromptTokens))

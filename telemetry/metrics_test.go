@@ -142,7 +142,9 @@ func TestRegionRequestsAreCounted(t *testing.T) {
 	managed := local
 	managed.Pool, managed.Region, managed.HardwareClass = "fallback/together", "", director.ManagedClass
 	refused := director.Settlement{Tenant: "acme", Tier: "pro", Model: "llama", Outcome: director.OutcomeUnavailable}
-	for _, st := range []director.Settlement{local, local, remote, managed, refused} {
+	failedOver := remote // from us-west's Envoy, whose ext_proc failed over to this gateway, served in us-west
+	failedOver.From = "us-west"
+	for _, st := range []director.Settlement{local, local, remote, managed, refused, failedOver} {
 		m.Settled(st)
 	}
 	fams := parse(t, exposition(t, reg))
@@ -153,6 +155,7 @@ func TestRegionRequestsAreCounted(t *testing.T) {
 		{"infergate_region_requests_total", to("us-east"), 2},
 		{"infergate_region_requests_total", to("us-west"), 1},
 		{"infergate_region_requests_total", to("outside"), 1},
+		{"infergate_region_requests_total", map[string]string{"model": "llama", "from": "us-west", "to": "us-west"}, 1},
 	})
 	plain := prometheus.NewRegistry()
 	NewMetrics(plain).Settled(remote)

@@ -362,6 +362,9 @@ func appendRoutedAttrs(attrs []attribute.KeyValue, st director.Settlement) []att
 	if st.Region != "" {
 		attrs = append(attrs, attribute.String("infergate.region", st.Region))
 	}
+	if st.From != "" {
+		attrs = append(attrs, attribute.String("infergate.edge_region", st.From))
+	}
 	return attrs
 }
 

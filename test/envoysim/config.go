@@ -51,8 +51,10 @@ type Config struct {
 
 // Cluster is an upstream cluster with static endpoints.
 type Cluster struct {
-	Name           string
-	Endpoints      []string
+	Name      string
+	Endpoints []string
+	// Priorities are the endpoints' locality priorities, in the same order.
+	Priorities     []int
 	ConnectTimeout time.Duration
 	OverrideHost   *overridehostv3.OverrideHost // nil: plain round robin / least request
 	// Children are an aggregate cluster's clusters, in priority order (upstream.go).
@@ -184,6 +186,7 @@ func buildCluster(c *clusterv3.Cluster) (*Cluster, error) {
 		for _, lbe := range lle.GetLbEndpoints() {
 			sa := lbe.GetEndpoint().GetAddress().GetSocketAddress()
 			cl.Endpoints = append(cl.Endpoints, net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))))
+			cl.Priorities = append(cl.Priorities, int(lle.GetPriority()))
 		}
 	}
 	if err := parseUpstream(cl, c); err != nil {

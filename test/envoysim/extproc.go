@@ -167,7 +167,8 @@ func (f *filter) open() error {
 	if f.stream != nil {
 		return nil
 	}
-	s, err := f.dp.processor.Process(f.ctx)
+	client, ctx := f.dp.processorClient(f.ctx, f.dp.initialMetadata())
+	s, err := client.Process(ctx)
 	if err != nil {
 		return err
 	}

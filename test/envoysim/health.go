@@ -15,8 +15,11 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
-// HealthCheck is a cluster's active HTTP health check.
+// HealthCheck is a cluster's active HTTP health check, or its gRPC one (grpc.health.v1, the processor's
+// cluster only: processor.go).
 type HealthCheck struct {
+	GRPC                      bool
+	GRPCService               string
 	Path                      string
 	Interval, NoTraffic       time.Duration
 	Timeout                   time.Duration
@@ -25,14 +28,14 @@ type HealthCheck struct {
 	UnejectOnSuccess          bool
 }
 
-// parseHealthCheck reads the first HTTP health check of a cluster, or nil.
+// parseHealthCheck reads the first HTTP or gRPC health check of a cluster, or nil.
 func parseHealthCheck(hcs []*corev3.HealthCheck, unejectOnSuccess bool) *HealthCheck {
 	for _, hc := range hcs {
-		http := hc.GetHttpHealthCheck()
-		if http == nil {
+		http, grpcHC := hc.GetHttpHealthCheck(), hc.GetGrpcHealthCheck()
+		if http == nil && grpcHC == nil {
 			continue
 		}
-		out := &HealthCheck{Path: http.GetPath(), Interval: hc.GetInterval().AsDuration(), Timeout: hc.GetTimeout().AsDuration(),
+		out := &HealthCheck{GRPC: grpcHC != nil, GRPCService: grpcHC.GetServiceName(), Path: http.GetPath(), Interval: hc.GetInterval().AsDuration(), Timeout: hc.GetTimeout().AsDuration(),
 			NoTraffic: 60 * time.Second, Unhealthy: int(hc.GetUnhealthyThreshold().GetValue()),
 			Healthy: int(hc.GetHealthyThreshold().GetValue()), ExpectedLow: 200, ExpectedHigh: 201, UnejectOnSuccess: unejectOnSuccess}
 		if d := hc.GetNoTrafficInterval(); d != nil {
@@ -156,6 +159,12 @@ func (dp *DataPlane) probe(ctx context.Context, c *Cluster, host string) bool {
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if c.HealthCheck.GRPC {
+		if dp.procs == nil || c.Name != dp.procs.cluster {
+			return false // gRPC health checking is emulated for the processor's cluster only
+		}
+		return dp.probeProcessor(pctx, c.HealthCheck, host)
+	}
 	req, err := http.NewRequestWithContext(pctx, http.MethodGet, "http://"+host+c.HealthCheck.Path, nil)
 	if err != nil {
 		return false

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,9 +16,6 @@ import (
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -29,7 +25,8 @@ const DetailsHeader = "x-envoysim-response-code-details"
 
 // Options adjust a DataPlane for tests.
 type Options struct {
-	// ExtProcAddr overrides the processor address from the config (tests bind free ports).
+	// ExtProcAddr overrides the processor address from the config (tests bind free ports): it is then the
+	// processor cluster's one host.
 	ExtProcAddr string
 	// Upstreams rewrites cluster endpoint addresses (config address -> real address).
 	Upstreams map[string]string
@@ -39,8 +36,7 @@ type Options struct {
 // DataPlane is the emulated Envoy: an http.Handler.
 type DataPlane struct {
 	cfg       *Config
-	conn      *grpc.ClientConn
-	processor extprocv3.ExternalProcessorClient
+	procs     *processors // nil without an ext_proc filter
 	checker   *checker
 	forward   *headerForwardRules
 	hosts     *hostPicker
@@ -73,17 +69,11 @@ func New(cfg *Config, opts Options) (*DataPlane, error) {
 		ForceAttemptHTTP2:   false,
 	}
 	if cfg.ExtProc != nil {
-		addr := cfg.ExtProcAddr
-		if opts.ExtProcAddr != "" {
-			addr = opts.ExtProcAddr
-		}
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)),
-			grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20))
+		procs, err := dialProcessors(cfg, opts.ExtProcAddr)
 		if err != nil {
-			return nil, fmt.Errorf("ext_proc client: %w", err)
+			return nil, err
 		}
-		dp.conn, dp.processor = conn, extprocv3.NewExternalProcessorClient(conn)
+		dp.procs = procs
 		chk, err := newChecker(cfg.ExtProc.GetMutationRules())
 		if err != nil {
 			return nil, err
@@ -95,8 +85,8 @@ func New(cfg *Config, opts Options) (*DataPlane, error) {
 
 // Close releases the processor connection and idle upstream connections.
 func (dp *DataPlane) Close() {
-	if dp.conn != nil {
-		_ = dp.conn.Close()
+	if dp.procs != nil {
+		dp.procs.close()
 	}
 	dp.transport.CloseIdleConnections()
 	dp.tlsConns.close()

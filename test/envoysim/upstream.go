@@ -25,7 +25,6 @@ import (
 	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc/metadata"
 )
 
 // overprovisioning is Envoy's default overprovisioning factor (1.4): a priority keeps all the traffic while
@@ -227,18 +226,15 @@ func (dp *DataPlane) attemptCluster(c *Cluster, rp *retryPriority) *Cluster {
 	if len(children) == 0 {
 		return nil
 	}
-	loads := make([]float64, len(children))
+	loads, shares := make([]float64, len(children)), make([]float64, len(children))
 	spill := func(skip map[*Cluster]bool) float64 {
-		left, total := 1.0, 0.0
 		for i, ch := range children {
-			loads[i] = 0
+			shares[i] = 0
 			if !skip[ch] {
-				loads[i] = min(left, overprovisioning*dp.availableShare(ch))
+				shares[i] = dp.availableShare(ch)
 			}
-			left -= loads[i]
-			total += loads[i]
 		}
-		return total
+		return priorityLoads(shares, loads)
 	}
 	total := spill(rp.exclusions())
 	if total == 0 && rp.exclusions() != nil {
@@ -248,14 +244,32 @@ func (dp *DataPlane) attemptCluster(c *Cluster, rp *retryPriority) *Cluster {
 	if total == 0 {
 		return children[0]
 	}
+	return children[drawPriority(loads, total)]
+}
+
+// priorityLoads fills loads with each priority's share of the traffic, Envoy's priority load: in order, each
+// takes min(what the ones before it left, 1.4 × its available share of hosts). It returns their sum, below 1
+// when together they cannot take it all (the draw is then normalised) and 0 when no host is available.
+func priorityLoads(available, loads []float64) float64 {
+	left, total := 1.0, 0.0
+	for i, a := range available {
+		loads[i] = min(left, overprovisioning*a)
+		left -= loads[i]
+		total += loads[i]
+	}
+	return total
+}
+
+// drawPriority draws a priority by its load (loads sum to total > 0).
+func drawPriority(loads []float64, total float64) int {
 	r := rand.Float64() * total
 	for i, l := range loads {
 		if r < l {
-			return children[i]
+			return i
 		}
 		r -= l
 	}
-	return children[len(children)-1]
+	return len(loads) - 1
 }
 
 // retryPriority is a request's envoy.retry_priorities.previous_priorities, as Envoy documents it: every update
@@ -342,7 +356,7 @@ func (dp *DataPlane) runUpstreamFilters(ctx context.Context, c *Cluster, h *head
 }
 
 func (dp *DataPlane) upstreamExtProc(ctx context.Context, cfg *extprocfilterv3.ExternalProcessor, h *headerMap, body []byte) ([]byte, error) {
-	if dp.processor == nil {
+	if dp.procs == nil {
 		return nil, fmt.Errorf("no ext_proc connection")
 	}
 	if name := cfg.GetGrpcService().GetEnvoyGrpc().GetClusterName(); name != "" && dp.cfg.ExtProc != nil &&
@@ -357,9 +371,10 @@ func (dp *DataPlane) upstreamExtProc(ctx context.Context, cfg *extprocfilterv3.E
 	for _, hv := range cfg.GetGrpcService().GetInitialMetadata() {
 		md = append(md, hv.GetKey(), hv.GetValue())
 	}
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, md...))
+	client, ctx := dp.processorClient(ctx, md)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := dp.processor.Process(ctx)
+	stream, err := client.Process(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
+
+	"github.com/infergate/infergate/policies"
 )
 
 // Ports every region uses for its services, on every address of its namespace.
@@ -178,7 +180,18 @@ func (c *Cluster) StartManaged(ctx context.Context) error { return c.startManage
 // serves) and makes its proxies: one for each service of every other region, on that region's service name.
 func (c *Cluster) startEdgeProxies(ctx context.Context, region string) error {
 	i := c.Index(region)
-	args := []string{"-listen", fmt.Sprintf("%s:%d", WanIP(i), EdgePort), "-bootstrap", filepath.Join(c.opts.Root, "deploy/envoy/envoy-xds.yaml"),
+	// The data plane's ext_proc fails over to the other regions' gateways in the region's failover order
+	// (deploy/envoy/envoy-regions.yaml), each reached through this region's proxy for it.
+	snap, err := policies.Parse("policy.yaml", []byte(c.policy()))
+	if err != nil {
+		return err
+	}
+	var failover []string
+	for _, other := range snap.RegionOrder(region)[1:] {
+		failover = append(failover, fmt.Sprintf("%s:%d", ServiceIP(c.Index(other)), extprocPort(c.Index(other))))
+	}
+	args := []string{"-listen", fmt.Sprintf("%s:%d", WanIP(i), EdgePort), "-bootstrap", filepath.Join(c.opts.Root, "deploy/envoy/envoy-regions.yaml"),
+		"-region", region, "-extproc", fmt.Sprintf("127.0.0.1:%d", extprocPort(i)), "-extproc-failover", strings.Join(failover, ","),
 		"-toxiproxy", fmt.Sprintf("%s:%d", WanIP(i), toxiproxyPort), "-wait", "2m"}
 	p, err := start("edge "+region, c.Command(ctx, region, c.opts.Edge, args...), filepath.Join(c.opts.Dir, "edge-"+region+".log"), "", 0)
 	if err != nil {
@@ -225,8 +238,12 @@ func (c *Cluster) servicePorts(region string) []int {
 	if region == c.opts.Inside {
 		ports = append(ports, insidePort)
 	}
-	return ports
+	return append(ports, extprocPort(c.Index(region)))
 }
+
+// extprocPort is region i's infergate ext_proc port, which the other regions' data planes fail over to: unique
+// across regions, as the engines' are.
+func extprocPort(i int) int { return 9010 + i }
 
 // RTT is the round trip between two regions the proxies add (and the policy states).
 func (c *Cluster) RTT(a, b string) time.Duration {
@@ -289,7 +306,7 @@ func (c *Cluster) startEngines(ctx context.Context, region string) error {
 // StartGateway (re)starts a region's infergate.
 func (c *Cluster) StartGateway(ctx context.Context, region string) error {
 	args := []string{"serve", "--policy", filepath.Join(c.opts.Dir, "policy.yaml"), "--region", region,
-		"--redis-addr", fmt.Sprintf("%s:%d", ServiceIP(1), redisPort), "--extproc-addr", "127.0.0.1:9002", "--xds-addr", "127.0.0.1:18000",
+		"--redis-addr", fmt.Sprintf("%s:%d", ServiceIP(1), redisPort), "--extproc-addr", fmt.Sprintf("0.0.0.0:%d", extprocPort(c.Index(region))), "--xds-addr", "127.0.0.1:18000",
 		"--metrics-addr", fmt.Sprintf("%s:%d", WanIP(c.Index(region)), MetricsPort), "--admin-addr", "", "--scrape-interval", "100ms",
 		"--instance-id", "gateway-" + region, "--drain-timeout", "2s", "--log-level", "warn"}
 	cmd := c.Command(ctx, region, c.opts.Infergate, args...)

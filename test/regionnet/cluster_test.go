@@ -2,16 +2,21 @@ package regionnet
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Two regions over a real network (namespaces, veth, Toxiproxy at 50 ms): the home region's engines go down
-// and come back, then the home region is cut off from the other. Nothing is lost beyond what only the cut
+// and come back, then the home region is cut off from the other, then its infergate is killed (its Envoy's
+// ext_proc fails over to the other region's, which places the requests at home). Nothing is lost beyond what only the cut
 // region could serve, nothing is served outside a tenant's residency, the failover is under two seconds (Envoy's
 // retry priority moves the first requests, the picker the rest), and the traffic comes back once, after the
 // failback. A tenant's requestsPerSecond limit holds in every window across both regions on one Redis, and while
@@ -51,7 +56,7 @@ func TestRegionsFailOverOverARealNetwork(t *testing.T) {
 	defer c.Close()
 	phases := Phases{Warm: 2 * time.Second, Outage: 4 * time.Second, Recovery: 7 * time.Second, Interval: 50 * time.Millisecond}
 	for _, s := range Scenarios() {
-		if s.Name != "region-down" && s.Name != "partition" {
+		if s.Name != "region-down" && s.Name != "partition" && s.Name != "gateway-down" {
 			continue
 		}
 		f, err := c.Run(ctx, s, phases, nil)
@@ -69,5 +74,37 @@ func TestRegionsFailOverOverARealNetwork(t *testing.T) {
 		if s.Name == "region-down" && (f.Elsewhere["eu-west"] == 0 || f.Refusals["residency_unavailable to us-east as pinned-us-east"] == 0) {
 			t.Errorf("region-down: us-east's requests went to %v, refusals %v: want eu-west, and the pinned tenant refused", f.Elsewhere, f.Refusals)
 		}
+		if s.Name == "gateway-down" {
+			if n := placedFrom(t, c, "eu-west", "us-east"); n == 0 {
+				t.Error("gateway-down: eu-west's gateway placed no request of us-east's Envoy at home")
+			}
+		}
 	}
+}
+
+// placedFrom is how many requests region's gateway placed for the Envoy of region from, in from's own pools
+// (infergate_region_requests_total{from, to: from}).
+func placedFrom(t *testing.T, c *Cluster, region, from string) float64 {
+	t.Helper()
+	resp, err := http.Get(c.MetricsURL(region))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, m := range fams["infergate_region_requests_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["from"] == from && labels["to"] == from {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }

@@ -31,6 +31,9 @@ func (f Figures) Verdicts() []Verdict {
 		v = append(v, Verdict{Target: fmt.Sprintf("quota: ≤ %d in every window outside the fault", f.QuotaLimit), Met: f.QuotaWorst <= f.QuotaLimit},
 			Verdict{Target: fmt.Sprintf("quota: ≤ %.0f in every window during it", f.QuotaFaultBound), Met: float64(f.QuotaFaultWorst) <= f.QuotaFaultBound})
 	}
+	if f.GatewayDown {
+		v = append(v, Verdict{Target: fmt.Sprintf("ext_proc failover < %v", FailoverTarget), Met: f.Blackout >= 0 && f.Blackout < FailoverTarget})
+	}
 	if f.HomeUp {
 		return append(v, Verdict{Target: "home's requests never left home", Met: len(f.Elsewhere) == 0 && f.Flaps == 0})
 	}
@@ -40,7 +43,10 @@ func (f Figures) Verdicts() []Verdict {
 
 // Report prints a scenario's figures and its targets as met / not met; it says whether one was not met.
 func (f Figures) Report(w io.Writer) (notMet bool) {
-	fmt.Fprintf(w, "  sent %d, failed %d, refused %d (clear 429/503), cut %d (no resident region reachable)\n", f.Sent, f.Failed, f.Refused, f.Cut)
+	fmt.Fprintf(w, "  sent %d, failed %d, refused %d (clear 429/503), cut %d (no resident region reachable, or the home gateway dead before its data plane failed over)\n", f.Sent, f.Failed, f.Refused, f.Cut)
+	if f.GatewayDown {
+		fmt.Fprintf(w, "  the home data plane's ext_proc failed over %s after its gateway died\n", dur(f.Blackout))
+	}
 	fmt.Fprintf(w, "  failover %s, failback %s, flaps %d; home's requests served elsewhere during the outage: %s (median %s)\n",
 		dur(f.Failover), dur(f.Failback), f.Flaps, counts(f.Elsewhere), f.ElsewhereTook.Round(time.Millisecond))
 	if f.QuotaLimit > 0 {
@@ -69,7 +75,10 @@ func Table(w io.Writer, all []Figures) {
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, f := range all {
 		over, back := dur(f.Failover), dur(f.Failback)
-		if f.HomeUp {
+		switch {
+		case f.GatewayDown:
+			over, back = "ext_proc "+dur(f.Blackout), "none needed"
+		case f.HomeUp:
 			over, back = "none needed", "none needed"
 		}
 		quota := "—"

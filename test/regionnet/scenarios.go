@@ -29,6 +29,9 @@ type Scenario struct {
 	HomeUp bool
 	// RedisCut says every other region loses Redis (which lives in the home region) during the fault.
 	RedisCut bool
+	// GatewayDown says the fault is the home region's infergate: its data plane's ext_proc fails over to
+	// another region's, and the home region's requests that fail before it has (Blackout) are cut.
+	GatewayDown bool
 }
 
 // Scenarios are the faults of issue #39, for a cluster of at least two regions.
@@ -59,6 +62,15 @@ func Scenarios() []Scenario {
 				}
 				return refuse(false)(ctx, c)
 			}, Cut: homeCut},
+		{Name: "gateway-down", What: "the home region's infergate killed (SIGKILL), then started again",
+			Begin: func(_ context.Context, c *Cluster) error {
+				c.Proc(c.home(), "infergate").Kill()
+				return nil
+			},
+			End:         func(ctx context.Context, c *Cluster) error { return c.StartGateway(ctx, c.home()) },
+			HomeUp:      true,
+			GatewayDown: true,
+			Cut:         func(*Cluster, string, string) bool { return false }},
 		{Name: "managed-down", What: "the home region's engines down and the managed API outside the regions down",
 			Begin: func(ctx context.Context, c *Cluster) error {
 				c.Managed.Kill()
@@ -224,6 +236,10 @@ type Figures struct {
 	Examples []string
 	Refusals map[string]int
 	HomeUp   bool
+	// GatewayDown: Blackout is how long after the home region's infergate died its data plane's requests
+	// failed, until its ext_proc failed over (-1: it never did); those failures are counted as cut.
+	GatewayDown bool
+	Blackout    time.Duration
 	// QuotaLimit is the metered tenant's requests per second (0: not measured), QuotaFaultBound what the fault
 	// allows; QuotaRate and QuotaFaultRate are the rates admitted across every region outside the fault and
 	// during it, QuotaWorst and QuotaFaultWorst the most admitted in one second.
@@ -235,8 +251,18 @@ type Figures struct {
 func (c *Cluster) measure(s Scenario, records []Record, t0, t1 time.Time) Figures {
 	home := c.home()
 	f := Figures{Name: s.Name, Sent: len(records), Failover: -1, Failback: -1, Elsewhere: map[string]int{}, HomeUp: s.HomeUp,
-		Refusals: map[string]int{}}
+		Refusals: map[string]int{}, GatewayDown: s.GatewayDown, Blackout: -1}
 	slices.SortFunc(records, func(a, b Record) int { return a.At.Compare(b.At) })
+	answered := func(r Record) bool { return r.Err == nil && (r.Status/100 == 2 || r.Code != "") }
+	if s.GatewayDown {
+		var fromHome []Record
+		for _, r := range records {
+			if r.Region == home && !r.At.Add(r.Took).Before(t0) {
+				fromHome = append(fromHome, r)
+			}
+		}
+		f.Blackout = max(0, settle(fromHome, t0, t1, answered))
+	}
 	settled := t1.Add(c.opts.Failback + 3*time.Second)
 	var timed []Record // the home region's open requests from the fault on
 	var took []time.Duration
@@ -248,7 +274,8 @@ func (c *Cluster) measure(s Scenario, records []Record, t0, t1 time.Time) Figure
 		case r.Code != "" && r.Err == nil:
 			f.Refused++
 			f.Refusals[fmt.Sprintf("%s to %s as %s", r.Code, r.Region, r.Tenant)]++
-		case inFault && s.Cut(c, r.Region, r.Tenant):
+		case inFault && s.Cut(c, r.Region, r.Tenant),
+			s.GatewayDown && r.Region == home && !r.At.Add(r.Took).Before(t0) && r.At.Before(t0.Add(f.Blackout)):
 			f.Cut++
 		default:
 			f.Failed++

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/test/envoysim"
 )
 
@@ -36,6 +38,8 @@ func run() error {
 	listen := flag.String("listen", "", "data plane listen address")
 	bootstrap := flag.String("bootstrap", "deploy/envoy/envoy-xds.yaml", "Envoy bootstrap that takes its clusters and routes over ADS")
 	extproc := flag.String("extproc", "127.0.0.1:9002", "the region's infergate ext_proc address")
+	failover := flag.String("extproc-failover", "", "the other regions' infergate ext_proc addresses, in the region's failover order: the bootstrap's ext_proc cluster then has the region's own at priority 0 and these at 1, 2, … (deploy/envoy/envoy-regions.yaml)")
+	region := flag.String("region", "", "the region this data plane serves, named on every ext_proc stream (x-infergate-edge-region)")
 	xds := flag.String("xds", "127.0.0.1:18000", "the region's infergate xDS address")
 	proxies := flag.String("toxiproxy", "", "Toxiproxy API listen address (host:port)")
 	wait := flag.Duration("wait", time.Minute, "how long to wait for the region's infergate to read every engine")
@@ -57,7 +61,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	dp, err := envoysim.New(cfg, envoysim.Options{ExtProcAddr: *extproc, Logger: log})
+	opts := envoysim.Options{ExtProcAddr: *extproc, Logger: log}
+	if *failover != "" {
+		if err := failOver(cfg, *extproc, strings.Split(*failover, ","), *region); err != nil {
+			return err
+		}
+		opts.ExtProcAddr = "" // the cluster's hosts, by priority
+	}
+	dp, err := envoysim.New(cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -69,6 +80,30 @@ func run() error {
 	fmt.Println("ready") // the harness waits for this line
 	if err := dp.Serve(ctx, lis); err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
 		return err
+	}
+	return nil
+}
+
+// failOver gives the bootstrap's ext_proc cluster the region's own gateway at priority 0 and the others in
+// order after it, and names the region on the ext_proc streams.
+func failOver(cfg *envoysim.Config, own string, others []string, region string) error {
+	name := cfg.ExtProc.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	c, ok := cfg.Clusters[name]
+	if !ok || c.HealthCheck == nil {
+		return fmt.Errorf("the bootstrap's ext_proc cluster %q is missing or not health-checked", name)
+	}
+	c.Endpoints, c.Priorities = []string{own}, []int{0}
+	for i, o := range others {
+		c.Endpoints, c.Priorities = append(c.Endpoints, o), append(c.Priorities, i+1)
+	}
+	found := false
+	for _, hv := range cfg.ExtProc.GetGrpcService().GetInitialMetadata() {
+		if hv.GetKey() == contract.EdgeRegionMetadata {
+			hv.Value, found = region, true
+		}
+	}
+	if !found {
+		return fmt.Errorf("the bootstrap's ext_proc filter does not name its region (%s)", contract.EdgeRegionMetadata)
 	}
 	return nil
 }
