@@ -92,6 +92,19 @@ func TestPlanTheShippedExample(t *testing.T) {
 
 func TestPlanTheQuickstart(t *testing.T) {
 	plans := planFiles(t, "../examples/quickstart/policy.yaml", "../examples/quickstart/workload.yaml")
+	// The 70B in FP8 does not fit one L40S; the quickstart runs it on four a replica (l40s-x4), where it does.
+	if l40s := pool(t, plans, "llama-3.3-70b", "llama70b-l40s"); !l40s.Fits || l40s.GPUsPerReplica != 4 || l40s.Replicas < 2 {
+		t.Errorf("70B on four L40S: %+v", l40s)
+	}
+	src, err := os.ReadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(one, []byte(strings.Replace(string(src), "hardwareClass: l40s-x4", "hardwareClass: l40s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plans = planFiles(t, one, "../examples/quickstart/workload.yaml")
 	if l40s := pool(t, plans, "llama-3.3-70b", "llama70b-l40s"); l40s.Fits || !strings.Contains(l40s.Why, "nothing is left for KV cache") {
 		t.Errorf("70B on one L40S: fits %v, %q", l40s.Fits, l40s.Why)
 	}

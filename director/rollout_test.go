@@ -127,7 +127,7 @@ func TestShadowPhaseCopiesBaselineRequests(t *testing.T) {
 	// The same with regions: the candidate's L40S pool in eu-west, and the tenant pinned to us-east.
 	regional := strings.NewReplacer("  tiers:", "  regions: [{name: us-east}, {name: eu-west}]\n  tiers:",
 		"      hardwareClass: h200\n", "      hardwareClass: h200\n      region: us-east\n",
-		"    - name: llama70b-l40s\n      hardwareClass: l40s\n", "    - name: llama70b-l40s\n      hardwareClass: l40s\n      region: eu-west\n",
+		"    - name: llama70b-l40s\n      hardwareClass: l40s-x4\n", "    - name: llama70b-l40s\n      hardwareClass: l40s-x4\n      region: eu-west\n",
 		"    - name: qwen7b-l40s\n      hardwareClass: l40s\n", "    - name: qwen7b-l40s\n      hardwareClass: l40s\n      region: us-east\n",
 		"    tier: pro\n", "    tier: pro\n    residency: [us-east]\n").Replace(text)
 	pinned, err := policies.Parse("policy.yaml", []byte(regional))
@@ -164,7 +164,7 @@ func TestShadowPhaseCopiesBaselineRequests(t *testing.T) {
 		}
 		if tc.copies > 0 {
 			cp := sent.all[0]
-			if cp.Plan == nil || cp.Plan.Share != 0.5 || cp.HardwareClass != "l40s" || len(cp.Endpoints) == 0 || !cp.Stream ||
+			if cp.Plan == nil || cp.Plan.Share != 0.5 || cp.HardwareClass != "l40s-x4" || len(cp.Endpoints) == 0 || !cp.Stream ||
 				!strings.Contains(sent.built[0], `"stream_options":{"include_usage":true}`) && !strings.Contains(sent.built[0], `"include_usage"`) {
 				t.Errorf("copy %+v body %s", cp, sent.built[0])
 			}

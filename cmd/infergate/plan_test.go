@@ -23,7 +23,7 @@ func TestPlanCommand(t *testing.T) {
 		out  string
 	}{
 		{[]string{"--policy", "../../examples/capacity/policy.yaml", "--workload", "../../examples/capacity/workload.yaml"}, 0, "llama-h100 does not fit"},
-		{[]string{"--policy", "../../examples/quickstart/policy.yaml", "--workload", "../../examples/quickstart/workload.yaml"}, 0, "llama70b-l40s does not fit"},
+		{[]string{"--policy", "../../examples/quickstart/policy.yaml", "--workload", "../../examples/quickstart/workload.yaml"}, 0, "llama70b-l40s  l40s-x4  4"},
 		{[]string{"--policy", "../../examples/capacity/policy.yaml"}, 2, "--workload"},
 		{[]string{"--policy", "../../examples/capacity/policy.yaml", "--workload", bad}, 1, `unknown preset "gpt-5"`},
 		{[]string{"--live", "127.0.0.1:1", "--interval", "1ms"}, 1, "--live"},

@@ -383,6 +383,9 @@ func render(w io.Writer, st *e2e.Stack, samples []sample, elapsed time.Duration,
 		hit = fmt.Sprintf("%.0f%%", 100*float64(allCached)/float64(allPrompt))
 	}
 	fmt.Fprintf(w, "%-18s %6d %10s %10s %10s\n\n", "all replicas", len(allTTFT), ms(percentile(allTTFT, .5)), ms(percentile(allTTFT, .95)), hit)
+	if len(byReplica["llama70b-l40s-0"])+len(byReplica["llama70b-l40s-1"]) == 0 {
+		fmt.Fprint(w, "llama70b-l40s idle on purpose: a replica of four L40S costs more per token than an H200, so the 70B goes there\nwhen the H200s are full or down (DEMO_SCENARIO=region-down takes them down).\n\n")
+	}
 
 	fmt.Fprintf(w, "%-10s %6s %12s %12s %6s %6s %8s\n", "TENANT", "REQS", "TOKENS IN", "TOKENS OUT", "429s", "403s", "ERRORS")
 	type agg struct{ reqs, in, out, r429, r403, errs int64 }

@@ -51,7 +51,7 @@ func RegionalPolicy(policy []byte) ([]byte, error) {
 	out := strings.NewReplacer(
 		"  tiers:", "  regions: [{name: us-east, rtt: {us-west: 40ms}}, {name: us-west}]\n  tiers:",
 		"      hardwareClass: h200\n", "      hardwareClass: h200\n      region: us-east\n",
-		"    - name: llama70b-l40s\n      hardwareClass: l40s\n", "    - name: llama70b-l40s\n      hardwareClass: l40s\n      region: us-west\n",
+		"    - name: llama70b-l40s\n      hardwareClass: l40s-x4\n", "    - name: llama70b-l40s\n      hardwareClass: l40s-x4\n      region: us-west\n",
 		"    - name: qwen7b-l40s\n      hardwareClass: l40s\n", "    - name: qwen7b-l40s\n      hardwareClass: l40s\n      region: us-east\n",
 		"    tier: pro\n", "    tier: pro\n    residency: [us-east]\n",
 	).Replace(string(policy))
