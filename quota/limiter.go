@@ -105,7 +105,12 @@ func New(ctx context.Context, o Options) *Limiter {
 		Addrs: o.Addrs, IsClusterMode: o.Cluster, Password: o.Password,
 		// Short dial and I/O timeouts: the request path bounds each call with the policy's timeout anyway.
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		PoolSize: 64, MinIdleConns: 4, MaxRetries: -1,
+		PoolSize: 64, MaxRetries: -1,
+		// A connection opened on the request path costs its handshake's round trips before the admission's
+		// own: over a link to Redis in another region (docs/regions.md) that outlasted redisTimeout, and the
+		// request met the fail mode though Redis was up. So: connections kept open ahead of bursts, and no
+		// CLIENT SETINFO round trip on connect (HELLO, which go-redis always sends, is the only one left).
+		MinIdleConns: 16, DisableIdentity: true,
 		// Without this go-redis ignores the context's deadline on reads and writes, and a hung Redis
 		// (SIGSTOP, a stalled failover) holds requests for the full read timeout instead of redisTimeout.
 		ContextTimeoutEnabled: true,

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/envoysim"
 	"github.com/infergate/infergate/test/loadgen"
@@ -236,9 +238,24 @@ func TestAbortWhileQueuedFreesTheQuota(t *testing.T) {
 		gone <- err
 	}()
 	wait.For(t, "the request to queue", func() bool { return queued(t, st) == 1 })
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	slots := func() int64 {
+		n, err := rdb.ZCard(context.Background(), "ig:{acme}:tenant:conc").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := slots(); n != 1 {
+		t.Fatalf("the queued request holds %d concurrency slots in Redis, want 1", n)
+	}
 	cancel()
 	<-gone
 	wait.For(t, "the queue to let it go", func() bool { return queued(t, st) == 0 })
+	// The slot goes back to Redis with the gateway's next settlement batch (quota.Limiter.Settle never waits on
+	// Redis): a slot never given back would keep this wait from ending.
+	wait.For(t, "the aborted request's concurrency slot to be given back", func() bool { return slots() == 0 })
 	e.waiting.Store(0)
 	// The one concurrency slot is free again: the next request is served, not refused.
 	resp, body := postChat(t, st, admissionChat)
