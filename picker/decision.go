@@ -39,8 +39,9 @@ type decision struct {
 	// the request in time, sacrificing that its group's first request is placed late (both noted once decided).
 	model             modelState
 	busy, sacrificing bool
-	// predicted are the candidates SLO placement predicted for (the split reads their predictions).
-	predicted []scored
+	// predicted are the candidates SLO placement predicted for, prefillers the replicas of prefill-only pools
+	// it predicted a prefill leg for (the split reads their predictions).
+	predicted, prefillers []scored
 	// buf holds the candidate lists; it goes back to the picker's pool at release.
 	buf *candidateLists
 }
@@ -48,7 +49,7 @@ type decision struct {
 // candidateLists are a decision's candidate lists, kept between decisions: a candidate's record is large (scored) and a
 // decision makes up to four lists of them, which cost more to allocate than the rest of a decision.
 type candidateLists struct {
-	all, bounded, peers, arm []scored
+	all, bounded, peers, arm, prefill []scored
 }
 
 // reset drops the lists' references to pools and endpoints, keeping their room.
@@ -57,7 +58,8 @@ func (s *candidateLists) reset() {
 	clear(s.bounded)
 	clear(s.peers)
 	clear(s.arm)
-	s.all, s.bounded, s.peers, s.arm = s.all[:0], s.bounded[:0], s.peers[:0], s.arm[:0]
+	clear(s.prefill)
+	s.all, s.bounded, s.peers, s.arm, s.prefill = s.all[:0], s.bounded[:0], s.peers[:0], s.arm[:0], s.prefill[:0]
 }
 
 // newDecision gathers what a decision needs before its first stage.

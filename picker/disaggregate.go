@@ -28,6 +28,9 @@ func (d *decision) disaggregate(dec *Decision) {
 	if uncached < least {
 		return
 	}
+	if d.slo && dec.Predicted.set {
+		d.predictPrefillers(dec.Pool.Region)
+	}
 	// The pools made for prefill first; pools that do both only when none of those can take it.
 	for _, role := range [...]string{policies.RolePrefill, policies.RoleBoth} {
 		ep, pool := d.prefiller(role, dec.Endpoints[0], dec.Pool.Region)
@@ -39,6 +42,7 @@ func (d *decision) disaggregate(dec *Decision) {
 			return
 		}
 		dec.Prefill, dec.PrefillPool = ep, pool.Name
+		d.creditPrefiller(ep)
 		if dec.Predicted.set {
 			d.predictSplit(dec, ttft)
 		}
@@ -49,6 +53,52 @@ func (d *decision) disaggregate(dec *Decision) {
 		}
 		return
 	}
+}
+
+// predictPrefillers predicts, under SLO placement, a prefill leg on every replica of the model's prefill-only
+// pools in the decoder's region that may take one (canPrefill). The candidates stage lists none of them, as
+// they take no whole request; without this the prefiller would be chosen, and the split weighed, by the pools'
+// speeds alone, blind to their queues and to the prefixes their caches hold. Each is read as a candidate is
+// (its engine's queue, running batch and KV cache, this gateway's sends since) and predicted as a whole
+// request is, for a leg of one output token.
+func (d *decision) predictPrefillers(region string) {
+	p := d.p
+	cands := d.buf.prefill[:0]
+	for i := range d.in.Model.Pools {
+		pool := &d.in.Model.Pools[i]
+		if pool.Role != policies.RolePrefill || pool.Region != region || d.in.Tenant != nil && !d.snap.PoolAllowed(d.in.Tenant, pool) {
+			continue
+		}
+		speed := d.snap.Speed(pool)
+		for _, ep := range pool.Endpoints {
+			if !d.canPrefill(ep) {
+				continue
+			}
+			own := p.InFlight.Count(ep)
+			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
+				cost: speed.CostPerToken(), speed: speed, since: float64(own)}
+			if p.Engines != nil {
+				m, _ := p.Engines.Metrics(ep) // fresh: canPrefill says so
+				since := p.InFlight.SinceReading(ep, m.At)
+				c.queue, c.capacity, c.kvUtil = int64(m.Waiting), m.NumBlocks, m.KVUtil
+				c.running, c.since, c.readAt = m.Running, float64(since), m.At
+			}
+			c.matched = p.Index.Match(ep, d.prompt.hashes)
+			cands = append(cands, c)
+		}
+	}
+	p.pred.predictPrefill(cands, &d.prompt, d.targets.Objective, d.now)
+	d.buf.prefill, d.prefillers = cands, cands
+}
+
+// creditPrefiller records the prompt in the index at its prefiller, whose prefix cache now holds it: the next
+// prompt of its prefix is predicted to prefill there mostly cached.
+func (d *decision) creditPrefiller(ep string) {
+	capacity := d.p.IndexBlocks
+	if c := d.candidate(ep); c != nil && c.capacity > 0 {
+		capacity = int(float64(c.capacity) * d.prompt.scale)
+	}
+	d.p.Index.Credit(ep, d.prompt.hashes, capacity)
 }
 
 // predictSplit moves a split request's prefill, in SLO placement's books, from its decoder to its prefiller: the
@@ -111,31 +161,31 @@ func (d *decision) prefiller(role, decoder, region string) (string, *policies.Po
 // worthSplitting weighs a request whose uncached prompt reached minUncachedTokens: it is split when the
 // prefiller prefills it and the KV cache reaches the decoder (kvBytesPerToken × tokens ÷ transferGbps) sooner
 // than the decoder would prefill it itself — by SLO placement's predictions of both, queues counted, when it
-// has them, else by the pools' prefill speeds — or when prefilling it there would stall the decoder's running
-// requests past the TPOT target: each running decode waits out the whole prefill, chunk by chunk, which over
-// about priorServiceTokens more tokens must fit in what the target leaves beyond a decode step. Without the
-// pools' speeds it is split, as the threshold alone says. It also returns the split's expected TTFT (0 when
-// unknown).
+// has them, else by the pools' prefill speeds; or, under SLO placement, when the split still meets the
+// request's targets and its prefill costs less on the prefiller's hardware (cheaperInTime); or when prefilling
+// it there would stall the decoder's running requests past the TPOT target: each running decode waits out the
+// whole prefill, chunk by chunk, which over about priorServiceTokens more tokens must fit in what the target
+// leaves beyond a decode step. Without the pools' speeds, or with the policy's split: threshold, it is split as
+// the threshold alone says. It also returns the split's expected TTFT (0 when unknown).
 func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *policies.Pool, uncached int, dg *policies.Disaggregation) (bool, time.Duration) {
 	c := d.candidate(decoder)
 	prefillTPS := d.snap.Speed(prefillPool).PrefillTokensPerSecond
 	if c == nil || c.prefillTPS <= 0 || prefillTPS <= 0 {
 		return true, 0
 	}
-	gbps := dg.TransferGbps
-	if gbps <= 0 {
-		gbps = policies.DefaultDisaggTransferGbps
-	}
-	transfer := float64(uncached) * float64(dg.KVBytesPerToken) * 8 / (gbps * 1e9)
+	transfer := transferTime(uncached, dg).Seconds()
 	whole := float64(uncached) / c.prefillTPS
 	split := float64(uncached)/prefillTPS + transfer
+	var pf *scored
 	if d.slo && c.pred.set {
-		if p := d.candidate(prefiller); p != nil && p.pred.set {
-			whole, split = c.pred.TTFT.Seconds(), p.pred.TTFT.Seconds()+transfer
+		if pf = d.candidate(prefiller); pf != nil && pf.pred.set {
+			whole, split = c.pred.TTFT.Seconds(), pf.pred.TTFT.Seconds()+transfer
+		} else {
+			pf = nil
 		}
 	}
 	ttft := time.Duration(split * float64(time.Second))
-	if split < whole {
+	if dg.Split == policies.SplitPastThreshold || split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
 		return true, ttft
 	}
 	running := c.running
@@ -152,12 +202,43 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	return float64(uncached)/c.prefillTPS > (tpot-step)*priorServiceTokens, ttft
 }
 
+// cheaperInTime says whether a split whose TTFT is predicted at ttft (the prefiller's and the transfer) meets
+// the request's targets, at the prefiller's tail and the decoder's TPOT, and prefills for less on the
+// prefiller (its class's price for the tokens its cache does not hold) than on the decoder (for the uncached
+// tokens): disaggregating then serves the request in time at a lower cost, and takes the prefill out of the
+// decoder's steps, which its running decodes share.
+func (d *decision) cheaperInTime(dc, pf *scored, uncached int, ttft time.Duration) bool {
+	sp := pf.pred
+	sp.TTFT, sp.TPOT = ttft, dc.pred.TPOT
+	if !meets(sp, d.targets, d.routing.SLOMargin, d.in.Waited) {
+		return false
+	}
+	onPrefiller := pf.speed.CostPerHour * sp.uncached / max(pf.speed.PrefillTokensPerSecond, 1)
+	onDecoder := dc.speed.CostPerHour * float64(uncached) / max(dc.speed.PrefillTokensPerSecond, 1)
+	return onPrefiller < onDecoder
+}
+
+// transferTime is how long the KV cache of uncached prompt tokens takes from the prefiller to the decoder:
+// kvBytesPerToken × tokens ÷ the pools' link (transferGbps).
+func transferTime(uncached int, dg *policies.Disaggregation) time.Duration {
+	gbps := dg.TransferGbps
+	if gbps <= 0 {
+		gbps = policies.DefaultDisaggTransferGbps
+	}
+	return time.Duration(float64(uncached) * float64(dg.KVBytesPerToken) * 8 / (gbps * 1e9) * float64(time.Second))
+}
+
 // candidate is the decision's candidate at endpoint ep, with SLO placement's prediction when it made one; nil
 // when it is none.
 func (d *decision) candidate(ep string) *scored {
 	for i := range d.predicted {
 		if d.predicted[i].endpoint == ep {
 			return &d.predicted[i]
+		}
+	}
+	for i := range d.prefillers {
+		if d.prefillers[i].endpoint == ep {
+			return &d.prefillers[i]
 		}
 	}
 	for i := range d.all {

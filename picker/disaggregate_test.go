@@ -182,19 +182,72 @@ func TestSplitOnlyWhenItPays(t *testing.T) {
 	if d := pick(60); d.Prefill == "" || d.Prefill == d.Endpoints[0] {
 		t.Errorf("a decoder running 60 of 64: prefill %q, decoder %s (%d tokens estimated)", d.Prefill, d.Endpoints[0], d.EstimatedPromptTokens)
 	}
+	// The threshold alone decides with split: threshold.
+	snap, m = modelOf(t, strings.Replace(oneClassPolicy, "{protocol: llm-d,", "{protocol: llm-d, split: threshold,", 1))
+	if d := pick(0); d.Prefill == "" || d.Prefill == d.Endpoints[0] {
+		t.Errorf("split: threshold, an idle decoder: prefill %q, decoder %s", d.Prefill, d.Endpoints[0])
+	}
 }
 
-// A split request's TTFT does not fit its decoder's TTFT model (it is the prefiller's, plus the transfer); its
-// TPOT does fit the decoder's.
+// twoPricePolicy decodes on H200s and prefills on a class half as fast at under a third of the price.
+const twoPricePolicy = `apiVersion: infergate.io/v1alpha1
+kind: Policy
+spec:
+  routing: {placement: slo}
+  hardwareClasses:
+    h200: {costPerHour: 3.5, prefillTokensPerSecond: 24000, decodeTokensPerSecond: 3000}
+    slowfill: {costPerHour: 1, prefillTokensPerSecond: 12000, decodeTokensPerSecond: 1000}
+  tiers:
+    pro: {slo: {ttft: TARGET, tpot: 100ms}}
+  models:
+  - name: m
+    pools:
+    - {name: d, hardwareClass: h200, engine: vllm, role: decode, maxConcurrency: 64, endpoints: ["10.0.1.1:1"]}
+    - {name: p, hardwareClass: slowfill, engine: vllm, role: prefill, endpoints: ["10.0.0.1:1"]}
+    disaggregation: {protocol: llm-d, kvBytesPerToken: 163840}
+  tenants:
+  - {name: pro, tier: pro, apiKeys: ["sha256:d4ffc8c0325f7e8e971bb4d7bc9f6a78c97920b5ac57b24380e53b6c7a96bc13"], models: ["*"]}
+`
+
+// Under SLO placement a request is split onto a slower prefiller when the split still meets its TTFT target and
+// the prefill costs less there; not when the split would be late, nor without predictions (affinity placement
+// compares speeds only).
+func TestSplitWhenCheaperInTime(t *testing.T) {
+	doc := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens: 0.47 s at 12K/s + 0.07 s transfer
+	pick := func(policy string) Decision {
+		t.Helper()
+		snap, m := modelOf(t, policy)
+		pro, _ := snap.TenantForKey("sk-demo-acme")
+		d, err := newMixedPicker(engines{"10.0.1.1:1": {}, "10.0.0.1:1": {}}).Pick(snap, Input{Tenant: pro, Model: m,
+			Request: &openai.Request{Prompt: chatPrompt(t, doc, "?"), BodyBytes: len(doc)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := pick(strings.Replace(twoPricePolicy, "TARGET", "5s", 1)); d.Prefill != "10.0.0.1:1" {
+		t.Errorf("TTFT target 5 s: prefill %q, want the cheaper prefiller", d.Prefill)
+	}
+	if d := pick(strings.Replace(twoPricePolicy, "TARGET", "400ms", 1)); d.Prefill != "" {
+		t.Errorf("TTFT target 0.4 s, which only the decoder meets: split to %q", d.Prefill)
+	}
+	if d := pick(strings.Replace(strings.Replace(twoPricePolicy, "TARGET", "5s", 1), "placement: slo", "placement: affinity", 1)); d.Prefill != "" {
+		t.Errorf("affinity placement: split to the slower prefiller %q", d.Prefill)
+	}
+}
+
+// A split request's TTFT fits neither its decoder's TTFT model nor its prefiller's: it is the prefiller's, the
+// transfer and the decode leg's wait for a place in the decoder's batch together. Its TPOT fits the decoder's.
 func TestSplitTimingTeachesOnlyTheDecodersTPOT(t *testing.T) {
 	p := newMixedPicker(idleEngines(nil))
-	dec := Decision{Endpoints: []string{"10.0.1.1:1"}, Prefill: "10.0.0.1:1", Predicted: Prediction{set: true}}
+	dec := Decision{Endpoints: []string{"10.0.1.1:1"}, Prefill: "10.0.0.1:1", Predicted: Prediction{set: true}, prefillPred: Prediction{set: true}}
 	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
-	m := p.pred.model("10.0.1.1:1", 0, 0, 0)
-	if m.residuals != 0 || m.tpotSeen != 1 {
-		t.Errorf("after a split request: %v TTFT residuals, %d TPOTs seen; want 0 and 1", m.residuals, m.tpotSeen)
+	m, pf := p.pred.model("10.0.1.1:1", 0, 0, 0), p.pred.model("10.0.0.1:1", 0, 0, 0)
+	if m.residuals != 0 || m.tpotSeen != 1 || pf.residuals != 0 || pf.ttft.n != 0 {
+		t.Errorf("after a split request: the decoder saw %v TTFT residuals and %d TPOTs, the prefiller %v fitted TTFTs; want 0, 1 and 0",
+			m.residuals, m.tpotSeen, pf.ttft.n)
 	}
-	dec.Prefill = ""
+	dec.Prefill, dec.prefillPred = "", Prediction{}
 	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
 	if m.residuals != 1 || m.tpotSeen != 2 {
 		t.Errorf("after a whole request: %v TTFT residuals, %d TPOTs seen; want 1 and 2", m.residuals, m.tpotSeen)
@@ -252,5 +305,63 @@ func TestSLOPlacementPicksTheSoonestPrefiller(t *testing.T) {
 	a, b := pick(false, 2*time.Second, 300*time.Millisecond), pick(false, 300*time.Millisecond, 2*time.Second)
 	if a != b || a == "" {
 		t.Errorf("without SLO placement the choice followed the predictions: %s, then %s", a, b)
+	}
+}
+
+// sloDisaggPolicy is disaggPolicy under SLO placement: the H200 pool only prefills, so the candidates stage
+// predicts none of its replicas.
+var sloDisaggPolicy = strings.Replace(strings.Replace(disaggPolicy, "routing: {debugScores: true}", "routing: {debugScores: true, placement: slo}", 1),
+	"    pro: {}", "    pro: {slo: {ttft: 10s, tpot: 200ms}}", 1)
+
+// Under SLO placement the replicas of a prefill-only pool are predicted too: the split goes to the prefiller
+// with the shorter queue, whichever it is (the prompt's rendezvous winner would be the same in both cases), and
+// to the one whose cache holds the prompt's prefix when both are idle.
+func TestSLOPlacementPredictsPrefillOnlyPools(t *testing.T) {
+	snap, m := modelOf(t, sloDisaggPolicy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	now := time.Unix(1000, 0)
+	doc := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens
+	question := strings.Repeat("And a long question of its own, about all of it. ", 250)  // ≈ 3K tokens
+	pick := func(p *Affinity, system, user string) Decision {
+		t.Helper()
+		now = now.Add(time.Minute) // the earlier legs' first tokens are long due
+		d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, system, user), BodyBytes: len(system) + len(user)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Prefill == "" || !d.prefillPred.set {
+			t.Fatalf("not split, or without a prediction of the prefill leg: prefill %q", d.Prefill)
+		}
+		return d
+	}
+	newPicker := func(busy string) *Affinity {
+		p := newMixedPicker(idleEngines(func(ep string, m *fleet.EngineMetrics) {
+			if ep == busy {
+				m.Waiting, m.Running = 6, 6
+			}
+		}))
+		p.Now = func() time.Time { return now }
+		return p
+	}
+	var idleTTFT time.Duration
+	for _, tc := range []struct{ busy, want string }{{"10.0.0.1:1", "10.0.0.2:1"}, {"10.0.0.2:1", "10.0.0.1:1"}} {
+		d := pick(newPicker(tc.busy), doc, "?")
+		if d.Prefill != tc.want {
+			t.Errorf("%s queues six prompts: split to %s, want %s", tc.busy, d.Prefill, tc.want)
+		}
+		idleTTFT = d.prefillPred.TTFT
+	}
+	p := newPicker("10.0.0.1:1")
+	first := pick(p, doc, "?")
+	for ep, m := range p.Engines.(engines) {
+		m.Waiting, m.Running = 0, 0
+		p.Engines.(engines)[ep] = m
+	}
+	// Both idle now: the prompt's prefix is cached at the first one's prefiller only.
+	if d := pick(p, doc, question); d.Prefill != first.Prefill || d.prefillPred.TTFT >= idleTTFT {
+		t.Errorf("the prefix cached at %s: split to %s, predicted %v (uncached: %v)", first.Prefill, d.Prefill, d.prefillPred.TTFT, idleTTFT)
+	}
+	if d := pick(newPicker(""), doc, question); d.Prefill != "10.0.0.1:1" {
+		t.Errorf("with nothing cached, both idle: split to %s, want the first listed", d.Prefill)
 	}
 }

@@ -64,8 +64,10 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 		return
 	}
 	if d.Prefill != "" {
-		// A split request's TTFT is its prefiller's, the transfer and one step of its decoder's: not what the
-		// decoder's TTFT model predicts, nor what its pool's calibration judges. Its TPOT is the decoder's.
+		// A split request's TTFT is its prefiller's, the transfer and the decode leg's wait for a place in its
+		// decoder's batch: not what either replica's TTFT model predicts (fitting the prefiller's to it cost
+		// make bench-pd's per-request row a fifth of its goodput at 32 req/s), nor what the decoder's pool's
+		// calibration judges. Its TPOT is the decoder's.
 		p.pred.observe(d.Endpoints[0], d.Predicted, 0, tpot)
 		return
 	}

@@ -291,34 +291,53 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 	st.pressure, st.sacrificed = p.pressure[model], p.sacrificed[model]
 	st.trusted, st.trustedChanged = p.trustedLocked(model, cands, objective)
 	z := tailZ(objective)
-	blockTokens := pr.engineBlockTokens()
 	for i := range cands {
 		c := &cands[i]
-		uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
-		m := p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency))
-		mean := m.uncached
-		if mean == 0 {
-			mean = uncached
-		}
-		speed := max(c.speed.PrefillTokensPerSecond, 1)
-		c.kvAwaited = kvAwaited(c, (uncached+outTokens)/blockTokens)
-		ahead := m.aheadTokens(c, mean, now)
-		x := features(c, (ahead+uncached)/speed)
-		pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
-		pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
-		pd.tail = m.tail(c, z)
-		if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
-			pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
-		}
-		pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
-		pd.factor = p.factorLocked(poolKey{model, c.pool.Name})
-		c.pred = pd
+		ahead := p.predictLocked(c, pr, outTokens, z, now)
+		c.pred.factor = p.factorLocked(poolKey{model, c.pool.Name})
 		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
-			x := features(c, (ahead+plan.followUncached)/speed)
-			c.grp = groupFigures{followTTFT: m.predictTTFT(x)}
+			x := features(c, (ahead+plan.followUncached)/max(c.speed.PrefillTokensPerSecond, 1))
+			c.grp = groupFigures{followTTFT: p.eps[c.endpoint].predictTTFT(x)}
 		}
 	}
 	return st
+}
+
+// predictLocked fills one candidate's prediction (the model above) for a prompt of which it holds c.matched
+// blocks and an output of outTokens, with the tail at z, and returns the prefill it found ahead (tokens).
+func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, now time.Time) (ahead float64) {
+	blockTokens := pr.engineBlockTokens()
+	uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
+	m := p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency))
+	mean := m.uncached
+	if mean == 0 {
+		mean = uncached
+	}
+	speed := max(c.speed.PrefillTokensPerSecond, 1)
+	c.kvAwaited = kvAwaited(c, (uncached+outTokens)/blockTokens)
+	ahead = m.aheadTokens(c, mean, now)
+	x := features(c, (ahead+uncached)/speed)
+	pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
+	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
+	pd.tail = m.tail(c, z)
+	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
+		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
+	}
+	pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
+	c.pred = pd
+	return ahead
+}
+
+// predictPrefill predicts a split request's prefill leg (one output token) on each of cands, replicas of
+// prefill-only pools, as predictAll predicts a whole request, without touching the model's trust or pressure:
+// those judge whole requests.
+func (p *predictor) predictPrefill(cands []scored, pr *prompt, objective float64, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	z := tailZ(objective)
+	for i := range cands {
+		p.predictLocked(&cands[i], pr, 1, z, now)
+	}
 }
 
 // anyIdleWithin says whether some candidate (predicted by predictAll) would give its request a TTFT within

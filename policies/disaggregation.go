@@ -14,6 +14,11 @@ type Disaggregation struct {
 	// MinUncachedTokens is the least prompt a request must leave to prefill (after its cached prefix) for it to
 	// be split; shorter ones run whole on one replica (default 1024).
 	MinUncachedTokens int `yaml:"minUncachedTokens,omitempty" json:"minUncachedTokens,omitempty" jsonschema:"minimum=0"`
+	// Split is how a request past MinUncachedTokens is decided: pays (default) splits it only when splitting
+	// pays — sooner, or within the request's targets at a lower prefill cost, or sparing the decoder's batch its
+	// TPOT target; threshold splits every one that a prefiller can take (llm-d's prefix-based decider; what
+	// decode servers that take only split requests need).
+	Split string `yaml:"split,omitempty" json:"split,omitempty" jsonschema:"enum=pays,enum=threshold"`
 	// KVBytesPerToken is the model's KV cache per token (layers × KV heads × head size × 2 × bytes a value,
 	// e.g. 163840 for Llama-3.3-70B in FP8): with TransferGbps, what moving a prompt's cache costs.
 	KVBytesPerToken int64 `yaml:"kvBytesPerToken" json:"kvBytesPerToken" jsonschema:"minimum=1"`
@@ -27,6 +32,8 @@ const (
 	ProtocolLLMD                   = "llm-d"
 	DefaultDisaggMinUncachedTokens = 1024
 	DefaultDisaggTransferGbps      = 100
+	SplitWhenItPays                = "pays"
+	SplitPastThreshold             = "threshold"
 )
 
 // disaggregation validates a model's pool roles against its disaggregation.
@@ -59,6 +66,9 @@ func (v *validator) disaggregation(m *Model, base []seg) {
 	}
 	if d.KVBytesPerToken <= 0 {
 		v.fail(append(slices.Clone(db), "kvBytesPerToken"), "must be above 0: the model's KV cache bytes per token")
+	}
+	if d.Split != "" && d.Split != SplitWhenItPays && d.Split != SplitPastThreshold {
+		v.fail(append(slices.Clone(db), "split"), "must be %q or %q, got %q", SplitWhenItPays, SplitPastThreshold, d.Split)
 	}
 	if d.MinUncachedTokens < 0 || d.TransferGbps < 0 {
 		v.fail(db, "minUncachedTokens and transferGbps must not be negative")

@@ -103,7 +103,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	switch row {
 	case rowLeast:
 		g.picker = &picker.LeastInFlight{InFlight: g.inflight}
-	case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest:
+	case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill:
 		a := picker.NewAffinity(g.inflight, fl)
 		a.ChurnEvery = -1
 		a.Now = g.sim.Now // the sim's readings are stamped in simulated time

@@ -15,14 +15,17 @@ import (
 // The P/D bench's rows (make bench-pd, issue #38): the same fleet serving everything whole, splitting every
 // request at a fixed ratio (the H200s prefill, the L40S pairs decode), and infergate's per-request choice (the
 // H200s do both, the L40S pairs decode; a request is split when its uncached prompt reaches the policy's
-// minUncachedTokens, the default).
+// minUncachedTokens, the default, and splitting pays), and the same choice on the fixed ratio's roles and
+// threshold (the H200s only prefill; every request may be split, and is when it pays: the L40S pairs serve the
+// others whole), where SLO placement predicts the prefill legs of a pool that takes no whole request.
 const (
-	rowAggregated    = "aggregated"
-	rowDisaggregated = "disaggregated 1:2"
-	rowPerRequest    = "per-request"
+	rowAggregated        = "aggregated"
+	rowDisaggregated     = "disaggregated 1:2"
+	rowPerRequest        = "per-request"
+	rowPerRequestPrefill = "per-request, H200s prefill only"
 )
 
-var pdRows = []string{rowAggregated, rowDisaggregated, rowPerRequest}
+var pdRows = []string{rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill}
 
 // pdScenario is the P/D bench's fleet and workload: a 70B model on two H200s (compute-strong) and four L40S
 // pairs (cheaper, slower to prefill), shared-prefix chat at a swept rate, and bursts of 8-32K-token prompts.
@@ -51,7 +54,8 @@ func newPDScenario(chatRate float64, placement string) *scenario {
 
 // policyYAML is the row's policy: the two pools with their roles, and disaggregation where the row splits.
 func (p *pdScenario) policyYAML(endpoints [][]string, row string) string {
-	roles := map[string][2]string{rowAggregated: {"both", "both"}, rowDisaggregated: {"prefill", "decode"}, rowPerRequest: {"both", "decode"}}[row]
+	roles := map[string][2]string{rowAggregated: {"both", "both"}, rowDisaggregated: {"prefill", "decode"}, rowPerRequest: {"both", "decode"},
+		rowPerRequestPrefill: {"prefill", "decode"}}[row]
 	var b strings.Builder
 	b.WriteString("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n  gateway: {maxEndpointsPerDecision: 1}\n")
 	fmt.Fprintf(&b, "  routing: {placement: %s, maxWaiting: 8}\n  hardwareClasses:\n", p.placement)
@@ -68,6 +72,8 @@ func (p *pdScenario) policyYAML(endpoints [][]string, row string) string {
 	}
 	switch row {
 	case rowDisaggregated:
+		fmt.Fprintf(&b, "    disaggregation: {protocol: llm-d, split: threshold, minUncachedTokens: 1, kvBytesPerToken: %d, transferGbps: %g}\n", p.kvBytesPerToken, p.transferGbps)
+	case rowPerRequestPrefill:
 		fmt.Fprintf(&b, "    disaggregation: {protocol: llm-d, minUncachedTokens: 1, kvBytesPerToken: %d, transferGbps: %g}\n", p.kvBytesPerToken, p.transferGbps)
 	case rowPerRequest:
 		fmt.Fprintf(&b, "    disaggregation: {protocol: llm-d, kvBytesPerToken: %d, transferGbps: %g}\n", p.kvBytesPerToken, p.transferGbps)

@@ -6,7 +6,8 @@ import (
 )
 
 // The P/D bench's rows do what their names say on a short run: aggregated splits nothing, the fixed ratio
-// splits every request (the H200s only prefill), the per-request choice splits some and not others, and each
+// splits every request (the H200s only prefill), the per-request choice splits some and not others (whether
+// the H200s also serve whole requests or only prefill), and each
 // serves nearly every request in time at a light load.
 func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
 	sc := newPDScenario(8, "slo")
@@ -16,6 +17,8 @@ func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
 		rowAggregated:    func(s float64) bool { return s == 0 },
 		rowDisaggregated: func(s float64) bool { return s == 1 },
 		rowPerRequest:    func(s float64) bool { return s > 0 && s < 0.5 },
+		// Every request may be split; those the H200s would serve late, or not cheaper, are not.
+		rowPerRequestPrefill: func(s float64) bool { return s > 0.5 && s < 1 },
 	}
 	for _, row := range pdRows {
 		run := measure(sc, newGateway(sc, row, 0, 1).run(work, d+30*time.Second), d, 1)
