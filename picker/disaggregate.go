@@ -203,15 +203,19 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 }
 
 // cheaperInTime says whether a split whose TTFT is predicted at ttft (the prefiller's and the transfer) meets
-// the request's targets, at the prefiller's tail and the decoder's TPOT, and prefills for less on the
-// prefiller (its class's price for the tokens its cache does not hold) than on the decoder (for the uncached
-// tokens): disaggregating then serves the request in time at a lower cost, and takes the prefill out of the
-// decoder's steps, which its running decodes share.
+// the request's TTFT target, at the prefiller's tail and within the policy's margin, and either prefills for
+// less on the prefiller (its class's price for the tokens its cache does not hold) than on the decoder (for the
+// uncached tokens), or spares a decoder whose predicted TPOT is already past the target's margin: the request
+// is in time either way, and the split is cheaper, or keeps the prefill out of the steps the decoder's running
+// decodes share. The split itself is not judged on TPOT, which is the decoder's either way.
 func (d *decision) cheaperInTime(dc, pf *scored, uncached int, ttft time.Duration) bool {
 	sp := pf.pred
-	sp.TTFT, sp.TPOT = ttft, dc.pred.TPOT
+	sp.TTFT, sp.TPOT = ttft, 0
 	if !meets(sp, d.targets, d.routing.SLOMargin, d.in.Waited) {
 		return false
+	}
+	if d.targets.TPOT > 0 && float64(dc.pred.TPOT) > float64(d.targets.TPOT)*d.routing.SLOMargin {
+		return true // a decoder past its TPOT margin is spared the prefill, whatever it costs
 	}
 	onPrefiller := pf.speed.CostPerHour * sp.uncached / max(pf.speed.PrefillTokensPerSecond, 1)
 	onDecoder := dc.speed.CostPerHour * float64(uncached) / max(dc.speed.PrefillTokensPerSecond, 1)

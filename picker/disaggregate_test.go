@@ -365,3 +365,31 @@ func TestSLOPlacementPredictsPrefillOnlyPools(t *testing.T) {
 		t.Errorf("with nothing cached, both idle: split to %s, want the first listed", d.Prefill)
 	}
 }
+
+// Under SLO placement a decoder whose predicted TPOT is past the target's margin is spared a prefill that a
+// prefiller serves in time, even a dearer one: once the decoder has been seen slow, the request is split.
+func TestSplitSparesADecoderPastItsTPOTMargin(t *testing.T) {
+	policy := strings.Replace(strings.Replace(twoPricePolicy, "TARGET", "5s", 1), "slowfill: {costPerHour: 1,", "slowfill: {costPerHour: 10,", 1)
+	snap, m := modelOf(t, policy)
+	pro, _ := snap.TenantForKey("sk-demo-acme")
+	doc := strings.Repeat("A long document the model must read before it answers. ", 400)
+	p := newMixedPicker(engines{"10.0.1.1:1": {}, "10.0.0.1:1": {}})
+	pick := func() Decision {
+		t.Helper()
+		d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, doc+fmt.Sprint(len(p.pred.eps)), "?"), BodyBytes: len(doc)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := pick(); d.Prefill != "" {
+		t.Fatalf("an idle decoder, a slower and dearer prefiller: split to %q", d.Prefill)
+	}
+	for range 50 { // the decoder's decodes take 95 ms a token, past 0.8 × the 100 ms target
+		p.pred.observe("10.0.1.1:1", Prediction{tpotX: [fitDims]float64{1, 0}}, 0, 95*time.Millisecond)
+	}
+	p.Index = NewIndex() // the decoder holds nothing of the prompt
+	if d := pick(); d.Prefill != "10.0.0.1:1" {
+		t.Errorf("a decoder predicted at %v a token: prefill %q, want it spared", p.pred.eps["10.0.1.1:1"].tpot.predict([fitDims]float64{1, 0}), d.Prefill)
+	}
+}
