@@ -37,6 +37,8 @@ type bench struct {
 	chunk       int // body frame size in FULL_DUPLEX_STREAMED mode
 	// ordinaryProcess runs the ordinary clients in a process of their own (ordinary.go).
 	ordinaryProcess bool
+	// gatewayProcs, when above 0, is the gateway's GOMAXPROCS on its one CPU (0: Go's default, 1 there).
+	gatewayProcs int
 }
 
 // The tenants of the quickstart policy the clients speak for: acme may call every model, initech only one
@@ -378,6 +380,9 @@ func (b *bench) start(ctx context.Context) (*gateway, error) {
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, "GOMEMLIMIT=") || strings.HasPrefix(kv, "GOMAXPROCS=")
 	})
+	if b.gatewayProcs > 0 {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(b.gatewayProcs))
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		cancel()
