@@ -78,9 +78,8 @@ func (d *decision) candidates() (blockTokens int) {
 		}
 		speed, rtt := snap.Speed(pool), snap.RegionRTT(from, pool.Region)
 		for _, ep := range pool.Endpoints {
-			own := p.InFlight.Count(ep)
-			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
-				cost: speed.CostPerToken(), speed: speed, region: region, rtt: rtt}
+			c := p.newScored(pool, speed, ep)
+			c.region, c.rtt = region, rtt
 			counts.seen[region]++
 			if p.Engines != nil {
 				m, fresh := p.Engines.Metrics(ep)
@@ -105,7 +104,7 @@ func (d *decision) candidates() (blockTokens int) {
 				// count is a share of it.
 				c.load = max(c.load, int64(m.Running)+since)
 				if slo {
-					c.running, c.since, c.readAt, c.kvUtil = m.Running, float64(since), m.At, m.KVUtil
+					c.readForSLO(m, since)
 				}
 				if blockTokens == 0 {
 					blockTokens = m.BlockSize
@@ -125,6 +124,19 @@ func (d *decision) candidates() (blockTokens int) {
 	d.regional = len(order) > 1
 	d.holdBack(order, &counts)
 	return blockTokens
+}
+
+// newScored is the candidate ep of pool, its load this gateway's requests in flight there.
+func (p *Affinity) newScored(pool *policies.Pool, speed policies.PoolSpeed, ep string) scored {
+	own := p.InFlight.Count(ep)
+	return scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
+		cost: speed.CostPerToken(), speed: speed}
+}
+
+// readForSLO keeps what SLO placement predicts from in an engine's reading m: its running batch, when it was
+// read, its KV cache's usage, and this gateway's sends since.
+func (c *scored) readForSLO(m fleet.EngineMetrics, since int64) {
+	c.running, c.since, c.readAt, c.kvUtil = m.Running, float64(since), m.At, m.KVUtil
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy

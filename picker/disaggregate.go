@@ -74,14 +74,12 @@ func (d *decision) predictPrefillers(region string) {
 			if !d.canPrefill(ep) {
 				continue
 			}
-			own := p.InFlight.Count(ep)
-			c := scored{pool: pool, endpoint: ep, load: own, own: own, prefillTPS: speed.PrefillTokensPerSecond,
-				cost: speed.CostPerToken(), speed: speed, since: float64(own)}
+			c := p.newScored(pool, speed, ep)
+			c.since = float64(c.own) // without engine metrics: this gateway's own requests are the queue
 			if p.Engines != nil {
 				m, _ := p.Engines.Metrics(ep) // fresh: canPrefill says so
-				since := p.InFlight.SinceReading(ep, m.At)
-				c.queue, c.capacity, c.kvUtil = int64(m.Waiting), m.NumBlocks, m.KVUtil
-				c.running, c.since, c.readAt = m.Running, float64(since), m.At
+				c.queue, c.capacity = int64(m.Waiting), m.NumBlocks
+				c.readForSLO(m, p.InFlight.SinceReading(ep, m.At))
 			}
 			c.matched = p.Index.Match(ep, d.prompt.hashes)
 			cands = append(cands, c)
