@@ -9,12 +9,20 @@ const fitDims = 4
 // ridge term worth ridgeWeight observations: with no data it predicts the prior, and it moves to what the
 // endpoint really does as observations arrive, forgetting old ones (weight decay per observation) as the
 // endpoint's behaviour drifts. Normal equations (Σ w x xᵀ + ρI) θ = Σ w x y + ρθ₀, solved on demand.
+//
+// A guarded feature is predicted, past the largest value of it observed, at the steeper of the fitted and the
+// prior's slope: a slope learnt over a narrow range says little outside it, and the prior's comes from the
+// pool's stated speeds. The TPOT model guards its running batch: a P/D decoder that has run small batches
+// learns a flat slope there, and without the guard would take a burst's decodes as if they cost it nothing;
+// the TTFT model guards its prefill term (a decoder that only gets the short prompts splits leave it).
 type fit struct {
 	dims  int
 	prior [fitDims]float64
 	sxx   [fitDims][fitDims]float64
 	sxy   [fitDims]float64
 	n     float64 // weighted observations
+	guard int     // the guarded feature (0: none)
+	seen  float64 // the largest value of the guarded feature observed
 	theta [fitDims]float64
 	stale bool // theta needs solving
 }
@@ -32,6 +40,12 @@ func newFit(prior ...float64) fit {
 	return f
 }
 
+// guarded is f with feature i guarded (see fit).
+func (f fit) guarded(i int) fit {
+	f.guard = i
+	return f
+}
+
 // observe adds one observation; x[0] is 1 for the intercept.
 func (f *fit) observe(x [fitDims]float64, y float64) {
 	if math.IsNaN(y) || math.IsInf(y, 0) {
@@ -44,10 +58,14 @@ func (f *fit) observe(x [fitDims]float64, y float64) {
 		f.sxy[i] = fitDecay*f.sxy[i] + x[i]*y
 	}
 	f.n = fitDecay*f.n + 1
+	if f.guard > 0 {
+		f.seen = max(f.seen, x[f.guard])
+	}
 	f.stale = true
 }
 
-// predict is θ·x with θ solved from the observations so far.
+// predict is θ·x with θ solved from the observations so far, the guarded feature past its observed range at
+// the steeper slope.
 func (f *fit) predict(x [fitDims]float64) float64 {
 	if f.stale {
 		f.solve()
@@ -55,6 +73,9 @@ func (f *fit) predict(x [fitDims]float64) float64 {
 	y := 0.0
 	for i := range f.dims {
 		y += f.theta[i] * x[i]
+	}
+	if g := f.guard; g > 0 && x[g] > f.seen {
+		y += (max(f.theta[g], f.prior[g]) - f.theta[g]) * (x[g] - f.seen)
 	}
 	return y
 }

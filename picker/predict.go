@@ -212,9 +212,9 @@ func (p *predictor) model(ep string, service, fullStep, slots float64) *endpoint
 	}
 	m := p.eps[ep]
 	if m == nil {
-		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0), tpot: newFit(0, 0)}
+		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0).guarded(prefillTerm), tpot: newFit(0, 0).guarded(batchTerm)}
 		if fullStep > 0 && slots > 0 {
-			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots), true
+			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots).guarded(batchTerm), true
 		}
 		p.eps[ep] = m
 	}
@@ -244,6 +244,13 @@ func fullStepTime(c *scored) float64 {
 	}
 	return slots / c.speed.DecodeTokensPerSecond
 }
+
+// prefillTerm and batchTerm are the TTFT features' prefill seconds and the TPOT features' running batch, the
+// terms their fits guard (see fit).
+const (
+	prefillTerm = 1
+	batchTerm   = 1
+)
 
 // features are a candidate's TTFT features (see the model above).
 func features(c *scored, prefill float64) [fitDims]float64 {

@@ -363,3 +363,31 @@ func TestSLOPredictionNeverBeatsThePrefillSpeed(t *testing.T) {
 		}
 	}
 }
+
+func TestFitExtrapolatesAGuardedFeatureAtTheSteeperSlope(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		guard        int
+		slope, prior float64
+		want         float64 // at x = 4, having seen x ≤ 1
+	}{
+		{"learnt flatter than the prior: the prior's slope past 1", 1, 0.2, 1, 0.05 + 0.2*1 + 1*3},
+		{"learnt steeper than the prior: its own slope", 1, 3, 1, 0.05 + 3*4},
+		{"not guarded: its own slope", 0, 0.2, 1, 0.05 + 0.2*4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFit(0, tc.prior).guarded(tc.guard)
+			rng := rand.New(rand.NewPCG(3, 4))
+			for range 400 {
+				x := [fitDims]float64{1, rng.Float64()}
+				f.observe(x, 0.05+tc.slope*x[1])
+			}
+			if got, want := f.predict([fitDims]float64{1, 0.5}), 0.05+tc.slope*0.5; math.Abs(got-want) > 0.01 {
+				t.Errorf("inside the observed range: predict = %.4f, want %.4f", got, want)
+			}
+			if got := f.predict([fitDims]float64{1, 4}); math.Abs(got-tc.want) > 0.05 {
+				t.Errorf("past the observed range: predict = %.4f, want %.4f", got, tc.want)
+			}
+		})
+	}
+}

@@ -174,6 +174,28 @@ func TestTPOTPriorFromTheBatch(t *testing.T) {
 	}
 }
 
+// An endpoint that has only run small batches, at a TPOT that did not grow with them, still predicts a full
+// batch slower than a small one: past the largest batch observed, TPOT grows at least at the prior's slope.
+// A P/D decoder between bursts is such an endpoint, and taking a burst's decodes as free broke its TPOT.
+func TestTPOTPastTheLargestBatchObserved(t *testing.T) {
+	var p predictor
+	const slots = 16
+	full := slots / 1200.0
+	m := p.model("10.0.1.1:1", 0, full, slots)
+	for i := range 300 {
+		running := float64(1 + i%3) // batches of 1-3
+		m.tpot.observe([fitDims]float64{1, running / runningScale}, 0.02)
+	}
+	small := m.tpot.predict([fitDims]float64{1, 3 / runningScale})
+	if math.Abs(small-0.02) > 0.002 {
+		t.Fatalf("within the batches observed: TPOT %v, want the 0.02 observed", small)
+	}
+	got := m.tpot.predict([fitDims]float64{1, slots / runningScale})
+	if want := small + full/2*(slots-3)/slots; got < want-1e-6 {
+		t.Errorf("a full batch, having run at most 3: TPOT %v, want at least %v (the prior's slope past 3)", got, want)
+	}
+}
+
 // When none is predicted in time, the late candidates are ranked by their TTFT at the tail, not by the mean: a
 // full batch packed by cost has the lowest mean and the widest spread (the wait for a slot), and the replica
 // with room is the likelier to serve the request in time. The meeting ones still come first, cheapest first.
