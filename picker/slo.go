@@ -102,7 +102,8 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 }
 
 // rankBySLO sorts judged candidates in place: the meeting ones first, nearest region first, then cheapest
-// first (for a new group, by group cost); then the late ones, fastest at the tail of their spread first (see atTail).
+// first (for a new group, by group cost); then the late ones, those that would decode within the TPOT target
+// first (see decodesLate), fastest at the tail of their spread first (see atTail).
 func rankBySLO(cands []scored, group bool) {
 	sortScored(cands, true, func(a, b *scored) int {
 		switch {
@@ -113,8 +114,18 @@ func rankBySLO(cands []scored, group bool) {
 		case a.meets:
 			return cmpFloat(a.sloCost(group), b.sloCost(group))
 		}
+		if la, lb := a.pred.decodesLate(), b.pred.decodesLate(); la != lb {
+			return trueFirst(lb)
+		}
 		return cmpFloat(float64(a.pred.atTail()), float64(b.pred.atTail()))
 	})
+}
+
+// decodesLate says the request would decode past its TPOT target itself there. Late candidates that would not
+// come first: a request predicted late for its first token often makes it (the prediction is judged at the
+// tail, within the margin), and then its TPOT decides; the fastest first token on a packed batch loses it.
+func (pd *Prediction) decodesLate() bool {
+	return pd.tpotLimit > 0 && pd.TPOT > pd.tpotLimit
 }
 
 // sloCost is what SLO placement ranks meeting candidates by: the request's cost, or its group's.
@@ -202,11 +213,12 @@ func (d *decision) noneInTime(late, all []scored) (Decision, error) {
 // prefix costs a full prefill that makes everyone later still.
 const lateTolerance = 0.25
 
-// fastest orders late candidates (sorted by atTail) when none meets the targets: those within lateTolerance
-// of the fastest by affinity and load, then the others by their TTFT at the tail.
+// fastest orders late candidates (sorted by rankBySLO) when none meets the targets: those within lateTolerance
+// of the fastest, and as late in TPOT, by affinity and load, then the others as sorted.
 func (d *decision) fastest(late, all []scored) []scored {
 	n := 1
-	for n < len(late) && float64(late[n].pred.atTail()) <= float64(late[0].pred.atTail())*(1+lateTolerance) {
+	for n < len(late) && late[n].pred.decodesLate() == late[0].pred.decodesLate() &&
+		float64(late[n].pred.atTail()) <= float64(late[0].pred.atTail())*(1+lateTolerance) {
 		n++
 	}
 	head := late[:n]

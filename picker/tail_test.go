@@ -219,6 +219,40 @@ func TestLateCandidatesAreRankedAtTheirTail(t *testing.T) {
 	}
 }
 
+// Among late candidates, those that would decode within the TPOT target come first, however fast the first
+// token elsewhere: a request predicted late often makes its first token, and then a packed batch's TPOT loses
+// it.
+func TestLateCandidatesThatDecodeInTimeComeFirst(t *testing.T) {
+	ms := time.Millisecond
+	late := func(name string, ttft, tpot time.Duration) scored {
+		return scored{endpoint: name, pred: Prediction{TTFT: ttft, TPOT: tpot, tpotLimit: 80 * ms}}
+	}
+	cands := []scored{
+		late("packed, fastest", 500*ms, 95*ms),
+		late("room, slower", 560*ms, 60*ms),
+		late("room, slowest", 900*ms, 70*ms),
+		late("packed, slow", 600*ms, 120*ms),
+		{endpoint: "no TPOT target", pred: Prediction{TTFT: 700 * ms, TPOT: 200 * ms}},
+	}
+	rankBySLO(cands, false)
+	var got []string
+	for _, c := range cands {
+		got = append(got, c.endpoint)
+	}
+	want := []string{"room, slower", "no TPOT target", "room, slowest", "packed, fastest", "packed, slow"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ranked %q, want %q", got, want)
+	}
+
+	// Nor does the band of the fastest, placed by affinity and load, take in one that would decode late.
+	band := []scored{late("room", 500*ms, 60*ms), late("packed, warm", 520*ms, 95*ms)}
+	band[0].total, band[1].total = 1, 10
+	rankBySLO(band, false)
+	if first := (&decision{buf: &candidateLists{}}).fastest(band, band)[0].endpoint; first != "room" {
+		t.Errorf("the fastest band placed %q first, want room: a warmer prefix does not buy a late TPOT", first)
+	}
+}
+
 // A request whose first token came, or that finished, is no longer in prefill, whenever its first token was
 // due: prefilled and observe forget its send.
 func TestObservedSendLeavesThePrefillAhead(t *testing.T) {
