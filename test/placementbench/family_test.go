@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,5 +90,26 @@ func TestFisherBelow(t *testing.T) {
 		if got := fisherBelow(r, o); math.Abs(got-tc.want) > 1e-3 {
 			t.Errorf("%s: p %.4f, want %.4f", tc.name, got, tc.want)
 		}
+	}
+}
+
+// -misstate makes the policy state the classes' speeds wrong in turn, too fast and too slow, and leaves the
+// simulated engines as they are.
+func TestMisstatedSpeedsAreOnlyStated(t *testing.T) {
+	sc := generate(0, 33)
+	right := sc.policyYAML(make([][]string, len(sc.classes)), "slo", false)
+	sc.misstate = 2
+	wrong := sc.policyYAML(make([][]string, len(sc.classes)), "slo", false)
+	for i, c := range sc.classes {
+		want := c.speed.PrefillTokensPerSecond * []float64{2, 0.5}[i%2]
+		if stated := fmt.Sprintf("prefillTokensPerSecond: %.0f,", want); !strings.Contains(wrong, stated) {
+			t.Errorf("class %s: the policy does not state %s:\n%s", c.name, stated, wrong)
+		}
+		if stated := fmt.Sprintf("prefillTokensPerSecond: %.0f,", c.speed.PrefillTokensPerSecond); !strings.Contains(right, stated) {
+			t.Errorf("class %s: without -misstate the policy does not state its real speed", c.name)
+		}
+	}
+	if got := generate(0, 33); got.classes[0].speed != sc.classes[0].speed {
+		t.Error("misstating changed the simulated hardware")
 	}
 }

@@ -38,6 +38,7 @@ func main() {
 	verbose := flag.Bool("v", false, "print every scenario's rows")
 	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "scenarios run at once")
 	pick := flag.Int("scenario", -1, "run only this scenario of the family (with -v: its rows' class shares)")
+	misstate := flag.Float64("misstate", 1, "an operator's wrong speeds: the policy states every other class's prefill and decode speeds this many times their real ones, the rest this many times slower")
 	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
 	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
 	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
@@ -58,7 +59,7 @@ func main() {
 	family := make([]scenario, *n)
 	for i := range family {
 		family[i] = generate(i, *familySeed)
-		family[i].lag = *lag
+		family[i].lag, family[i].misstate = *lag, *misstate
 	}
 	if *pick >= 0 && *pick < *n {
 		family = family[*pick : *pick+1]
@@ -66,6 +67,9 @@ func main() {
 	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each", *n, *familySeed, *seeds, *duration)
 	if *lag > 0 {
 		fmt.Printf("; a starved gateway, its own delays %s on average", *lag)
+	}
+	if *misstate != 1 {
+		fmt.Printf("; the policy states the classes' speeds %g× and 1/%g× their real ones in turn", *misstate, *misstate)
 	}
 	fmt.Print(".\n\n")
 	fmt.Println("| # | kind | model | classes (replicas, price, prefill, $ per 1M output at full batch, KV) | SLO | sharing | load | capacity |")

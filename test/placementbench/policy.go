@@ -18,9 +18,10 @@ func (s *scenario) policyYAML(endpoints [][]string, placement string, queue bool
 		b.WriteString("  admission: {}\n")
 	}
 	fmt.Fprintf(&b, "  routing: {placement: %s, maxWaiting: 8}\n  hardwareClasses:\n", placement)
-	for _, c := range s.classes {
+	for i, c := range s.classes {
+		stated := s.statedSpeed(i)
 		fmt.Fprintf(&b, "    %s: {costPerHour: %.4f, prefillTokensPerSecond: %.0f, decodeTokensPerSecond: %.0f}\n", c.name, c.price,
-			c.speed.PrefillTokensPerSecond, decodeTPS(c))
+			c.speed.PrefillTokensPerSecond*stated, decodeTPS(c)*stated)
 	}
 	fmt.Fprintf(&b, "  tiers:\n    interactive:\n      slo: {ttft: %s, tpot: %s}\n", s.ttft, s.tpot)
 	fmt.Fprintf(&b, "  models:\n  - name: %s\n    pools:\n", s.model)
@@ -34,4 +35,16 @@ func (s *scenario) policyYAML(endpoints [][]string, placement string, queue bool
 	}
 	fmt.Fprintf(&b, "  tenants:\n  - {name: t, tier: interactive, apiKeys: [%q], models: [\"*\"]}\n", apiKeyHash)
 	return b.String()
+}
+
+// statedSpeed is how many times its real speeds the policy states class i's (see -misstate): misstate for
+// the even classes, its inverse for the odd, 1 when unset.
+func (s *scenario) statedSpeed(i int) float64 {
+	if s.misstate <= 0 || s.misstate == 1 {
+		return 1
+	}
+	if i%2 == 1 {
+		return 1 / s.misstate
+	}
+	return s.misstate
 }

@@ -61,6 +61,8 @@ type scenario struct {
 	ramped         bool
 	// lag is the starved gateway's mean own delay the family runs under (-lag), 0 for a gateway with CPU to spare.
 	lag time.Duration
+	// misstate is how wrong the policy's speeds are (-misstate; see statedSpeed), 1 or 0 for right.
+	misstate float64
 	// pd, set for the P/D bench (-pd), gives the scenario's policy per row and the long prompts' TTFT target.
 	pd *pdScenario
 }
