@@ -209,14 +209,20 @@ func TestLateCandidatesAreRankedAtTheirTail(t *testing.T) {
 		{endpoint: "meets, cheap", meets: true, pred: Prediction{TTFT: 300 * ms, CostUSD: 4}},
 	}
 	rankBySLO(cands, false)
-	var got []string
-	for _, c := range cands {
-		got = append(got, c.endpoint)
-	}
+	got := endpointsOf(cands)
 	want := []string{"meets, cheap", "meets, dear", "room", "queue", "full batch"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ranked %q, want %q", got, want)
 	}
+}
+
+// endpointsOf is the candidates' endpoints in their order.
+func endpointsOf(cands []scored) []string {
+	names := make([]string, len(cands))
+	for i, c := range cands {
+		names[i] = c.endpoint
+	}
+	return names
 }
 
 // Among late candidates, those that would decode within the TPOT target come first, however fast the first
@@ -235,10 +241,7 @@ func TestLateCandidatesThatDecodeInTimeComeFirst(t *testing.T) {
 		{endpoint: "no TPOT target", pred: Prediction{TTFT: 700 * ms, TPOT: 200 * ms}},
 	}
 	rankBySLO(cands, false)
-	var got []string
-	for _, c := range cands {
-		got = append(got, c.endpoint)
-	}
+	got := endpointsOf(cands)
 	want := []string{"room, slower", "no TPOT target", "room, slowest", "packed, fastest", "packed, slow"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ranked %q, want %q", got, want)
