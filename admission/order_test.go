@@ -142,6 +142,43 @@ func TestLateRequestGoesElsewhereFirst(t *testing.T) {
 	h.wg.Wait()
 }
 
+// A request whose cheaper model takes longer to a first token than its own goes there while it can still be on
+// time there, if there is room; without room it waits on for its own model, and at its due time is late as any
+// other.
+func TestDegradeByGoesWhileTheCheaperModelIsInTime(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	room := true
+	degrade := func() bool { mu.Lock(); defer mu.Unlock(); return room }
+	h.enqueue(entry{name: "free1", tenant: "f", class: free})
+	h.enqueue(entry{name: "went", tenant: "e", class: enterprise, due: time.Second, degradeBy: 600 * time.Millisecond, degrade: degrade})
+	h.clock.Advance(599 * time.Millisecond)
+	if h.answered("went") {
+		t.Fatal("went left before its DegradeBy")
+	}
+	h.clock.Advance(time.Millisecond)
+	if r := h.result("went"); r != Degraded {
+		t.Fatalf("went: %v, want degraded at its DegradeBy", r)
+	}
+
+	mu.Lock()
+	room = false
+	mu.Unlock()
+	h.enqueue(entry{name: "stayed", tenant: "e", class: enterprise, due: time.Second, degradeBy: 600 * time.Millisecond, degrade: degrade})
+	h.clock.Advance(600 * time.Millisecond)
+	if h.answered("stayed") || h.answered("free1") {
+		t.Fatal("with no room on the cheaper model, stayed waits on for its own and nobody yields yet")
+	}
+	h.clock.Advance(400 * time.Millisecond) // its due time, with nowhere else to go: free1 yields
+	if r := h.result("free1"); r != Yielded {
+		t.Fatalf("free1: %v, want it to yield to the late request", r)
+	}
+	if got := h.drain(1); !slices.Equal(got, []string{"stayed"}) {
+		t.Errorf("started %v", got)
+	}
+	h.wg.Wait()
+}
+
 // The sweep that sheds requests that cannot start in time treats a request that would start late the same
 // way: a lower one yields for it.
 func TestSweepYieldsForLateRequests(t *testing.T) {

@@ -58,6 +58,10 @@ type Entry struct {
 	// still waits while any lower-priority request of its model waits (the lowest of them yields its place);
 	// with none, it is shed.
 	Due time.Time
+	// DegradeBy, when set before Due, is when starting on a cheaper model later makes the request late there
+	// (it takes longer to a first token than the request's own model): one not started by then calls Degrade,
+	// and waits on for its own model when that finds no room.
+	DegradeBy time.Time
 	// Try places the request if some endpoint has room now, and says whether it did (Placed), could not yet
 	// (NoRoom) or never will (Gone: what it was allowed to use is no longer there). The queue calls it with its
 	// lock held, one entry at a time in queue order, so it must be quick and must not call the queue.
@@ -67,6 +71,9 @@ type Entry struct {
 	// request's time runs short and before anyone yields to it, since a request that can go elsewhere in time
 	// need not take a lower tier's place.
 	Elsewhere func() bool
+	// Degrade places the request on that cheaper model alone and says whether it did; called at DegradeBy,
+	// as Try is.
+	Degrade func() bool
 
 	result   Result
 	done     chan struct{}
@@ -78,6 +85,8 @@ type Entry struct {
 	band     *band
 	started  bool
 	late     bool // past Due, kept because a lower-priority request yielded its place
+	// pastDegradeBy: its DegradeBy came and found no room; its timer is set to its Due.
+	pastDegradeBy bool
 }
 
 // due is when e becomes late: Due, or its Deadline when it has none or a later one.
@@ -86,6 +95,14 @@ func (e *Entry) due() time.Time {
 		return e.Deadline
 	}
 	return e.Due
+}
+
+// degradeBy is e's DegradeBy when it has one before its due time and a Degrade to call; zero otherwise.
+func (e *Entry) degradeBy() time.Time {
+	if e.Degrade == nil || e.DegradeBy.IsZero() || !e.DegradeBy.Before(e.due()) {
+		return time.Time{}
+	}
+	return e.DegradeBy
 }
 
 // TryResult is what an entry's Try found.
@@ -229,13 +246,33 @@ func (q *Queue) refuse(mq *modelQueue, e *Entry, lim Limits, now time.Time) (Out
 	return Outcome{}, true
 }
 
-// arm sets e's timer: to its Due, or to its Deadline once it is late or has no earlier Due.
+// arm sets e's timer: to its DegradeBy, its Due, or to its Deadline once it is late or has no earlier Due.
 func (q *Queue) arm(e *Entry, now time.Time) {
+	if by := e.degradeBy(); !e.late && !e.pastDegradeBy && !by.IsZero() {
+		e.stop = q.clock.AfterFunc(by.Sub(now), func() { q.degradeNow(e) })
+		return
+	}
 	if !e.late && e.due().Before(e.Deadline) {
 		e.stop = q.clock.AfterFunc(e.due().Sub(now), func() { q.lateNow(e) })
 		return
 	}
 	e.stop = q.clock.AfterFunc(e.Deadline.Sub(now), func() { q.expire(e) })
+}
+
+// degradeNow is e's DegradeBy come while it waits: it goes to the cheaper model if that has room, and waits on
+// for its own model to its Due otherwise.
+func (q *Queue) degradeNow(e *Entry) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.result != 0 {
+		return
+	}
+	if e.Degrade() {
+		q.finish(q.models[e.Model], e, Degraded)
+		return
+	}
+	e.pastDegradeBy = true
+	q.arm(e, q.clock.Now())
 }
 
 // lateNow is e's Due come while it waits: it goes elsewhere if it can, or the lowest request below it yields

@@ -66,6 +66,8 @@ type entry struct {
 	cost, bytes  int64
 	wait         time.Duration
 	due          time.Duration // from now; 0: none (the wait's end)
+	degradeBy    time.Duration // from now, with degrade; 0: none
+	degrade      func() bool
 	elsewhere    func() bool
 	ctx          context.Context
 }
@@ -88,15 +90,18 @@ func (h *harness) enqueue(e entry) {
 	// Queued (joined) or refused at the door (answered): a previous entry settling late must not count.
 	before := h.q.Joined("m")
 	now := h.clock.Now()
-	var due time.Time
+	var due, degradeBy time.Time
 	if e.due != 0 {
 		due = now.Add(max(0, e.due)) // a negative due is late at the door
+	}
+	if e.degradeBy != 0 {
+		degradeBy = now.Add(e.degradeBy)
 	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		out := h.q.Wait(e.ctx, &Entry{Model: "m", Tenant: e.tenant, Class: e.class, Cost: e.cost, Bytes: e.bytes,
-			Deadline: now.Add(e.wait), Due: due, Try: h.room.try(e.name), Elsewhere: e.elsewhere}, h.lim)
+			Deadline: now.Add(e.wait), Due: due, DegradeBy: degradeBy, Try: h.room.try(e.name), Elsewhere: e.elsewhere, Degrade: e.degrade}, h.lim)
 		h.mu.Lock()
 		h.out[e.name] = out
 		h.mu.Unlock()

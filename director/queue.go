@@ -27,25 +27,21 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	if arrived.IsZero() {
 		arrived = d.opts.Now()
 	}
-	var due time.Time
-	if ttft := rt.targets.TTFT; ttft > 0 {
-		// Started later than this, the request would reach its first token too late to be good: it waits on
-		// only while requests of lower priority wait (admission/queue.go).
-		due = arrived.Add(max(0, ttft-d.starts.bound(name)))
-	}
+	due, degradeBy := d.dueTimes(snap, req, rt, arrived)
 	class := snap.QueueClass(req.Tenant)
 	var placed *policies.Model
 	var dec picker.Decision
-	elsewhere := func() bool { // short of time: a cheaper model or the managed API, as degrade below
-		got, m, ok := d.elsewhere(snap, rt, in)
+	took := func(got picker.Decision, m *policies.Model, ok bool) bool {
 		if ok {
 			dec, placed = got, m
 			d.count(&rt.inFlight, got.Target(m.Name)) // before the queue tries the next request
 		}
 		return ok
 	}
+	elsewhere := func() bool { return took(d.elsewhere(snap, rt, in, arrived)) } // a cheaper model or the managed API
+	cheaper := func() bool { return took(d.cheaper(snap, rt, in, arrived)) }
 	e := &admission.Entry{Model: name, Tenant: req.Tenant.Name, Class: class, Cost: tokens, Bytes: req.BodyBytes,
-		Deadline: arrived.Add(maxWait), Due: due, Try: func() admission.TryResult {
+		Deadline: arrived.Add(maxWait), Due: due, DegradeBy: degradeBy, Try: func() admission.TryResult {
 			cur, tin := d.current(snap, in)
 			m, ok := cur.Model(name)
 			if !ok || tin.Tenant == nil || !cur.AllowsName(tin.Tenant, in.Request.Model) {
@@ -59,7 +55,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 			dec, placed = got, m
 			d.count(&rt.inFlight, got.Target(m.Name)) // before the queue tries the next request
 			return admission.Placed
-		}, Elsewhere: elsewhere}
+		}, Elsewhere: elsewhere, Degrade: cheaper}
 	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})
 	rt.queued = out.Waited
 	switch out.Result {
@@ -84,25 +80,68 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 		rt.Model = placed
 		return dec, nil
 	}
-	return d.degrade(req, rt, in, out)
+	return d.degrade(req, rt, in, out, arrived)
+}
+
+// dueTimes are when a queued request must start to reach its first token within its TTFT target (zero
+// without one): due on its own model, degradeBy on the cheaper model its tier degrades it to, when that takes
+// longer to a first token (zero otherwise). Each is the target less the start latency learnt on that model.
+func (d *Director) dueTimes(snap *policies.Snapshot, req *Request, rt *Route, arrived time.Time) (due, degradeBy time.Time) {
+	ttft := rt.targets.TTFT
+	if ttft <= 0 {
+		return time.Time{}, time.Time{}
+	}
+	// Started later than this, the request would reach its first token too late to be good: it waits on only
+	// while requests of lower priority wait (admission/queue.go).
+	now := d.opts.Now()
+	own := d.starts.bound(rt.Model.Name, now)
+	due = arrived.Add(max(0, ttft-own))
+	// Sent to a slower cheaper model at its due time, it would be late there too: it goes there while it can
+	// still be on time.
+	if to, ok := snap.DegradeTo(req.Tenant, rt.Model); ok {
+		if there := d.starts.bound(to.Name, now); there > own && there < ttft {
+			degradeBy = arrived.Add(ttft - there)
+		}
+	}
+	return due, degradeBy
 }
 
 // elsewhere places a request its own model has no room for in time on the cheaper model its tier names for
-// this one, when that has room, or on the model's managed fallback, when the policy lets it take saturation;
-// it returns the model the request is then served as.
-func (d *Director) elsewhere(snap *policies.Snapshot, rt *Route, in picker.Input) (picker.Decision, *policies.Model, bool) {
-	model := rt.Model
-	if to, ok := snap.DegradeTo(in.Tenant, model); ok {
-		tin := in
-		tin.Model, tin.Adapter, tin.Split = to, "", nil // another model: the rollout's split is not its own
-		if dec, err := d.opts.Picker.Pick(snap, tin); err == nil {
-			return dec, to, true
-		}
+// this one (cheaper), or on the model's managed fallback, when the policy lets it take saturation; it returns
+// the model the request is then served as.
+func (d *Director) elsewhere(snap *policies.Snapshot, rt *Route, in picker.Input, arrived time.Time) (picker.Decision, *policies.Model, bool) {
+	if dec, to, ok := d.cheaper(snap, rt, in, arrived); ok {
+		return dec, to, true
 	}
 	if dec, ok := picker.SaturatedFallback(snap, in); ok {
-		return dec, model, true
+		return dec, rt.Model, true
 	}
 	return picker.Decision{}, nil, false
+}
+
+// cheaper places a request on the cheaper model its tier names for its own, when that has room and can still
+// serve it within its TTFT target.
+func (d *Director) cheaper(snap *policies.Snapshot, rt *Route, in picker.Input, arrived time.Time) (picker.Decision, *policies.Model, bool) {
+	to, ok := snap.DegradeTo(in.Tenant, rt.Model)
+	if !ok || !d.inTimeOn(to.Name, rt, arrived) {
+		return picker.Decision{}, nil, false
+	}
+	tin := in
+	tin.Model, tin.Adapter, tin.Split = to, "", nil // another model: the rollout's split is not its own
+	dec, err := d.opts.Picker.Pick(snap, tin)
+	if err != nil {
+		return picker.Decision{}, nil, false
+	}
+	return dec, to, true
+}
+
+// inTimeOn says whether a request that arrived at arrived can still reach its first token on model within its
+// TTFT target, at the start latency learnt there (always, without a target). A cheaper model's room goes to
+// requests it can serve in time: in an overload it is as full as the model it relieves, and a request sent
+// there late would take the place of one that is not.
+func (d *Director) inTimeOn(model string, rt *Route, arrived time.Time) bool {
+	ttft, now := rt.targets.TTFT, d.opts.Now()
+	return ttft <= 0 || !now.Add(d.starts.bound(model, now)).After(arrived.Add(ttft))
 }
 
 // current is the snapshot a queued request is placed under: the live one, with the tenant as it now reads
@@ -118,12 +157,12 @@ func (d *Director) current(snap *policies.Snapshot, in picker.Input) (*policies.
 }
 
 // degrade finds a request that cannot start in time somewhere else to go: the cheaper model its tier names for
-// this one, when that has room; the model's managed fallback, when the policy lets it take saturation;
-// otherwise it is shed with a 429 whose retry-after is the queue's drain time.
-func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome) (picker.Decision, *Refusal) {
+// this one, when that has room and can still serve it in time; the model's managed fallback, when the policy
+// lets it take saturation; otherwise it is shed with a 429 whose retry-after is the queue's drain time.
+func (d *Director) degrade(req *Request, rt *Route, in picker.Input, out admission.Outcome, arrived time.Time) (picker.Decision, *Refusal) {
 	model, tier := rt.Model, policies.TierOf(req.Tenant)
 	metrics, why := d.opts.Queue.Metrics(), out.Result.String()
-	if dec, to, ok := d.elsewhere(req.Snapshot, rt, in); ok {
+	if dec, to, ok := d.elsewhere(req.Snapshot, rt, in, arrived); ok {
 		metrics.Result(model.Name, tier, "degraded", why)
 		rt.Model = to
 		return dec, nil

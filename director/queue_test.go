@@ -500,3 +500,51 @@ func TestLateRequestGoesElsewhereBeforeALowerTierYields(t *testing.T) {
 		t.Fatalf("pro: %v", res.err)
 	}
 }
+
+// A request whose tier degrades it to a model that takes longer to a first token goes there while it can still
+// meet its target there: at its own due time it would be late there too.
+func TestDegradeWhileTheCheaperModelIsInTime(t *testing.T) {
+	r := newQueueRig(t, 4)
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 5s\n      slo: {ttft: 1s}", 1))
+	// Learnt start latencies (mean plus deviation): big 150 ms, so due at 850 ms; small 600 ms, so there by 400 ms.
+	r.d.starts.observe("big", 100*time.Millisecond, r.clock.Now())
+	r.d.starts.observe("small", 400*time.Millisecond, r.clock.Now())
+	r.engines.set(small1, 0)
+	pro := r.queued(context.Background(), "sk-pro", "big")
+	r.clock.Advance(399 * time.Millisecond)
+	select {
+	case res := <-pro:
+		t.Fatalf("pro left the queue before the cheaper model's last moment: %v", res.err)
+	default:
+	}
+	r.clock.Advance(time.Millisecond)
+	if res := get(t, pro); res.err != nil || res.rt.Model.Name != "small" || res.rt.Decision.Endpoints[0] != small1 {
+		t.Fatalf("pro: %v, want it on small at 400 ms", res.err)
+	}
+}
+
+// A request that can no longer meet its TTFT target on the cheaper model does not go there (its room goes to
+// requests it can still serve in time), though it has room: at its due time it goes to the managed API.
+func TestLateRequestLeavesTheCheaperModelToTimelyOnes(t *testing.T) {
+	r := newQueueRig(t, 4)
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 2s\n      slo: {ttft: 1s}", 1))
+	r.d.starts.observe("small", 400*time.Millisecond, r.clock.Now()) // 600 ms to a first token there: there by 400 ms
+	pro := r.queued(context.Background(), "sk-pro", "big")
+	r.clock.Advance(500 * time.Millisecond) // past that, with small full
+	r.engines.set(small1, 0)                // room on small now, too late for pro
+	r.queue.KickAll()
+	r.clock.Advance(500 * time.Millisecond) // its due time on big
+	if res := get(t, pro); res.err != nil || res.rt.Model.Name != "big" || res.rt.Decision.Fallback == nil {
+		t.Fatalf("pro: %v, served as %s, managed %v; want the managed API, not the cheaper model", res.err, res.rt.Model.Name, res.rt.Decision.Fallback != nil)
+	}
+}

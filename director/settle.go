@@ -175,7 +175,7 @@ func (d *Director) Settle(rt *Route, o Outcome) Settlement {
 	if !rt.placed.IsZero() && st.Outcome == OutcomeOK && o.Chunked && !o.FirstContent.IsZero() && rt.Decision.Fallback == nil {
 		// From placement, not arrival: the time before the queue (the body, quotas) is already behind a
 		// waiting request, and counting it again would shorten every wait by it.
-		d.starts.observe(model.Name, o.FirstContent.Sub(rt.placed))
+		d.starts.observe(model.Name, o.FirstContent.Sub(rt.placed), d.opts.Now())
 	}
 	st.PromptDigest, st.OutputDigest, st.DigestKey, st.TraceID = o.PromptDigest, o.OutputDigest, o.DigestKey, o.TraceID
 	if rt.pair && d.opts.Shadows != nil {
