@@ -178,7 +178,8 @@ func (b *bench) starvedReplicas(ctx context.Context, v variant, policy, dir stri
 		go func() { <-ctx.Done(); logf.Close() }()
 		g, err := b.starve.startGateway(ctx, b.root, policy, logf)
 		if err != nil {
-			return nil, err
+			log, _ := os.ReadFile(logf.Name()) // what it said before it went
+			return nil, fmt.Errorf("gateway %d: %w; its log:\n%s", i, err, log)
 		}
 		reps = append(reps, gatewayReplica{url: g.url, gather: g.gather, pid: g.pid})
 	}

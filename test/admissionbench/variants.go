@@ -76,6 +76,9 @@ spec:
 	switch v.mode {
 	case "admission":
 		fmt.Fprintf(&b, "  routing: {maxWaiting: %d}\n  admission: {maxQueueLength: %d}\n", *maxWaiting, queueLength)
+		// As docs/admission.md asks of several replicas: each counts its own sends since an engine reading
+		// this many times, since the others fill the same engines alike.
+		fmt.Fprintf(&b, "  quotas: {gatewayReplicas: %d}\n", max(1, v.replicas))
 	case "fifo":
 		fmt.Fprintf(&b, "  routing: {maxWaiting: %d}\n  admission: {maxQueueLength: %d, maxQueueWait: 1h}\n", *maxWaiting, queueLength)
 	}
