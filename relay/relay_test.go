@@ -20,7 +20,10 @@ import (
 	"github.com/infergate/infergate/test/wait"
 )
 
-const interval = 50 * time.Millisecond
+// interval is infergate serve's scrape interval. A failover keeps the readings fresh with about two intervals
+// to spare (a follower scrapes itself after two silent ones; readings go stale after five): at 50 ms that was
+// 100 ms, which a race-instrumented test beside two CPU hogs overran.
+const interval = 100 * time.Millisecond
 
 // engine serves a vLLM /metrics exposition and counts the scrapes.
 type engine struct {
