@@ -340,6 +340,17 @@ func TestReloadWhileQueued(t *testing.T) {
 	}
 }
 
+// rewrite reloads the rig's policy with its first old replaced by new.
+func (r *queueRig) rewrite(old, new string) {
+	r.t.Helper()
+	path := r.store.Current().Source
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	reload(r.t, r.store, path, strings.Replace(string(raw), old, new, 1))
+}
+
 func reload(t *testing.T, store *policies.Store, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
@@ -474,12 +485,7 @@ func TestLateRequestKeepsItsPlaceOverALowerTier(t *testing.T) {
 // overflows to the managed API at its TTFT target while the pro request below it keeps waiting.
 func TestLateRequestGoesElsewhereBeforeALowerTierYields(t *testing.T) {
 	r := newQueueRig(t, 4)
-	path := r.store.Current().Source
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 1s", 1))
+	r.rewrite("maxQueueWait: 200ms", "maxQueueWait: 1s")
 	pro := r.queued(context.Background(), "sk-pro", "big")
 	ent := r.queued(context.Background(), "sk-ent", "big")
 	r.clock.Advance(300 * time.Millisecond)
@@ -505,12 +511,7 @@ func TestLateRequestGoesElsewhereBeforeALowerTierYields(t *testing.T) {
 // meet its target there: at its own due time it would be late there too.
 func TestDegradeWhileTheCheaperModelIsInTime(t *testing.T) {
 	r := newQueueRig(t, 4)
-	path := r.store.Current().Source
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 5s\n      slo: {ttft: 1s}", 1))
+	r.rewrite("maxQueueWait: 200ms", "maxQueueWait: 5s\n      slo: {ttft: 1s}")
 	// Learnt start latencies (mean plus deviation): big 150 ms, so due at 850 ms; small 600 ms, so there by 400 ms.
 	r.d.starts.observe("big", 100*time.Millisecond, r.clock.Now())
 	r.d.starts.observe("small", 400*time.Millisecond, r.clock.Now())
@@ -532,12 +533,7 @@ func TestDegradeWhileTheCheaperModelIsInTime(t *testing.T) {
 // requests it can still serve in time), though it has room: at its due time it goes to the managed API.
 func TestLateRequestLeavesTheCheaperModelToTimelyOnes(t *testing.T) {
 	r := newQueueRig(t, 4)
-	path := r.store.Current().Source
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reload(t, r.store, path, strings.Replace(string(raw), "maxQueueWait: 200ms", "maxQueueWait: 2s\n      slo: {ttft: 1s}", 1))
+	r.rewrite("maxQueueWait: 200ms", "maxQueueWait: 2s\n      slo: {ttft: 1s}")
 	r.d.starts.observe("small", 400*time.Millisecond, r.clock.Now()) // 600 ms to a first token there: there by 400 ms
 	pro := r.queued(context.Background(), "sk-pro", "big")
 	r.clock.Advance(500 * time.Millisecond) // past that, with small full
