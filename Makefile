@@ -23,17 +23,19 @@ test-deps: ## install what the tests run for real (Debian packages) when missing
 	@bash scripts/ensure-test-deps.sh
 
 .PHONY: test
-test: test-deps ## every test, vetted, with the race detector (but the two modules under deploy/ of their own); make lint vets the rest
+test: test-deps ## every test, vetted, with the race detector (but deploy/image and deploy/envoy/minversion, modules of their own); make lint vets the rest
 	@# Every test binary is built (and vetted) first, so that no test runs beside the compiler on a cold cache.
-	@# The manifest checks under deploy/ run with the race detector too: built without it they would compile
-	@# the ~900 packages they share with the rest a second time (3 1/2 min of a cold run, against 40 s).
+	@# The manifest checks under deploy/ run with the race detector too, and so does the chart's module, whose
+	@# shared modules have the gateway's versions (its TestSharesTheGatewaysBuild): built without it, or with
+	@# other versions, they would compile the ~900 packages they share with the rest a second time (3 1/2 min
+	@# of a cold run, against 20 s).
 	$(GO) test -race -vet=all -count=1 -run '^$$' ./...
 	@# The regions test runs alone after the rest: its regions' processes would load the machine under the
 	@# timing-sensitive tests of other packages (rollout gates, admission).
 	$(GO) test -race -vet=all -count=1 $$($(GO) list ./... | grep -v '/test/regionnet$$')
 	$(GO) test -race -vet=all -count=1 ./test/regionnet
 	cd deploy/envoy/minversion && $(GO) test -vet=all -count=1 ./...
-	cd deploy/helm && $(GO) test -vet=all -count=1 ./...
+	cd deploy/helm && $(GO) test -race -vet=all -count=1 ./...
 	cd deploy/image && $(GO) test -vet=all -count=1 ./...
 
 .PHONY: image
