@@ -225,7 +225,7 @@ func waitSettlement(t *testing.T, st *Stack) (s struct {
 	return s
 }
 
-// scrapeSum sums a metric across the replicas whose names start with prefix.
+// scrapeSum sums a metric across the replicas whose names start with prefix (a histogram: its observations).
 func scrapeSum(t *testing.T, st *Stack, prefix, metric string) float64 {
 	t.Helper()
 	total := 0.0
@@ -244,32 +244,40 @@ func scrapeSum(t *testing.T, st *Stack, prefix, metric string) float64 {
 			t.Fatal(err)
 		}
 		for _, m := range fams[metric].GetMetric() {
-			total += counterOrGauge(m)
+			total += sampleValue(m)
 		}
 	}
 	return total
 }
 
-func counterOrGauge(m *dto.Metric) float64 {
-	if m.GetCounter() != nil {
+// sampleValue is a counter's or gauge's value, or the sum of a histogram's observations.
+func sampleValue(m *dto.Metric) float64 {
+	switch {
+	case m.GetCounter() != nil:
 		return m.GetCounter().GetValue()
+	case m.GetHistogram() != nil:
+		return m.GetHistogram().GetSampleSum()
 	}
 	return m.GetGauge().GetValue()
 }
 
-// A repeated prefix is served from the replicas' KV cache: lower TTFT, and the prefix-cache metrics move.
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	st := startStack(t, envoyConfigs["full-duplex"])
 	c := client(st, "sk-demo-globex")
 	// Long enough (about 3,000 tokens) that a cold prefill dominates TTFT even on a busy machine.
 	system := strings.Repeat("You are the support assistant of a large retailer; answer precisely and politely. ", 230)
-	ttft := func(user string) time.Duration {
-		start := time.Now()
+	// TTFT as the engines measured it: the delta of their TTFT histograms' sums across one request, the only one
+	// in flight. The client's clock would add the test process's own work (parsing, hashing, tokenising the
+	// prompt in the race-built binary), which grows with the prompt as a cold prefill does, and on a busy machine
+	// it swamped the difference (warm 110 ms against cold 139 ms in one run beside two CPU hogs).
+	const ttftMetric = "vllm:time_to_first_token_seconds"
+	engineTTFT := func(user string) time.Duration {
+		before := scrapeSum(t, st, "qwen7b", ttftMetric)
 		stream := c.Chat.Completions.NewStreaming(context.Background(), chatParams(qwen, system, user))
 		defer stream.Close()
 		for stream.Next() {
 			if len(stream.Current().Choices) > 0 {
-				return time.Since(start)
+				return time.Duration((scrapeSum(t, st, "qwen7b", ttftMetric) - before) * float64(time.Second))
 			}
 		}
 		t.Fatalf("no token: %v", stream.Err())
@@ -279,7 +287,7 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	// The first request is cold; prefix affinity sends the following ones to the replica that has the prefix.
 	var cold, warm []time.Duration
 	for i := range 6 {
-		d := ttft("question number " + string(rune('A'+i)))
+		d := engineTTFT("question number " + string(rune('A'+i)))
 		if i == 0 {
 			cold = append(cold, d)
 		} else if i >= 2 {
@@ -290,10 +298,11 @@ func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	if hitsAfter-hitsBefore < 1000 {
 		t.Errorf("prefix cache hits moved by %v tokens, want the shared system prompt", hitsAfter-hitsBefore)
 	}
-	// A busy machine only adds to a TTFT measured by the clock, so the fastest warm request is the best
-	// reading of what a warm prefix costs (the cold one, inflated too, only makes the comparison easier).
-	if fastest := slices.Min(warm); fastest*2 > cold[0] {
-		t.Errorf("warm TTFT %v (fastest %v) not well below cold TTFT %v", warm, fastest, cold)
+	// A busy machine only delays an engine's steps, so the fastest warm request is the best reading of what a
+	// warm prefix costs (the cold one, delayed too, only makes the comparison easier).
+	t.Logf("engine TTFT: cold %v, warm %v", cold, warm)
+	if fastest := slices.Min(warm); fastest <= 0 || fastest*2 > cold[0] {
+		t.Errorf("engine TTFT warm %v (fastest %v) not well below cold %v", warm, fastest, cold)
 	}
 	if q := scrapeSum(t, st, "qwen7b", "vllm:prefix_cache_queries_total"); q <= hitsAfter {
 		t.Errorf("queries %v must exceed hits %v (the cold requests missed)", q, hitsAfter)
