@@ -21,9 +21,11 @@ type Answer struct {
 	// Took is the time from sending to the whole answer.
 	Took time.Duration
 	// Window is, for an answer admitted under a requestsPerSecond limit, the end (a Unix second) of the
-	// one-second window the quota counted it in: when the request was sent plus the x-ratelimit-reset-requests
-	// the gateway computed from the moment its admission began (which also picks the window: an admission that
-	// waited out a Redis timeout is counted in the window it began in), to the nearest second. 0 otherwise.
+	// one-second window the quota counted it in. The gateway computed x-ratelimit-reset-requests from the moment
+	// its admission began (which also picks the window: an admission that waited out a Redis timeout is counted
+	// in the window it began in), some time after the request was sent; so the window's end is the first whole
+	// second at or after the sending plus the reset (less the header's millisecond rounding), as long as the
+	// admission began within a second of the sending. 0 otherwise.
 	Window int64
 }
 
@@ -62,7 +64,7 @@ func (c *Cluster) Ask(ctx context.Context, region, tenant, prompt string) Answer
 	}
 	a.Served = c.servedBy(resp.Header.Get("x-simulated-replica"))
 	if reset, err := time.ParseDuration(resp.Header.Get("x-ratelimit-reset-requests")); err == nil && a.Status/100 == 2 {
-		a.Window = start.Add(reset).Add(500 * time.Millisecond).Unix()
+		a.Window = windowEnd(start.Add(reset - time.Millisecond))
 	}
 	if a.Status/100 == 2 && a.Served == "" {
 		a.Err = fmt.Errorf("a %d answer names no replica: %.200s", a.Status, data)
@@ -83,4 +85,13 @@ func (c *Cluster) servedBy(replica string) string {
 		return replica[:i]
 	}
 	return ""
+}
+
+// windowEnd is the first whole Unix second at or after t.
+func windowEnd(t time.Time) int64 {
+	end := t.Unix()
+	if time.Unix(end, 0).Before(t) {
+		end++
+	}
+	return end
 }

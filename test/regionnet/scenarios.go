@@ -162,6 +162,7 @@ func (c *Cluster) Run(ctx context.Context, s Scenario, p Phases, atEnd func()) (
 		tr.Stop()
 		return Figures{}, fmt.Errorf("%s: end: %w", s.Name, err)
 	}
+	ended := time.Now() // the fault is over: the quota's windows up to a second after this count with neither
 	sleep(ctx, p.Recovery)
 	records := tr.Stop()
 	if err := ctx.Err(); err != nil {
@@ -169,7 +170,7 @@ func (c *Cluster) Run(ctx context.Context, s Scenario, p Phases, atEnd func()) (
 	}
 	f := c.measure(s, records, t0, t1)
 	if metered != nil {
-		c.measureQuota(&f, s, metered.Stop(), t0, t1)
+		c.measureQuota(&f, s, metered.Stop(), t0, ended)
 	}
 	return f, nil
 }
@@ -178,8 +179,9 @@ func (c *Cluster) Run(ctx context.Context, s Scenario, p Phases, atEnd func()) (
 // requestsPerSecond limit is kept in (as the gateways' x-ratelimit-reset-requests tell): the most in a window
 // before the fault or after it (the limit), and in one during it (the limit the fault allows: docs/regions.md —
 // regions cut off from Redis admit ⌈limit ÷ gatewayReplicas⌉ each, the others the whole limit); and the rate
-// over each. Windows the fault's start falls in, and those up to a second after its end, count with neither: a
-// gateway cut off from Redis keeps its fail mode until its next probe (every 250 ms) reaches Redis again.
+// over each. Windows the fault's start falls in, and those up to a second after its end (t1: when ending it
+// returned, as healing links takes time on a busy machine), count with neither: a gateway cut off from Redis
+// keeps its fail mode until its next probe (every 250 ms) reaches Redis again.
 func (c *Cluster) measureQuota(f *Figures, s Scenario, records []Record, t0, t1 time.Time) {
 	perWindow := map[int64]int{}
 	for _, r := range records {
