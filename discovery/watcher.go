@@ -1,6 +1,7 @@
 // Package discovery finds the replicas of pools that name a Kubernetes Service: it watches the Service's
 // EndpointSlices with client-go informers and hands the policy store the ready, not terminating endpoints,
-// so the picker, the engine scraper and the xDS EDS follow pods as they come and go.
+// so the picker, the engine scraper and the xDS EDS follow pods as they come and go. It needs only the
+// discovery/v1 client, not client-go's clientset of every API group (~230 packages more in the binary).
 package discovery
 
 import (
@@ -15,9 +16,11 @@ import (
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	listersv1 "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -30,7 +33,7 @@ const syncTimeout = 30 * time.Second
 // Watcher implements policies.EndpointResolver from EndpointSlices. One informer per namespace the policy's
 // Services live in: a namespaced Role (get, list, watch endpointslices) is all it needs.
 type Watcher struct {
-	client kubernetes.Interface
+	client discoveryclient.EndpointSlicesGetter
 	store  *policies.Store
 	log    *slog.Logger
 
@@ -40,8 +43,9 @@ type Watcher struct {
 	endpoints  map[policies.ServiceRef][]string
 }
 
-// New builds a Watcher; Start begins watching.
-func New(client kubernetes.Interface, store *policies.Store, log *slog.Logger) *Watcher {
+// New builds a Watcher on the discovery/v1 API (discoveryclient.NewForConfig, or a test's in-memory one);
+// Start begins watching.
+func New(client discoveryclient.EndpointSlicesGetter, store *policies.Store, log *slog.Logger) *Watcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -90,27 +94,40 @@ func (w *Watcher) watch(ns string, wait bool) error {
 		w.mu.Unlock()
 		return nil
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithNamespace(ns))
-	inf := factory.Discovery().V1().EndpointSlices()
-	w.namespaces[ns] = inf.Lister()
+	inf := cache.NewSharedIndexInformer(listWatch(w.client, ns), &discoveryv1.EndpointSlice{}, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	w.namespaces[ns] = listersv1.NewEndpointSliceLister(inf.GetIndexer())
 	ctx := w.ctx
 	w.mu.Unlock()
 	changed := func(any) { w.changed() }
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
 	}); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
+	go inf.RunWithContext(ctx)
 	if !wait {
 		return nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
-	if !cache.WaitForCacheSync(sctx.Done(), inf.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
 		return fmt.Errorf("EndpointSlices of namespace %s: not listed within %v (RBAC: get, list, watch endpointslices)", ns, syncTimeout)
 	}
 	return nil
+}
+
+// listWatch lists and watches a namespace's EndpointSlices, as client-go's generated informer does.
+func listWatch(client discoveryclient.EndpointSlicesGetter, ns string) cache.ListerWatcher {
+	api := client.EndpointSlices(ns)
+	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return api.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return api.Watch(ctx, opts)
+		},
+	}, client)
 }
 
 // changed recomputes every Service's endpoints and refreshes the store when one moved.

@@ -9,8 +9,8 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/infergate/infergate/discovery/discoverytest"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -67,11 +67,14 @@ func TestWatcherFollowsEndpointSlices(t *testing.T) {
 	if eps := poolEndpoints(store); len(eps) != 0 {
 		t.Fatalf("before discovery: %v", eps)
 	}
-	client := fake.NewClientset(slice("vllm-m-a", endpoint("10.1.0.1", true, false), endpoint("10.1.0.2", false, false)),
+	client, err := discoverytest.New(slice("vllm-m-a", endpoint("10.1.0.1", true, false), endpoint("10.1.0.2", false, false)),
 		// Another Service's slice in the namespace is not this pool's.
 		&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "inference", Labels: map[string]string{discoveryv1.LabelServiceName: "other"}},
 			AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8000))}},
 			Endpoints: []discoveryv1.Endpoint{endpoint("10.7.0.1", true, false)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w := New(client, store, nil)
@@ -83,7 +86,7 @@ func TestWatcherFollowsEndpointSlices(t *testing.T) {
 		t.Fatalf("after the first list: %v", eps)
 	}
 	versions := []string{store.Current().Version}
-	api := client.DiscoveryV1().EndpointSlices("inference")
+	api := client.EndpointSlices("inference")
 	step := func(what string, want []string, do func() error) {
 		t.Helper()
 		if err := do(); err != nil {

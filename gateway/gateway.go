@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
-	"k8s.io/client-go/kubernetes"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -83,9 +83,10 @@ type Config struct {
 	AuditOut io.Writer
 	// RolloutInterval is how often rollouts' gates are judged and their shared state read (default 1 s).
 	RolloutInterval time.Duration
-	// Kubernetes is the API client that pools naming a Service are discovered with; nil: built from
-	// Kubeconfig, or from the pod's service account when Kubeconfig is empty, once a pool names a Service.
-	Kubernetes kubernetes.Interface
+	// Kubernetes is the EndpointSlice API that pools naming a Service are discovered with; nil: a discovery/v1
+	// client built from Kubeconfig, or from the pod's service account when Kubeconfig is empty, once a pool
+	// names a Service.
+	Kubernetes discoveryclient.EndpointSlicesGetter
 	Kubeconfig string
 }
 
@@ -359,7 +360,7 @@ func discover(ctx context.Context, c Config, store *policies.Store, log *slog.Lo
 		if err != nil {
 			return fmt.Errorf("a pool names a Kubernetes Service, so infergate needs the Kubernetes API: %w", err)
 		}
-		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+		if client, err = discoveryclient.NewForConfig(cfg); err != nil {
 			return fmt.Errorf("kubernetes client: %w", err)
 		}
 	}

@@ -11,8 +11,8 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/infergate/infergate/discovery/discoverytest"
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -54,12 +54,15 @@ func replicaSlice(r *fleetsim.Replica, terminating bool) *discoveryv1.EndpointSl
 // The simulated fleet's replicas are announced through EndpointSlices; one that starts terminating takes no
 // new request, and once every slice is withdrawn the model has nowhere to go.
 func TestPoolEndpointsFromKubernetes(t *testing.T) {
-	client := fake.NewClientset()
+	client, err := discoverytest.New()
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	dir := stackFiles(t, map[string]string{"policy.yaml": discoveryPolicy, "envoy.yaml": "repo:deploy/envoy/envoy-xds.yaml",
 		"fleet.yaml": "repo:examples/rollout/fleet.yaml"})
-	slices := client.DiscoveryV1().EndpointSlices("inference")
+	slices := client.EndpointSlices("inference")
 	var a, b *fleetsim.Replica
 	st, err := Start(ctx, Options{Root: dir, EnvoyFile: "envoy.yaml", PolicyFile: "policy.yaml", FleetFile: "fleet.yaml",
 		FreePorts: true, Kubernetes: client, BeforeGateway: func(f *fleetsim.Fleet) error {

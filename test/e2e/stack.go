@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"k8s.io/client-go/kubernetes"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 
 	"github.com/infergate/infergate/director"
 	"github.com/infergate/infergate/extproc"
@@ -79,8 +79,8 @@ type Options struct {
 	Tracing      *telemetry.Tracing
 	// RolloutInterval is gateway.Config's (default 1 s).
 	RolloutInterval time.Duration
-	// Kubernetes is gateway.Config's: the API pools naming a Service are discovered from (a fake clientset).
-	Kubernetes kubernetes.Interface
+	// Kubernetes is gateway.Config's: the API pools naming a Service are discovered from (discoverytest's).
+	Kubernetes discoveryclient.EndpointSlicesGetter
 	// Region is gateway.Config's: the gateway's region of a policy with regions.
 	Region string
 	// BeforeGateway, when set, runs once the fleet is up and before the gateway starts (to announce the
