@@ -32,6 +32,10 @@ spec:
 `
 }
 
+// policy is a one-tenant policy with the quota and quotas settings given. Tests of what Redis counts set a
+// long redisTimeout: at the default a call that a busy machine delays past it meets the fail mode and is
+// admitted in process (TestSettlementRefundsAndCharges was, beside two CPU hogs), which is another test's
+// subject.
 func policy(t testing.TB, quota, settings string) (*policies.Snapshot, *policies.Tenant, *policies.Model) {
 	t.Helper()
 	src := policyHead(settings) + `  - name: acme
@@ -152,7 +156,7 @@ func concKey(tn *policies.Tenant) string { return "ig:" + tag(tn.Name) + ":tenan
 
 func TestSettlementRefundsAndCharges(t *testing.T) {
 	srv := redistest.Start(t)
-	snap, tn, m := policy(t, "tokensPerMinute: 1000, monthlySpendUSD: 1", "")
+	snap, tn, m := policy(t, "tokensPerMinute: 1000, monthlySpendUSD: 1", "redisTimeout: 5s")
 	c := &clock{now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
 	l := newLimiter(t, srv.Addr, false, c)
 	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 600))
@@ -178,7 +182,7 @@ func TestSettlementRefundsAndCharges(t *testing.T) {
 
 func TestWindowRollover(t *testing.T) {
 	srv := redistest.Start(t)
-	snap, tn, m := policy(t, "requestsPerSecond: 3", "")
+	snap, tn, m := policy(t, "requestsPerSecond: 3", "redisTimeout: 5s")
 	c := &clock{now: time.Date(2026, 11, 30, 10, 0, 0, 100e6, time.UTC)}
 	l := newLimiter(t, srv.Addr, false, c)
 	admit := func() *Rejection {
@@ -205,7 +209,7 @@ func TestWindowRollover(t *testing.T) {
 
 func TestMonthlySpendIsInsufficientQuota(t *testing.T) {
 	srv := redistest.Start(t)
-	snap, tn, m := policy(t, "monthlySpendUSD: 0.001", "") // 1,000 micro-USD
+	snap, tn, m := policy(t, "monthlySpendUSD: 0.001", "redisTimeout: 5s") // 1,000 micro-USD
 	l := newLimiter(t, srv.Addr, false, nil)
 	r := req(snap, tn, m, 10)
 	r.EstimatedCostMicros = 800
@@ -279,7 +283,7 @@ func TestRedisOutage(t *testing.T) {
 // Redis Cluster: every key of a tenant carries its hash tag, so the scripts run in one slot.
 func TestCluster(t *testing.T) {
 	srv := redistest.StartCluster(t)
-	snap, tn, m := policy(t, "requestsPerSecond: 5, tokensPerMinute: 1000, maxConcurrent: 2, monthlySpendUSD: 10", "")
+	snap, tn, m := policy(t, "requestsPerSecond: 5, tokensPerMinute: 1000, maxConcurrent: 2, monthlySpendUSD: 10", "redisTimeout: 5s")
 	l := newLimiter(t, srv.Addr, true, nil)
 	tk, rej, err := l.Admit(context.Background(), req(snap, tn, m, 100))
 	if err != nil || rej != nil {
