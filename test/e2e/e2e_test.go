@@ -261,6 +261,7 @@ func sampleValue(m *dto.Metric) float64 {
 	return m.GetGauge().GetValue()
 }
 
+// A repeated prefix is served from the replicas' KV cache: lower TTFT, and the prefix-cache metrics move.
 func TestRepeatedPrefixLowersTTFT(t *testing.T) {
 	st := startStack(t, envoyConfigs["full-duplex"])
 	c := client(st, "sk-demo-globex")
