@@ -28,7 +28,7 @@ test: test-deps ## every test, vetted, with the race detector (but deploy/image 
 	$(GO) test -race -vet=all -count=1 -run '^$$' ./...
 	@# The race tests leave ~0.6 of the 2 cores idle. On that CPU, at the lowest priority (nice 19), the two
 	@# modules built without the race detector (so sharing none of its build) compile in the background; their
-	@# tests then run from the build cache on a quiet machine. A cold run on 2 idle cores: 16 min → 13 1/2.
+	@# tests then run from the build cache on a quiet machine. A cold run on 2 idle cores: 16 min → 12-13 1/2.
 	@nice -n 19 $(MAKE) --no-print-directory test-prebuild >/dev/null 2>&1 & \
 	  $(MAKE) --no-print-directory test-race; rc=$$?; wait; exit $$rc
 	cd deploy/envoy/minversion && $(GO) test -vet=all -count=1 ./...

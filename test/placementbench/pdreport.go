@@ -183,8 +183,10 @@ func pdTargets(rates []float64, results map[float64]map[string][]pdRun) {
 		return
 	}
 	ratio := goodput(first, rowPerRequest) / max(1e-9, goodput(first, rowAggregated))
-	fmt.Printf("- ≥ 1.5× aggregated goodput where aggregated first misses its SLO (%g req/s, %.0f %% within target): %.2f× — %s\n",
-		first, share(first, rowAggregated)*100, ratio, verdict(ratio >= 1.5))
+	// No row serves more than every request offered: where aggregated serves a share s within target, the most
+	// any row can reach is 1/s of it, below 1.5× unless aggregated falls under two thirds at its first miss.
+	fmt.Printf("- ≥ 1.5× aggregated goodput where aggregated first misses its SLO (%g req/s, %.0f %% within target, so about %.2f× at most there): %.2f× — %s\n",
+		first, share(first, rowAggregated)*100, 1/max(1e-9, share(first, rowAggregated)), ratio, verdict(ratio >= 1.5))
 	// Goodput as DistServe states it: the highest rate served with the SLO attainment goal met.
 	sustained := func(row string) float64 {
 		best := 0.0
