@@ -284,9 +284,23 @@ func dumpAdmission(reps []gatewayReplica) {
 				if h := m.GetHistogram(); h != nil {
 					v = h.GetSampleSum() / math.Max(1, float64(h.GetSampleCount()))
 					labels = append(labels, fmt.Sprintf("n=%d", h.GetSampleCount()))
+					// A mean hides a few long waits: how many waited past the largest bound within half a second.
+					if bound, within, ok := bucketAtMost(h, 0.5); ok {
+						labels = append(labels, fmt.Sprintf("over %gs=%d", bound, h.GetSampleCount()-within))
+					}
 				}
 				fmt.Fprintf(os.Stderr, "  replica %d %s{%s} %.3f\n", i, f.GetName(), strings.Join(labels, ","), v)
 			}
 		}
 	}
+}
+
+// bucketAtMost is h's largest bucket bound not above limit and the observations within it.
+func bucketAtMost(h *dto.Histogram, limit float64) (bound float64, within uint64, ok bool) {
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() <= limit && b.GetUpperBound() >= bound {
+			bound, within, ok = b.GetUpperBound(), b.GetCumulativeCount(), true
+		}
+	}
+	return bound, within, ok
 }
