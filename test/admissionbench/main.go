@@ -232,7 +232,15 @@ func (b *bench) calibrate(ctx context.Context) error {
 	return nil
 }
 
-// measure runs one variant: its load for b.overload, then 0.5× capacity for b.after.
+// stretch is d of the benchmark's schedule at the variant's engine speed: the starved rows' engines run at half
+// speed, so their phases last twice as long in real time and every row runs the same simulated schedule (the
+// same requests). Timed in real seconds, the starved rows had half the simulated overload, and the misses of
+// its first seconds (while nothing started in it has finished yet) counted twice as much in them.
+func (b *bench) stretch(v variant, d time.Duration) time.Duration {
+	return time.Duration(float64(d) * b.scale(v) / b.timeScale)
+}
+
+// measure runs one variant: its load for b.overload, then 0.5× capacity for b.after (each stretched).
 func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -242,8 +250,8 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	}
 	// Before the overload, the calm load the run returns to: the TTFT it has with this configuration.
 	before := newLoad(reps, v.singleTenant)
-	warmFrom := time.Now().Add(beforeFor / 2)
-	before.open(ctx, 0.5*b.capacityOf(v), beforeFor)
+	warmFrom := time.Now().Add(b.stretch(v, beforeFor/2))
+	before.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, beforeFor))
 	var calm []time.Duration
 	for _, s := range before.wait() {
 		if s.status == 200 && s.sent.After(warmFrom) {
@@ -254,13 +262,15 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	peaks := watchPeaks(ctx, reps)
 	start := time.Now()
 	cpu := startCPUWatch(reps)
-	lg.open(ctx, v.load*b.capacityOf(v), b.overload)
+	lg.open(ctx, v.load*b.capacityOf(v), b.stretch(v, b.overload))
 	calmFrom := time.Now()
 	gatewayCPU := cpu.stop()
-	lg.open(ctx, 0.5*b.capacityOf(v), b.after)
+	lg.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, b.after))
 	samples := lg.wait()
 	if b.verbose {
 		dumpAdmission(reps)
+		fmt.Fprintf(os.Stderr, "  enterprise late / sent by simulated second of the overload: %s\n",
+			lateBySecond(samples, start, calmFrom, b.scale(v)))
 	}
 	r := b.summarise(v, samples, start, calmFrom, percentile(calm, 0.95), peaks.stop())
 	r.gatewayCPU = gatewayCPU
