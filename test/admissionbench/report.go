@@ -69,6 +69,12 @@ func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time
 			continue
 		}
 		counts[s.class]++
+		if s.class == 0 && !onTime(s, scale) {
+			r.entMisses++
+			if sim(s.sent.Sub(start)) < onsetFor {
+				r.entMissesEarly++
+			}
+		}
 		if s.status != 200 {
 			continue
 		}
@@ -77,16 +83,8 @@ func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time
 		if strings.HasPrefix(s.replica, "small") {
 			degraded[s.class]++
 		}
-		if sim(s.ttft) <= classes[s.class].ttft {
+		if onTime(s, scale) {
 			good[s.class]++
-		}
-	}
-	for _, s := range samples {
-		if s.class == 0 && !s.sent.After(calmFrom) && (s.status != 200 || sim(s.ttft) > classes[0].ttft) {
-			r.entMisses++
-			if sim(s.sent.Sub(start)) < onsetFor {
-				r.entMissesEarly++
-			}
 		}
 	}
 	total := 0
@@ -114,7 +112,7 @@ func lateBySecond(samples []sample, start, calmFrom time.Time, scale float64) st
 		}
 		i := min(n-1, int(s.sent.Sub(start).Seconds()/scale))
 		sent[i]++
-		if s.status != 200 || time.Duration(float64(s.ttft)/scale) > classes[0].ttft {
+		if !onTime(s, scale) {
 			late[i]++
 		}
 	}
@@ -125,14 +123,18 @@ func lateBySecond(samples []sample, start, calmFrom time.Time, scale float64) st
 	return strings.Join(parts, " ")
 }
 
+// onTime says whether s was good: answered, its first token within its class's target (simulated time).
+func onTime(s sample, scale float64) bool {
+	return s.status == 200 && time.Duration(float64(s.ttft)/scale) <= classes[s.class].ttft
+}
+
 func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float64(d) / b.timeScale) }
 
 // recovery is how long after the overload the TTFT p95 of the requests sent in a 1 s window (stretched, as the
-// run's phases are) is back within
-// twice what the same configuration had at the same load before the overload, calmP95 (at least twice the idle
-// fleet's and 100 ms): at 0.5× capacity the lower tiers' headroom still makes some of them wait a little, so the
-// idle fleet's TTFT alone is not what the load returns to. The end of the run when it never is.
-// The result is in real time.
+// run's phases are) is back within twice what the same configuration had at the same load before the overload,
+// calmP95 (at least twice the idle fleet's and 100 ms): at 0.5× capacity the lower tiers' headroom still makes
+// some of them wait a little, so the idle fleet's TTFT alone is not what the load returns to. The end of the run
+// when it never is. The result is in real time.
 func (b *bench) recovery(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) time.Duration {
 	uncontended := b.stretch(v, b.uncontended)
 	limit := max(2*calmP95, 2*uncontended, 100*time.Millisecond)
