@@ -271,6 +271,8 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 		dumpAdmission(reps)
 		fmt.Fprintf(os.Stderr, "  enterprise late / sent by simulated second of the overload: %s\n",
 			lateBySecond(samples, start, calmFrom, b.scale(v)))
+		fmt.Fprintf(os.Stderr, "  recovery: TTFT p95 / requests of each second after the overload against its %s\n",
+			b.recoveryTrace(v, samples, calmFrom, percentile(calm, 0.95)))
 	}
 	r := b.summarise(v, samples, start, calmFrom, percentile(calm, 0.95), peaks.stop())
 	r.gatewayCPU = gatewayCPU

@@ -136,21 +136,44 @@ func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float6
 // some of them wait a little, so the idle fleet's TTFT alone is not what the load returns to. The end of the run
 // when it never is. The result is in real time.
 func (b *bench) recovery(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) time.Duration {
-	uncontended := b.stretch(v, b.uncontended)
-	limit := max(2*calmP95, 2*uncontended, 100*time.Millisecond)
+	limit := b.recoveryLimit(v, calmP95)
 	window, step, after := b.stretch(v, time.Second), b.stretch(v, 250*time.Millisecond), b.stretch(v, b.after)
 	for at := calmFrom; at.Before(calmFrom.Add(after - window)); at = at.Add(step) {
-		var w []time.Duration
-		for _, s := range samples {
-			if s.status == 200 && !s.sent.Before(at) && s.sent.Before(at.Add(window)) {
-				w = append(w, s.ttft)
-			}
-		}
-		if len(w) >= 3 && percentile(w, 0.95) <= limit {
+		if w := answeredIn(samples, at, window); len(w) >= 3 && percentile(w, 0.95) <= limit {
 			return at.Sub(calmFrom)
 		}
 	}
 	return after
+}
+
+// recoveryLimit is the TTFT p95 a window must be back within (real time).
+func (b *bench) recoveryLimit(v variant, calmP95 time.Duration) time.Duration {
+	return max(2*calmP95, 2*b.stretch(v, b.uncontended), 100*time.Millisecond)
+}
+
+// answeredIn is the TTFTs of the requests sent in [at, at+window) that were answered.
+func answeredIn(samples []sample, at time.Time, window time.Duration) []time.Duration {
+	var w []time.Duration
+	for _, s := range samples {
+		if s.status == 200 && !s.sent.Before(at) && s.sent.Before(at.Add(window)) {
+			w = append(w, s.ttft)
+		}
+	}
+	return w
+}
+
+// recoveryTrace shows what recovery compared, for -v: its limit and the calm p95 it came from, and the p95
+// and size of each window after the overload, a simulated second apart (simulated time).
+func (b *bench) recoveryTrace(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) string {
+	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / b.scale(v)) }
+	window := b.stretch(v, time.Second)
+	parts := []string{fmt.Sprintf("limit %v (calm p95 %v):", sim(b.recoveryLimit(v, calmP95)).Round(time.Millisecond),
+		sim(calmP95).Round(time.Millisecond))}
+	for at := calmFrom; at.Before(calmFrom.Add(b.stretch(v, b.after))); at = at.Add(window) {
+		w := answeredIn(samples, at, window)
+		parts = append(parts, fmt.Sprintf("%v/%d", sim(percentile(w, 0.95)).Round(time.Millisecond), len(w)))
+	}
+	return strings.Join(parts, " ")
 }
 
 func (r result) summary() string {
