@@ -267,14 +267,15 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	gatewayCPU := cpu.stop()
 	lg.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, b.after))
 	samples := lg.wait()
+	calmP95 := percentile(calm, 0.95)
 	if b.verbose {
 		dumpAdmission(reps)
 		fmt.Fprintf(os.Stderr, "  enterprise late / sent by simulated second of the overload: %s\n",
 			lateBySecond(samples, start, calmFrom, b.scale(v)))
 		fmt.Fprintf(os.Stderr, "  recovery: TTFT p95 / requests of each second after the overload against its %s\n",
-			b.recoveryTrace(v, samples, calmFrom, percentile(calm, 0.95)))
+			b.recoveryTrace(v, samples, calmFrom, calmP95))
 	}
-	r := b.summarise(v, samples, start, calmFrom, percentile(calm, 0.95), peaks.stop())
+	r := b.summarise(v, samples, start, calmFrom, calmP95, peaks.stop())
 	r.gatewayCPU = gatewayCPU
 	return r, nil
 }

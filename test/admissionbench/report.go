@@ -57,7 +57,7 @@ func ttfts(ss []sample) []time.Duration {
 // long after it TTFT came back.
 func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time, calmP95 time.Duration, p peak) result {
 	scale := b.scale(v)
-	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / scale) }
+	sim := func(d time.Duration) time.Duration { return simulated(d, scale) }
 	r := result{peakHeap: p.heap, peakQueue: p.queue, peakQueueBytes: p.bytes}
 	var counts, good, served, degraded [3]int
 	var lat [3][]time.Duration
@@ -110,7 +110,7 @@ func lateBySecond(samples []sample, start, calmFrom time.Time, scale float64) st
 		if s.class != 0 || s.sent.Before(start) || !s.sent.Before(calmFrom) {
 			continue
 		}
-		i := min(n-1, int(s.sent.Sub(start).Seconds()/scale))
+		i := min(n-1, int(simulated(s.sent.Sub(start), scale).Seconds()))
 		sent[i]++
 		if !onTime(s, scale) {
 			late[i]++
@@ -125,7 +125,12 @@ func lateBySecond(samples []sample, start, calmFrom time.Time, scale float64) st
 
 // onTime says whether s was good: answered, its first token within its class's target (simulated time).
 func onTime(s sample, scale float64) bool {
-	return s.status == 200 && time.Duration(float64(s.ttft)/scale) <= classes[s.class].ttft
+	return s.status == 200 && simulated(s.ttft, scale) <= classes[s.class].ttft
+}
+
+// simulated is the real duration d in the simulated time of a fleet running scale real seconds to its second.
+func simulated(d time.Duration, scale float64) time.Duration {
+	return time.Duration(float64(d) / scale)
 }
 
 func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float64(d) / b.timeScale) }
@@ -165,7 +170,7 @@ func answeredIn(samples []sample, at time.Time, window time.Duration) []time.Dur
 // recoveryTrace shows what recovery compared, for -v: its limit and the calm p95 it came from, and the p95
 // and size of each window after the overload, a simulated second apart (simulated time).
 func (b *bench) recoveryTrace(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) string {
-	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / b.scale(v)) }
+	sim := func(d time.Duration) time.Duration { return simulated(d, b.scale(v)) }
 	window := b.stretch(v, time.Second)
 	parts := []string{fmt.Sprintf("limit %v (calm p95 %v):", sim(b.recoveryLimit(v, calmP95)).Round(time.Millisecond),
 		sim(calmP95).Round(time.Millisecond))}
