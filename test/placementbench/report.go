@@ -146,29 +146,14 @@ func report(family []scenario, results []scenarioResult, selected []string) {
 	}
 }
 
-// targets checks the targets for one SLO row against its own figures.
 // fisherBelow is the one-sided p-value of Fisher's exact test that row r serves fewer of its requests within
 // the SLO than row o: the chance, were both alike, that r would hold at least its share of their misses. A
 // failing comparison prints it, so that a shortfall of a request or two can be told from a real one.
 func fisherBelow(r, o *rowResult) float64 {
-	n1, n2 := r.requests, o.requests
-	a, k := r.requests-r.good, r.requests-r.good+o.requests-o.good
-	lchoose := func(n, k int) float64 {
-		x, _ := math.Lgamma(float64(n + 1))
-		y, _ := math.Lgamma(float64(k + 1))
-		z, _ := math.Lgamma(float64(n - k + 1))
-		return x - y - z
-	}
-	p := 0.0
-	for x := a; x <= min(k, n1); x++ {
-		if k-x > n2 {
-			continue
-		}
-		p += math.Exp(lchoose(n1, x) + lchoose(n2, k-x) - lchoose(n1+n2, k))
-	}
-	return min(1, p)
+	return loadgen.FisherMore(r.requests-r.good, r.requests, o.requests-o.good, o.requests)
 }
 
+// targets checks the targets for one SLO row against its own figures.
 func targets(results []scenarioResult, row string) {
 	fmt.Printf("\nTargets (%s):\n", row)
 	n := len(results)
