@@ -36,13 +36,15 @@ func main() {
 	timeScale := flag.Float64("timescale", 1, "real seconds per simulated second of the fleet")
 	only := flag.String("only", "", "run only the variants whose name contains this")
 	verbose := flag.Bool("v", false, "print the gateways' admission series after each run")
+	aaTrials := flag.Int("aa", 12, "how many calm-and-after spans the A/A run lasts (0: none); it shows how often the recovery rule reads an overload where there was none")
 	flag.Parse()
 	log.SetFlags(0)
 	root, err := e2e.FindRoot()
 	if err != nil {
 		log.Fatal(err)
 	}
-	b := &bench{root: root, timeScale: *timeScale, overload: *overload, after: *after, only: *only, verbose: *verbose}
+	b := &bench{root: root, timeScale: *timeScale, overload: *overload, after: *after, only: *only, verbose: *verbose,
+		aaTrials: *aaTrials}
 	if err := b.run(*runs); err != nil {
 		log.Fatal(err)
 	}
@@ -54,6 +56,7 @@ type bench struct {
 	overload, after time.Duration
 	only            string
 	verbose         bool
+	aaTrials        int
 	// capacity is the requests per second the large model's fleet completes when saturated.
 	capacity    float64
 	uncontended time.Duration // TTFT p95 of an idle fleet
@@ -111,7 +114,14 @@ func (b *bench) run(runs int) error {
 			fmt.Fprintf(os.Stderr, "run %d  %-44s %s\n", r+1, v.name, res.summary())
 		}
 	}
-	b.report(os.Stdout, results)
+	var aa aaResult
+	if b.aaTrials > 0 && (b.only == "" || strings.Contains(aaName, b.only)) {
+		var err error
+		if aa, err = b.aa(ctx, b.aaTrials); err != nil {
+			return fmt.Errorf("A/A: %w", err)
+		}
+	}
+	b.report(os.Stdout, results, aa)
 	return nil
 }
 
@@ -198,8 +208,9 @@ func (b *bench) scale(v variant) float64 {
 // capacityOf is the large model's capacity in real requests per second at the variant's scale.
 func (b *bench) capacityOf(v variant) float64 { return b.capacity * b.timeScale / b.scale(v) }
 
-// beforeFor is how long each run takes 0.5× capacity before its overload, to learn the TTFT it returns to.
-const beforeFor = 6 * time.Second
+// beforeFor is how long each run takes 0.5× capacity before its overload, to learn what it returns to: after
+// calmWarmup, about 58 requests (recovery.go).
+const beforeFor = 8 * time.Second
 
 // scrapeEvery is how often the gateways read the engines' metrics (infergate serve's default is 100 ms).
 const scrapeEvery = 50 * time.Millisecond
@@ -248,16 +259,12 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	// Before the overload, the calm load the run returns to: the TTFT it has with this configuration.
+	// Before the overload, the calm load the run returns to: what its requests have with this configuration.
 	before := newLoad(reps, v.singleTenant)
-	warmFrom := time.Now().Add(b.stretch(v, beforeFor/2))
+	warmFrom := time.Now().Add(b.stretch(v, calmWarmup))
 	before.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, beforeFor))
-	var calm []time.Duration
-	for _, s := range before.wait() {
-		if s.status == 200 && s.sent.After(warmFrom) {
-			calm = append(calm, s.ttft)
-		}
-	}
+	calmSamples := sentIn(before.wait(), warmFrom, time.Now())
+	calm := calmOf(calmSamples)
 	lg := newLoad(reps, v.singleTenant)
 	peaks := watchPeaks(ctx, reps)
 	start := time.Now()
@@ -267,15 +274,17 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	gatewayCPU := cpu.stop()
 	lg.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, b.after))
 	samples := lg.wait()
-	calmP95 := percentile(calm, 0.95)
 	if b.verbose {
 		dumpAdmission(reps)
 		fmt.Fprintf(os.Stderr, "  enterprise late / sent by simulated second of the overload: %s\n",
 			lateBySecond(samples, start, calmFrom, b.scale(v)))
-		fmt.Fprintf(os.Stderr, "  recovery: TTFT p95 / requests of each second after the overload against its %s\n",
-			b.recoveryTrace(v, samples, calmFrom, calmP95))
+		fmt.Fprintf(os.Stderr, "  recovery: requests that failed or were slower / sent (TTFT p95), each second after the overload; %s\n",
+			b.recoveryTrace(v, samples, calmFrom, calm))
+		calmP95 := percentile(ttfts(sentIn(calmSamples, start.Add(-b.stretch(v, 3*time.Second)), start)), 0.95)
+		fmt.Fprintf(os.Stderr, "  recovery read %v; the rule it replaced, %v\n", simulated(b.recovery(v, samples, calmFrom, calm), b.scale(v)),
+			simulated(b.windowRecovery(v, samples, calmFrom, calmP95), b.scale(v)))
 	}
-	r := b.summarise(v, samples, start, calmFrom, calmP95, peaks.stop())
+	r := b.summarise(v, samples, start, calmFrom, calm, peaks.stop())
 	r.gatewayCPU = gatewayCPU
 	return r, nil
 }

@@ -20,7 +20,7 @@ type result struct {
 	goodput                      float64    // good requests per second of the overload (simulated seconds)
 	lost                         int        // requests that ended in neither a response nor a clear error
 	ttftP95                      [3]time.Duration
-	recovery                     time.Duration // after the overload, until TTFT p95 is back near the idle fleet's
+	recovery                     time.Duration // after the overload, until its requests miss no more than calm's (recovery.go)
 	peakHeap                     uint64
 	peakQueue, peakQueueBytes    float64
 	gatewayCPU                   cpuShare // the starved gateways' CPU during the overload
@@ -54,8 +54,8 @@ func ttfts(ss []sample) []time.Duration {
 }
 
 // summarise turns a run's samples into its result: the overload's shares and goodput by arrival, then how
-// long after it TTFT came back.
-func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time, calmP95 time.Duration, p peak) result {
+// long after it the requests were back to calm's (recovery.go).
+func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time, calm calmFigures, p peak) result {
 	scale := b.scale(v)
 	sim := func(d time.Duration) time.Duration { return simulated(d, scale) }
 	r := result{peakHeap: p.heap, peakQueue: p.queue, peakQueueBytes: p.bytes}
@@ -96,7 +96,7 @@ func (b *bench) summarise(v variant, samples []sample, start, calmFrom time.Time
 		total += good[i]
 	}
 	r.goodput = float64(total) / (calmFrom.Sub(start).Seconds() / scale)
-	r.recovery = sim(b.recovery(v, samples, calmFrom, calmP95))
+	r.recovery = sim(b.recovery(v, samples, calmFrom, calm))
 	return r
 }
 
@@ -134,52 +134,6 @@ func simulated(d time.Duration, scale float64) time.Duration {
 }
 
 func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float64(d) / b.timeScale) }
-
-// recovery is how long after the overload the TTFT p95 of the requests sent in a 1 s window (stretched, as the
-// run's phases are) is back within twice what the same configuration had at the same load before the overload,
-// calmP95 (at least twice the idle fleet's and 100 ms): at 0.5× capacity the lower tiers' headroom still makes
-// some of them wait a little, so the idle fleet's TTFT alone is not what the load returns to. The end of the run
-// when it never is. The result is in real time.
-func (b *bench) recovery(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) time.Duration {
-	limit := b.recoveryLimit(v, calmP95)
-	window, step, after := b.stretch(v, time.Second), b.stretch(v, 250*time.Millisecond), b.stretch(v, b.after)
-	for at := calmFrom; at.Before(calmFrom.Add(after - window)); at = at.Add(step) {
-		if w := answeredIn(samples, at, window); len(w) >= 3 && percentile(w, 0.95) <= limit {
-			return at.Sub(calmFrom)
-		}
-	}
-	return after
-}
-
-// recoveryLimit is the TTFT p95 a window must be back within (real time).
-func (b *bench) recoveryLimit(v variant, calmP95 time.Duration) time.Duration {
-	return max(2*calmP95, 2*b.stretch(v, b.uncontended), 100*time.Millisecond)
-}
-
-// answeredIn is the TTFTs of the requests sent in [at, at+window) that were answered.
-func answeredIn(samples []sample, at time.Time, window time.Duration) []time.Duration {
-	var w []time.Duration
-	for _, s := range samples {
-		if s.status == 200 && !s.sent.Before(at) && s.sent.Before(at.Add(window)) {
-			w = append(w, s.ttft)
-		}
-	}
-	return w
-}
-
-// recoveryTrace shows what recovery compared, for -v: its limit and the calm p95 it came from, and the p95
-// and size of each window after the overload, a simulated second apart (simulated time).
-func (b *bench) recoveryTrace(v variant, samples []sample, calmFrom time.Time, calmP95 time.Duration) string {
-	sim := func(d time.Duration) time.Duration { return simulated(d, b.scale(v)) }
-	window := b.stretch(v, time.Second)
-	parts := []string{fmt.Sprintf("limit %v (calm p95 %v):", sim(b.recoveryLimit(v, calmP95)).Round(time.Millisecond),
-		sim(calmP95).Round(time.Millisecond))}
-	for at := calmFrom; at.Before(calmFrom.Add(b.stretch(v, b.after))); at = at.Add(window) {
-		w := answeredIn(samples, at, window)
-		parts = append(parts, fmt.Sprintf("%v/%d", sim(percentile(w, 0.95)).Round(time.Millisecond), len(w)))
-	}
-	return strings.Join(parts, " ")
-}
 
 func (r result) summary() string {
 	var s strings.Builder
@@ -261,13 +215,17 @@ func verdict(ok bool) string {
 	return "not met"
 }
 
-// report prints the medians of each variant and the targets.
-func (b *bench) report(out io.Writer, results map[string][]result) {
+// report prints the medians of each variant and the targets, then the A/A run's false alarms.
+func (b *bench) report(out io.Writer, results map[string][]result, aa aaResult) {
 	fmt.Fprintf(out, "Fleet: 2 H200 replicas of the large model (batch %d, %d output tokens), 1 L40S replica of the small one; "+
 		"capacity %.1f requests/s of the large model (simulated), idle TTFT p95 %v. Tiers: enterprise %.0f%%, pro %.0f%%, "+
 		"free %.0f%% of the load; TTFT targets %v, %v, %v. Medians of %d runs.\n\n",
 		batch, maxTokens, b.capacity*b.timeScale, b.sim(b.uncontended), 100*classes[0].share, 100*classes[1].share,
 		100*classes[2].share, classes[0].ttft, classes[1].ttft, classes[2].ttft, runsIn(results))
+	defer aa.report(out)
+	if len(results) == 0 {
+		return // the A/A run alone
+	}
 	fmt.Fprintln(out, "| variant | enterprise good | pro served (degraded) | free served | TTFT p95 ent / pro / free | goodput | lost | recovery | peak queue | peak heap |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
 	med := func(name string, f func(result) float64) float64 {
@@ -366,7 +324,8 @@ func rowTargets(out io.Writer, results map[string][]result, med func(string, fun
 		for _, r := range results[n] {
 			recs = append(recs, r.recovery.Round(10*time.Millisecond).String())
 		}
-		fmt.Fprintf(out, "- %s: TTFT p95 back within 2× what 0.5× had before the overload %v after it (runs %s), ≤ 5s: %s\n", who,
+		fmt.Fprintf(out, "- %s: back to calm (the next %v's requests fail or take over twice calm's median TTFT no more often "+
+			"than calm's, one-sided Fisher p ≥ %.2f) %v after the overload (runs %s), ≤ 5s: %s\n", who, recoveryWindow, recoveryAlpha,
 			rec.Round(10*time.Millisecond), strings.Join(recs, ", "), verdict(rec <= 5*time.Second))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -52,7 +53,13 @@ var (
 	variants           = []variant{variantBaseline, variantDefault, variantFIFO, variantAdmission, variantTwo, variantStarved, variantStarvedTwo}
 )
 
-func (v variant) selected(only string) bool { return only == "" || strings.Contains(v.name, only) }
+// selected says whether -only picks v: its name is -only, or contains it when no variant's name is -only.
+func (v variant) selected(only string) bool {
+	if slices.ContainsFunc(variants, func(o variant) bool { return o.name == only }) {
+		return v.name == only
+	}
+	return only == "" || strings.Contains(v.name, only)
+}
 
 // maxWaiting is the engine queue at which the queueing variants hold requests in the gateway.
 var (
