@@ -34,7 +34,7 @@ func main() {
 	overload := flag.Duration("overload", 20*time.Second, "how long the overload lasts")
 	after := flag.Duration("after", 10*time.Second, "how long the 0.5× load lasts after it")
 	timeScale := flag.Float64("timescale", 1, "real seconds per simulated second of the fleet")
-	only := flag.String("only", "", "run only the variants whose name contains this")
+	only := flag.String("only", "", "run only the variant of this name, or those (and the A/A run) whose name contains it")
 	verbose := flag.Bool("v", false, "print the gateways' admission series after each run")
 	aaTrials := flag.Int("aa", 12, "how many calm-and-after spans the A/A run lasts (0: none); it shows how often the recovery rule reads an overload where there was none")
 	flag.Parse()
@@ -216,7 +216,9 @@ const beforeFor = 8 * time.Second
 const scrapeEvery = 50 * time.Millisecond
 
 // calibrate measures the large model's capacity with a closed loop that keeps every batch full with a queue
-// behind it, and the TTFT of an idle fleet.
+// behind it, calibrations times, and the TTFT of an idle fleet. Other work on the machine can only make the
+// simulated fleet lag, never run ahead, so the highest reading is its capacity: one reading taken while the
+// machine was busy (15.8 requests/s against 19.2) set every row's load a fifth lower.
 func (b *bench) calibrate(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -228,20 +230,27 @@ func (b *bench) calibrate(ctx context.Context) error {
 	idle := lg.closedLoop(ctx, 1, 3*time.Second)
 	b.uncontended = percentile(ttfts(idle), 0.95)
 	const busyFor = 10 * time.Second
-	busy := lg.closedLoop(ctx, 4*batch, busyFor)
-	done := 0
-	for _, s := range busy {
-		if s.status == 200 {
-			done++
+	var readings []string
+	for range calibrations {
+		done := 0
+		for _, s := range lg.closedLoop(ctx, 4*batch, busyFor) {
+			if s.status == 200 {
+				done++
+			}
 		}
+		b.capacity = max(b.capacity, float64(done)/busyFor.Seconds())
+		readings = append(readings, fmt.Sprintf("%.1f", float64(done)/busyFor.Seconds()))
 	}
-	if done == 0 {
+	if b.capacity == 0 {
 		return fmt.Errorf("no request completed")
 	}
-	b.capacity = float64(done) / busyFor.Seconds()
-	fmt.Fprintf(os.Stderr, "capacity %.1f requests/s, idle TTFT p95 %v\n", b.capacity, b.uncontended)
+	fmt.Fprintf(os.Stderr, "capacity %.1f requests/s (readings %s), idle TTFT p95 %v\n", b.capacity,
+		strings.Join(readings, ", "), b.uncontended)
 	return nil
 }
+
+// calibrations is how many times calibrate reads the capacity.
+const calibrations = 3
 
 // stretch is d of the benchmark's schedule at the variant's engine speed: the starved rows' engines run at half
 // speed, so their phases last twice as long in real time and every row runs the same simulated schedule (the
@@ -263,7 +272,8 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	before := newLoad(reps, v.singleTenant)
 	warmFrom := time.Now().Add(b.stretch(v, calmWarmup))
 	before.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, beforeFor))
-	calmSamples := sentIn(before.wait(), warmFrom, time.Now())
+	calmEnd := time.Now() // the last calm request is sent; wait lets them finish
+	calmSamples := sentIn(before.wait(), warmFrom, calmEnd)
 	calm := calmOf(calmSamples)
 	lg := newLoad(reps, v.singleTenant)
 	peaks := watchPeaks(ctx, reps)
@@ -280,7 +290,7 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 			lateBySecond(samples, start, calmFrom, b.scale(v)))
 		fmt.Fprintf(os.Stderr, "  recovery: requests that failed or were slower / sent (TTFT p95), each second after the overload; %s\n",
 			b.recoveryTrace(v, samples, calmFrom, calm))
-		calmP95 := percentile(ttfts(sentIn(calmSamples, start.Add(-b.stretch(v, 3*time.Second)), start)), 0.95)
+		calmP95 := percentile(ttfts(sentIn(calmSamples, calmEnd.Add(-b.stretch(v, 3*time.Second)), calmEnd)), 0.95)
 		fmt.Fprintf(os.Stderr, "  recovery read %v; the rule it replaced, %v\n", simulated(b.recovery(v, samples, calmFrom, calm), b.scale(v)),
 			simulated(b.windowRecovery(v, samples, calmFrom, calmP95), b.scale(v)))
 	}
