@@ -68,7 +68,7 @@ bench-bodies: ## hostile 4 MiB bodies against infergate serve on one CPU: peak R
 	$(GO) run ./test/bodybench -runs 3
 
 .PHONY: bench-admission
-bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO, and with the gateways starved of CPU, and an A/A run of its recovery rule (≈ 24 min; table for BENCHMARKS.md)
+bench-admission: ## goodput under 3× overload: admission queue against no queue and a plain FIFO, and with the gateways starved of CPU, and an A/A run of its recovery rule (≈ 25 min; table for BENCHMARKS.md)
 	$(GO) run ./test/admissionbench -runs 3
 
 .PHONY: bench-fleet
