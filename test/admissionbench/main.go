@@ -284,18 +284,17 @@ func (b *bench) measure(ctx context.Context, v variant) (result, error) {
 	gatewayCPU := cpu.stop()
 	lg.open(ctx, 0.5*b.capacityOf(v), b.stretch(v, b.after))
 	samples := lg.wait()
+	r := b.summarise(v, samples, start, calmFrom, calm, peaks.stop())
+	r.gatewayCPU = gatewayCPU
 	if b.verbose {
 		dumpAdmission(reps)
 		fmt.Fprintf(os.Stderr, "  enterprise late / sent by simulated second of the overload: %s\n",
 			lateBySecond(samples, start, calmFrom, b.scale(v)))
 		fmt.Fprintf(os.Stderr, "  recovery: requests that failed or were slower / sent (TTFT p95), each second after the overload; %s\n",
 			b.recoveryTrace(v, samples, calmFrom, calm))
-		calmP95 := percentile(ttfts(sentIn(calmSamples, calmEnd.Add(-b.stretch(v, 3*time.Second)), calmEnd)), 0.95)
-		fmt.Fprintf(os.Stderr, "  recovery read %v; the rule it replaced, %v\n", simulated(b.recovery(v, samples, calmFrom, calm), b.scale(v)),
-			simulated(b.windowRecovery(v, samples, calmFrom, calmP95), b.scale(v)))
+		fmt.Fprintf(os.Stderr, "  recovery read %v; the rule it replaced, %v\n", r.recovery,
+			simulated(b.windowRecovery(v, samples, calmFrom, b.oldCalmP95(v, calmSamples, calmEnd)), b.scale(v)))
 	}
-	r := b.summarise(v, samples, start, calmFrom, calm, peaks.stop())
-	r.gatewayCPU = gatewayCPU
 	return r, nil
 }
 

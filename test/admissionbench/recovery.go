@@ -43,15 +43,22 @@ type calmFigures struct {
 
 func calmOf(calm []sample) calmFigures {
 	c := calmFigures{bound: 2 * percentile(ttfts(calm), 0.5), sent: len(calm)}
-	for _, s := range calm {
-		if c.miss(s) {
-			c.missed++
-		}
-	}
+	c.missed = c.misses(calm)
 	return c
 }
 
 func (c calmFigures) miss(s sample) bool { return s.status != 200 || s.ttft > c.bound }
+
+// misses counts the samples that miss.
+func (c calmFigures) misses(samples []sample) int {
+	n := 0
+	for _, s := range samples {
+		if c.miss(s) {
+			n++
+		}
+	}
+	return n
+}
 
 // sentIn is the samples sent in [from, to).
 func sentIn(samples []sample, from, to time.Time) []sample {
@@ -86,13 +93,7 @@ func (b *bench) recovery(v variant, samples []sample, from time.Time, calm calmF
 // worse says whether the samples miss more often than calm's requests did (one-sided Fisher exact test at
 // recoveryAlpha).
 func (c calmFigures) worse(samples []sample) bool {
-	missed := 0
-	for _, s := range samples {
-		if c.miss(s) {
-			missed++
-		}
-	}
-	return loadgen.FisherMore(missed, len(samples), c.missed, c.sent) < recoveryAlpha
+	return loadgen.FisherMore(c.misses(samples), len(samples), c.missed, c.sent) < recoveryAlpha
 }
 
 // windowRecovery is the rule this replaced, kept for the A/A run's comparison: how long after from the TTFT
@@ -109,6 +110,12 @@ func (b *bench) windowRecovery(v variant, samples []sample, from time.Time, calm
 	return after
 }
 
+// oldCalmP95 is the limit's base of the rule recovery replaced: the TTFT p95 of the requests answered of those
+// sent in the last 3 s before calmEnd.
+func (b *bench) oldCalmP95(v variant, samples []sample, calmEnd time.Time) time.Duration {
+	return percentile(ttfts(sentIn(samples, calmEnd.Add(-b.stretch(v, 3*time.Second)), calmEnd)), 0.95)
+}
+
 // recoveryTrace shows what recovery compared, for -v: calm's bound and misses, and the misses, requests and
 // TTFT p95 of each simulated second after the overload.
 func (b *bench) recoveryTrace(v variant, samples []sample, from time.Time, calm calmFigures) string {
@@ -116,13 +123,8 @@ func (b *bench) recoveryTrace(v variant, samples []sample, from time.Time, calm 
 	parts := []string{fmt.Sprintf("over %v (twice calm's median), calm %d of %d:",
 		simulated(calm.bound, b.scale(v)).Round(time.Millisecond), calm.missed, calm.sent)}
 	for at := from; at.Before(from.Add(b.stretch(v, b.after))); at = at.Add(window) {
-		missed, w := 0, sentIn(samples, at, at.Add(window))
-		for _, s := range w {
-			if calm.miss(s) {
-				missed++
-			}
-		}
-		parts = append(parts, fmt.Sprintf("%d/%d (%v)", missed, len(w), simulated(percentile(ttfts(w), 0.95), b.scale(v)).Round(time.Millisecond)))
+		w := sentIn(samples, at, at.Add(window))
+		parts = append(parts, fmt.Sprintf("%d/%d (%v)", calm.misses(w), len(w), simulated(percentile(ttfts(w), 0.95), b.scale(v)).Round(time.Millisecond)))
 	}
 	return strings.Join(parts, " ")
 }
@@ -155,8 +157,7 @@ func (b *bench) aa(ctx context.Context, trials int) (aaResult, error) {
 		from := at.Add(b.stretch(v, beforeFor))
 		calm := calmOf(sentIn(samples, at.Add(b.stretch(v, calmWarmup)), from))
 		r.rule = append(r.rule, simulated(b.recovery(v, samples, from, calm), b.scale(v)))
-		calmP95 := percentile(ttfts(sentIn(samples, from.Add(-b.stretch(v, 3*time.Second)), from)), 0.95)
-		r.window = append(r.window, simulated(b.windowRecovery(v, samples, from, calmP95), b.scale(v)))
+		r.window = append(r.window, simulated(b.windowRecovery(v, samples, from, b.oldCalmP95(v, samples, from)), b.scale(v)))
 	}
 	r.spans = trials
 	return r, nil

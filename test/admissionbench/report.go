@@ -133,7 +133,7 @@ func simulated(d time.Duration, scale float64) time.Duration {
 	return time.Duration(float64(d) / scale)
 }
 
-func (b *bench) sim(d time.Duration) time.Duration { return time.Duration(float64(d) / b.timeScale) }
+func (b *bench) sim(d time.Duration) time.Duration { return simulated(d, b.timeScale) }
 
 func (r result) summary() string {
 	var s strings.Builder
