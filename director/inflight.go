@@ -1,5 +1,7 @@
 package director
 
+import "github.com/infergate/infergate/policies"
+
 // inFlight is a routed request's place in the in-flight counts (fleet.InFlight, which the picker's load reads,
 // and the infergate_inflight_requests gauge). The director is their one owner: a request is counted once, when
 // it is placed — by Route, or by the admission queue as it places a waiting request, so that the room it takes
@@ -7,16 +9,21 @@ package director
 // placement; each uncount frees room a waiting request may take.
 type inFlight struct {
 	target  string // the endpoint or fallback cluster counted
+	held    string // the tier it is also counted under, when that tier has a reserve (fleet.InFlight.Hold)
 	counted bool
 }
 
-// count counts a placed request against target; a request counted already (placed from the queue) stays as
-// it is.
-func (d *Director) count(f *inFlight, target string) {
+// count counts a request placed on model against target, and under the tenant's tier when the tier reserves
+// some of the model's endpoints; a request counted already (placed from the queue) stays as it is.
+func (d *Director) count(f *inFlight, target string, snap *policies.Snapshot, tenant *policies.Tenant, model *policies.Model) {
 	if f.counted {
 		return
 	}
 	d.opts.InFlight.Start(target)
+	if f.held = ""; snap.Reserve(tenant, model) > 0 {
+		f.held = policies.TierOf(tenant)
+		d.opts.InFlight.Hold(target, f.held)
+	}
 	d.opts.Metrics.InFlight.Inc()
 	f.target, f.counted = target, true
 }
@@ -28,6 +35,9 @@ func (d *Director) uncount(f *inFlight, model string) {
 	}
 	f.counted = false
 	d.opts.InFlight.Done(f.target)
+	if f.held != "" {
+		d.opts.InFlight.Release(f.target, f.held)
+	}
 	d.opts.Metrics.InFlight.Dec()
 	if d.opts.Queue != nil {
 		d.opts.Queue.Kick(model) // its endpoint has room for a waiting request

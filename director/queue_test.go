@@ -390,6 +390,47 @@ func TestHeadroomHoldsPriorityAcrossReplicas(t *testing.T) {
 	}
 }
 
+// A tier's reserve counts its requests in flight under it, from placement to settlement, and a lower tier
+// leaves free what they do not fill: with 4 of small1's 8 slots (maxConcurrency 4 + maxWaiting 4) reserved
+// for enterprise, pro fills the other 4, and an enterprise request in flight takes one of its own.
+func TestLowerTierLeavesAReserveFree(t *testing.T) {
+	r := newQueueRig(t, 0)
+	// Without its TTFT target, which SLO placement would hold a full batch too slow for (room that serves it
+	// late is no room), so that what is tested is the reserve alone.
+	r.rewrite("slo: {ttft: 300ms}", "reserve: {small: 0.5}")
+	r.rewrite(`endpoints: ["10.0.1.1:8000"]`, "maxConcurrency: 4\n      endpoints: [\"10.0.1.1:8000\"]")
+	r.engines.setBatch(small1, 3, 0)
+	if res := get(t, r.route(context.Background(), "sk-pro", "small")); res.err != nil {
+		t.Fatalf("pro within the unreserved slots: %v", res.err)
+	}
+	pro := r.queued(context.Background(), "sk-pro", "small") // 4 in flight: the unreserved slots are full
+	ent := get(t, r.route(context.Background(), "sk-ent", "small"))
+	if ent.err != nil {
+		t.Fatalf("enterprise within its reserve: %v", ent.err)
+	}
+	if held := r.inflight.Held(small1, "enterprise"); held != 1 {
+		t.Errorf("enterprise holds %d of its reserve, want 1", held)
+	}
+	if r.inflight.Held(small1, "pro") != 0 {
+		t.Error("pro, which reserves nothing, is counted under its tier")
+	}
+	if r.queue.Len("small") != 1 {
+		t.Fatalf("%d waiting, want the pro request: enterprise's one request leaves 3 of its 4 slots free", r.queue.Len("small"))
+	}
+	r.d.Settle(ent.rt, Outcome{Status: 200})
+	if held := r.inflight.Held(small1, "enterprise"); held != 0 {
+		t.Errorf("enterprise holds %d after its request settled", held)
+	}
+	if r.queue.Len("small") != 1 {
+		t.Fatal("the pro request started in the reserve enterprise left")
+	}
+	r.engines.setBatch(small1, 2, 0) // a fresh reading: two of the unreserved slots free
+	r.queue.KickAll()
+	if res := get(t, pro); res.err != nil {
+		t.Errorf("the waiting pro request: %v", res.err)
+	}
+}
+
 // A client that goes away just as room comes is not routed: whichever the queue saw first, the request ends
 // as ClientGone, holds no reservation and counts nowhere in flight.
 func TestAbortRacingAStart(t *testing.T) {

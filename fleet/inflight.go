@@ -18,6 +18,7 @@ type InFlight struct {
 
 type endpointLoad struct {
 	count     atomic.Int64
+	held      sync.Map // tier string -> *atomic.Int64: requests of tiers with a reserve (Hold)
 	lastStart atomic.Uint64
 	// readingAt and atReading: the engine reading SinceReading last saw, and the count when it saw it.
 	readingMu sync.Mutex
@@ -53,6 +54,32 @@ func (f *InFlight) Count(endpoint string) int64 {
 		return c.(*endpointLoad).count.Load()
 	}
 	return 0
+}
+
+// Hold counts one more unfinished request of a tier with a reserve (spec.tiers.*.reserve) at endpoint, beside
+// Start: lower tiers leave free what the tier's requests there do not fill. Release undoes it.
+func (f *InFlight) Hold(endpoint, tier string) { f.held(endpoint, tier).Add(1) }
+
+// Release records that a request Hold counted finished.
+func (f *InFlight) Release(endpoint, tier string) { f.held(endpoint, tier).Add(-1) }
+
+// Held is how many of tier's requests Hold counts at endpoint.
+func (f *InFlight) Held(endpoint, tier string) int64 {
+	if c, ok := f.endpoints.Load(endpoint); ok {
+		if n, ok := c.(*endpointLoad).held.Load(tier); ok {
+			return n.(*atomic.Int64).Load()
+		}
+	}
+	return 0
+}
+
+func (f *InFlight) held(endpoint, tier string) *atomic.Int64 {
+	e := f.endpoint(endpoint)
+	if n, ok := e.held.Load(tier); ok {
+		return n.(*atomic.Int64)
+	}
+	n, _ := e.held.LoadOrStore(tier, new(atomic.Int64))
+	return n.(*atomic.Int64)
 }
 
 // LastStarted orders endpoints by when this process last sent them a request (0: never). Among equally loaded

@@ -42,3 +42,24 @@ func TestInFlightLastStarted(t *testing.T) {
 		t.Errorf("a restarted at %d, b at %d", f.LastStarted("a:1"), f.LastStarted("b:1"))
 	}
 }
+
+// Hold counts by tier beside Start, per endpoint, and Release undoes it.
+func TestInFlightHeld(t *testing.T) {
+	var f InFlight
+	if f.Held("a:1", "gold") != 0 {
+		t.Fatal("an endpoint never seen holds requests")
+	}
+	f.Hold("a:1", "gold")
+	f.Hold("a:1", "gold")
+	f.Hold("a:1", "silver")
+	f.Hold("b:1", "gold")
+	f.Release("a:1", "gold")
+	for _, c := range []struct {
+		ep, tier string
+		want     int64
+	}{{"a:1", "gold", 1}, {"a:1", "silver", 1}, {"b:1", "gold", 1}, {"b:1", "silver", 0}, {"c:1", "gold", 0}} {
+		if got := f.Held(c.ep, c.tier); got != c.want {
+			t.Errorf("%s holds %d of %s, want %d", c.ep, got, c.tier, c.want)
+		}
+	}
+}

@@ -60,9 +60,10 @@ func (d *decision) candidates() (blockTokens int) {
 	p, snap, in, slo, routing := d.p, d.snap, &d.in, d.slo, &d.routing
 	cands := d.all[:0]
 	var saturated, unavailable int
-	var headroom, replicas float64 // read only with the admission queue
+	var tier room // read only with the admission queue
 	if in.Queueing {
-		headroom, replicas = snap.QueueClass(in.Tenant).Headroom, float64(max(1, snap.QuotaSettings().GatewayReplicas))
+		tier = room{headroom: snap.QueueClass(in.Tenant).Headroom, above: snap.ReservedAbove(in.Tenant, in.Model),
+			replicas: float64(max(1, snap.QuotaSettings().GatewayReplicas))}
 	}
 	from := cmp.Or(in.Region, p.Region)
 	order := snap.RegionOrder(from)
@@ -90,7 +91,7 @@ func (d *decision) candidates() (blockTokens int) {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
 					continue
-				case !p.hasRoom(ep, m, pool.MaxConcurrency, routing.MaxWaiting, headroom, replicas, in.Queueing):
+				case !p.hasRoom(ep, m, pool.MaxConcurrency, routing.MaxWaiting, tier, in.Queueing):
 					saturated++
 					continue
 				}
@@ -179,19 +180,42 @@ func fallbackFor(snap *policies.Snapshot, in Input, cond string) (Decision, bool
 	return Decision{}, false
 }
 
+// room is what hasRoom reads of a queued request's tier: its headroom and the reserves of the tiers above it,
+// and how many gateway replicas fill the same engines.
+type room struct {
+	headroom float64
+	above    []policies.Reservation
+	replicas float64
+}
+
 // hasRoom says whether an endpoint may take a request: while its engine's queue is below maxWaiting. With the
 // admission queue, the engine's load is what it last reported plus what the gateway replicas sent it since
 // (less what finished) — this process's own count times the replicas (spec.quotas.gatewayReplicas), which fill
 // the same engines alike — and a tier may fill it to headroom × (the pool's maxConcurrency + maxWaiting)
-// running and waiting requests, or, when the pool does not say its batch size, to headroom × maxWaiting
-// waiting ones: lower tiers leave room that every gateway replica sees in the same engine metrics.
-func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, slots, maxWaiting int, headroom, replicas float64, queueing bool) bool {
+// running and waiting requests, less what the reserves of higher tiers hold free (reserved), or, when the pool
+// does not say its batch size, to headroom × maxWaiting waiting ones: lower tiers leave room that every
+// gateway replica sees in the same engine metrics.
+func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, slots, maxWaiting int, tier room, queueing bool) bool {
 	if !queueing {
 		return m.Waiting < float64(maxWaiting)
 	}
-	since := replicas * float64(p.InFlight.SinceReading(ep, m.At))
+	since := tier.replicas * float64(p.InFlight.SinceReading(ep, m.At))
 	if slots > 0 {
-		return max(0, m.Running+m.Waiting+since) < headroom*float64(slots+maxWaiting)
+		capacity := float64(slots + maxWaiting)
+		limit := min(tier.headroom*capacity, capacity-p.reserved(ep, capacity, tier))
+		return max(0, m.Running+m.Waiting+since) < limit
 	}
-	return max(0, m.Waiting+since) < headroom*float64(maxWaiting)
+	return max(0, m.Waiting+since) < tier.headroom*float64(maxWaiting)
+}
+
+// reserved is how many of an endpoint's capacity slots the reserves of the tiers above a request's keep free:
+// each reserve's share of them less what that tier's requests hold there, this process's count times the
+// gateway replicas (which send it alike). A tier that holds its share, or more, keeps nothing free: its
+// further requests take their turn in the queue.
+func (p *Affinity) reserved(ep string, capacity float64, tier room) float64 {
+	var free float64
+	for _, r := range tier.above {
+		free += max(0, r.Share*capacity-tier.replicas*float64(p.InFlight.Held(ep, r.Tier)))
+	}
+	return free
 }

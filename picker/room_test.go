@@ -12,10 +12,11 @@ import (
 
 // With the admission queue, an endpoint's room counts what this gateway (and, by symmetry, the other replicas)
 // sent since the engine's reading, and each tier fills it to its headroom: of the batch slots plus maxWaiting
-// when the pool states its maxConcurrency, of maxWaiting alone otherwise.
+// when the pool states its maxConcurrency, of maxWaiting alone otherwise; a higher tier's reserve is left free
+// by the tiers below it, less what its requests there hold.
 func TestRoomWithAdmission(t *testing.T) {
 	const ep = "10.0.0.1:1"
-	policy := func(maxConcurrency, replicas int) *policies.Snapshot {
+	policy := func(maxConcurrency, replicas int, reserve float64) *policies.Snapshot {
 		t.Helper()
 		src := fmt.Sprintf(`apiVersion: infergate.io/v1alpha1
 kind: Policy
@@ -25,7 +26,8 @@ spec:
   quotas: {gatewayReplicas: %d}
   hardwareClasses: {h: {prefillTokensPerSecond: 1000, decodeTokensPerSecond: 100}}
   tiers:
-    gold: {priority: 10}
+    gold: {priority: 10%s}
+    silver: {priority: 5}
     tin: {headroom: 0.5}
   models:
   - name: m
@@ -33,7 +35,8 @@ spec:
   tenants:
   - {name: g, tier: gold, apiKeys: ["sha256:%064x"], models: ["*"]}
   - {name: t, tier: tin, apiKeys: ["sha256:%064x"], models: ["*"]}
-`, replicas, maxConcurrency, ep, 1, 2)
+  - {name: s, tier: silver, apiKeys: ["sha256:%064x"], models: ["*"]}
+`, replicas, reserveOf(reserve), maxConcurrency, ep, 1, 2, 3)
 		snap, err := policies.Parse("p.yaml", []byte(src))
 		if err != nil {
 			t.Fatal(err)
@@ -47,31 +50,43 @@ spec:
 		sent                     int // requests this gateway sent since the reading
 		tier                     string
 		want                     bool
+		reserve                  float64 // gold's
+		held                     int     // gold's requests this gateway has in flight there
 	}{
-		{"waiting below maxWaiting", 0, 1, 0, 1, 0, "gold", true},
-		{"waiting at maxWaiting", 0, 1, 0, 2, 0, "gold", false},
-		{"what was sent since the reading counts", 0, 1, 0, 1, 1, "gold", false},
-		{"a half headroom fills half of maxWaiting", 0, 1, 0, 1, 0, "tin", false},
-		{"two replicas: each send counts twice", 0, 2, 0, 0, 1, "gold", false},
-		{"batch slots: a free slot is room for every tier", 8, 1, 4, 0, 0, "tin", true},
-		{"batch slots: the lower tier leaves the rest", 8, 1, 5, 0, 0, "tin", false},
-		{"batch slots: the higher tier fills them and maxWaiting", 8, 1, 8, 1, 0, "gold", true},
-		{"batch slots: full", 8, 1, 8, 2, 0, "gold", false},
+		{"waiting below maxWaiting", 0, 1, 0, 1, 0, "gold", true, 0, 0},
+		{"waiting at maxWaiting", 0, 1, 0, 2, 0, "gold", false, 0, 0},
+		{"what was sent since the reading counts", 0, 1, 0, 1, 1, "gold", false, 0, 0},
+		{"a half headroom fills half of maxWaiting", 0, 1, 0, 1, 0, "tin", false, 0, 0},
+		{"two replicas: each send counts twice", 0, 2, 0, 0, 1, "gold", false, 0, 0},
+		{"batch slots: a free slot is room for every tier", 8, 1, 4, 0, 0, "tin", true, 0, 0},
+		{"batch slots: the lower tier leaves the rest", 8, 1, 5, 0, 0, "tin", false, 0, 0},
+		{"batch slots: the higher tier fills them and maxWaiting", 8, 1, 8, 1, 0, "gold", true, 0, 0},
+		{"batch slots: full", 8, 1, 8, 2, 0, "gold", false, 0, 0},
+		{"a reserve above is left free", 8, 1, 3, 0, 0, "silver", false, 0.7, 0},
+		{"below the reserve there is room", 8, 1, 2, 0, 0, "silver", true, 0.7, 0},
+		{"what the reserving tier holds fills its reserve", 8, 1, 9, 0, 0, "silver", true, 0.7, 7},
+		{"held in part, the rest is left free", 8, 1, 4, 0, 0, "silver", false, 0.7, 1},
+		{"two replicas: each held request counts twice", 8, 2, 4, 0, 0, "silver", true, 0.7, 1},
+		{"under both, the lower of headroom and reserve", 8, 1, 4, 0, 0, "tin", false, 0.6, 0},
+		{"under both, headroom when it is the lower", 8, 1, 5, 0, 0, "tin", false, 0.3, 0},
+		{"a reserve does not hold back its own tier", 8, 1, 8, 1, 0, "gold", true, 0.7, 0},
+		{"without maxConcurrency no reserve applies", 0, 1, 0, 1, 0, "silver", true, 0.7, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			snap := policy(tc.maxConcurrency, tc.replicas)
+			snap := policy(tc.maxConcurrency, tc.replicas, tc.reserve)
 			inflight := &fleet.InFlight{}
 			at := time.Unix(100, 0)
 			p := NewAffinity(inflight, engines{ep: {Running: tc.running, Waiting: tc.waiting, At: at}})
+			for range tc.held {
+				inflight.Start(ep)
+				inflight.Hold(ep, "gold")
+			}
 			inflight.SinceReading(ep, at) // the gateway looked at the reading before it sent
 			for range tc.sent {
 				inflight.Start(ep)
 			}
-			tenant := &snap.Policy.Spec.Tenants[0]
-			if tc.tier == "tin" {
-				tenant = &snap.Policy.Spec.Tenants[1]
-			}
+			tenant := &snap.Policy.Spec.Tenants[map[string]int{"gold": 0, "tin": 1, "silver": 2}[tc.tier]]
 			m, _ := snap.Model("m")
 			_, err := p.Pick(snap, Input{Tenant: tenant, Model: m, Queueing: true})
 			var nc *NoCapacity
@@ -80,4 +95,12 @@ spec:
 			}
 		})
 	}
+}
+
+// reserveOf is gold's reserve clause in TestRoomWithAdmission's policy.
+func reserveOf(share float64) string {
+	if share == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", reserve: {m: %v}", share)
 }

@@ -1,6 +1,10 @@
 package policies
 
-import "time"
+import (
+	"maps"
+	"slices"
+	"time"
+)
 
 // MinQueueWeight is the smallest tenant queueWeight: below it a tenant's fair-queuing tags would overflow.
 const MinQueueWeight = 0.001
@@ -27,10 +31,18 @@ type QueueClass struct {
 	Headroom float64
 }
 
+// Reservation is one tier's reserve of a model's endpoints, as a lower tier must leave it.
+type Reservation struct {
+	Tier  string
+	Share float64
+}
+
 type queueRules struct {
 	class   QueueClass
 	maxWait time.Duration // the tier's own, 0 when it sets none
 	degrade map[*Model]*Model
+	reserve map[*Model]float64       // the tier's own reserve by model
+	above   map[*Model][]Reservation // the reserves of the tiers above it by model
 }
 
 // Admission returns the admission queue's settings.
@@ -61,6 +73,13 @@ func (s *Snapshot) DegradeTo(t *Tenant, m *Model) (*Model, bool) {
 	to, ok := s.queueRules[t].degrade[m]
 	return to, ok
 }
+
+// Reserve is the share of m's endpoints kept for a tenant's tier (0: none); its requests there are counted
+// under the tier (fleet.InFlight.Hold), so that lower tiers leave free what they do not fill.
+func (s *Snapshot) Reserve(t *Tenant, m *Model) float64 { return s.queueRules[t].reserve[m] }
+
+// ReservedAbove are the reserves of m's endpoints of the tiers above a tenant's, which its requests leave free.
+func (s *Snapshot) ReservedAbove(t *Tenant, m *Model) []Reservation { return s.queueRules[t].above[m] }
 
 // Tenant finds a tenant by name: a request queued under an older policy is placed under the live one as its
 // tenant now reads.
@@ -108,6 +127,36 @@ func (s *Snapshot) compileAdmission(pol *Policy) {
 		}
 		s.queueRules[t] = r
 	}
+	s.reservationsAbove(pol)
+}
+
+// reservationsAbove gives each tenant its tier's reserves and those of the tiers above it, by model.
+func (s *Snapshot) reservationsAbove(pol *Policy) {
+	for t, r := range s.queueRules {
+		for _, name := range slices.Sorted(maps.Keys(pol.Spec.Tiers)) {
+			tier := pol.Spec.Tiers[name]
+			for model, share := range tier.Reserve {
+				m := s.models[model]
+				switch {
+				case m == nil || share <= 0:
+				case name == TierOf(t):
+					r.reserve = setIn(r.reserve, m, share)
+				case tier.Priority > r.class.Priority:
+					r.above = setIn(r.above, m, append(r.above[m], Reservation{Tier: name, Share: share}))
+				}
+			}
+		}
+		s.queueRules[t] = r
+	}
+}
+
+// setIn sets k to v in m, making m if it is nil.
+func setIn[K comparable, V any](m map[K]V, k K, v V) map[K]V {
+	if m == nil {
+		m = map[K]V{}
+	}
+	m[k] = v
+	return m
 }
 
 // parsePositive is a validated duration field, or def when it is empty.

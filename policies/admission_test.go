@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"reflect"
 	"testing"
 	"time"
 )
@@ -12,7 +13,8 @@ spec:
   admission: {maxQueueWait: 3s}
   hardwareClasses: {h: {prefillTokensPerSecond: 1000, decodeTokensPerSecond: 100}}
   tiers:
-    gold: {priority: 10, maxQueueWait: 800ms, degradeTo: [{model: big-alias, to: small}]}
+    gold: {priority: 10, reserve: {big-alias: 0.4}, maxQueueWait: 800ms, degradeTo: [{model: big-alias, to: small}]}
+    silver: {priority: 5, reserve: {big: 0.3, small: 0.2}}
     tin: {headroom: 0.5, minShare: 0.1, maxQueueWait: 10s}
   models:
   - {name: big, aliases: [big-alias], pools: [{name: a, hardwareClass: h, engine: vllm, endpoints: ["10.0.0.1:1"]}]}
@@ -20,6 +22,7 @@ spec:
   tenants:
   - {name: g, tier: gold, queueWeight: 3, apiKeys: ["sha256:` + zeros(1) + `"], models: ["*"]}
   - {name: t, tier: tin, apiKeys: ["sha256:` + zeros(2) + `"], models: ["*"]}
+  - {name: s, tier: silver, apiKeys: ["sha256:` + zeros(3) + `"], models: ["*"]}
 `
 	snap, err := Parse("p.yaml", []byte(src))
 	if err != nil {
@@ -30,12 +33,35 @@ spec:
 		a.MaxQueueWait != 3*time.Second || a.BufferedMessageTimeout != DefaultBufferedMessageTimeout {
 		t.Errorf("settings %+v", a)
 	}
-	gold, tin := &snap.Policy.Spec.Tenants[0], &snap.Policy.Spec.Tenants[1]
+	gold, tin, silver := &snap.Policy.Spec.Tenants[0], &snap.Policy.Spec.Tenants[1], &snap.Policy.Spec.Tenants[2]
 	if c := snap.QueueClass(gold); c != (QueueClass{Tier: "gold", Priority: 10, Weight: 3, Headroom: 1}) {
 		t.Errorf("gold class %+v", c)
 	}
 	if c := snap.QueueClass(tin); c != (QueueClass{Tier: "tin", Weight: 1, MinShare: 0.1, Headroom: 0.5}) {
 		t.Errorf("tin class %+v", c)
+	}
+	big, _ := snap.Model("big")
+	small, _ := snap.Model("small")
+	goldBig, silverBig, silverSmall := Reservation{"gold", 0.4}, Reservation{"silver", 0.3}, Reservation{"silver", 0.2}
+	for _, c := range []struct {
+		tenant  *Tenant
+		model   *Model
+		reserve float64
+		above   []Reservation
+	}{
+		{gold, big, 0.4, nil},
+		{gold, small, 0, nil},
+		{silver, big, 0.3, []Reservation{goldBig}},
+		{silver, small, 0.2, nil},
+		{tin, big, 0, []Reservation{goldBig, silverBig}},
+		{tin, small, 0, []Reservation{silverSmall}},
+	} {
+		if got := snap.Reserve(c.tenant, c.model); got != c.reserve {
+			t.Errorf("%s reserves %v of %s, want %v", c.tenant.Name, got, c.model.Name, c.reserve)
+		}
+		if got := snap.ReservedAbove(c.tenant, c.model); !reflect.DeepEqual(got, c.above) {
+			t.Errorf("%s leaves %v of %s free, want %v", c.tenant.Name, got, c.model.Name, c.above)
+		}
 	}
 	if w := snap.MaxQueueWait(gold); w != 800*time.Millisecond {
 		t.Errorf("gold waits %v, want its tier's 800ms", w)
@@ -43,8 +69,6 @@ spec:
 	if w := snap.MaxQueueWait(tin); w != 3*time.Second {
 		t.Errorf("tin waits %v, want spec.admission's 3s cap", w)
 	}
-	big, _ := snap.Model("big")
-	small, _ := snap.Model("small")
 	if to, ok := snap.DegradeTo(gold, big); !ok || to != small {
 		t.Errorf("gold degrades big to %v, %v", to, ok)
 	}

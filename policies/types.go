@@ -385,6 +385,13 @@ type Tier struct {
 	// endpoint: below 1, an endpoint is full for this tier while higher tiers still find room. Every gateway
 	// replica reads the same engine queues, so the room kept back holds across replicas.
 	Headroom float64 `yaml:"headroom,omitempty" json:"headroom,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
+	// Reserve keeps, per model (by canonical name or alias), a share (0 to 1) of each of its endpoints'
+	// maxConcurrency + routing.maxWaiting for this tier: lower-priority tiers leave what its requests in flight
+	// there do not yet fill. Unlike a lower tier's headroom, which holds slots back whoever uses them, it asks
+	// nothing of lower tiers while this tier holds its share, and it is there before this tier's demand rises,
+	// as an overload that starts at once needs (docs/admission.md). Pools without maxConcurrency are governed
+	// by headroom alone.
+	Reserve map[string]float64 `yaml:"reserve,omitempty" json:"reserve,omitempty"`
 	// Residency pins the tier's requests to these regions (spec.regions): they are never placed on a pool or
 	// sent to a fallback outside them, under any fault; a request that cannot be served inside gets a 503 naming
 	// them.

@@ -220,6 +220,46 @@ func (v *validator) tiers(s *Spec, models map[string]bool) {
 		v.slo(append(slices.Clone(base), "slo"), tier.SLO, models)
 		v.queueTier(base, &tier, s, models)
 	}
+	v.reserves(s)
+}
+
+// reserves checks the tiers' reserve: known models, shares between 0 and 1 that add up to at most 1 per model,
+// since the tiers share each endpoint's slots.
+func (v *validator) reserves(s *Spec) {
+	canonical := canonicalNames(s)
+	total := map[string]float64{}
+	for _, name := range slices.Sorted(maps.Keys(s.Tiers)) {
+		reserve := s.Tiers[name].Reserve
+		for _, model := range slices.Sorted(maps.Keys(reserve)) {
+			at, share := p("spec", "tiers", name, "reserve", model), reserve[model]
+			switch {
+			case canonical[model] == "":
+				v.fail(at, "unknown model %q", model)
+			case share <= 0 || share > 1:
+				v.fail(at, "must be above 0 and at most 1, got %v", share)
+			default:
+				total[canonical[model]] += share
+			}
+		}
+	}
+	for _, model := range slices.Sorted(maps.Keys(total)) {
+		if total[model] > 1 {
+			v.fail(p("spec", "tiers"), "the tiers' reserves of model %q add up to %v: they share its endpoints' slots, so at most 1",
+				model, total[model])
+		}
+	}
+}
+
+// canonicalNames maps each model's name and aliases to its name.
+func canonicalNames(s *Spec) map[string]string {
+	canonical := map[string]string{}
+	for _, m := range s.Models {
+		canonical[m.Name] = m.Name
+		for _, a := range m.Aliases {
+			canonical[a] = m.Name
+		}
+	}
+	return canonical
 }
 
 // queueTier checks a tier's admission fields.
@@ -235,13 +275,7 @@ func (v *validator) queueTier(base []seg, tier *Tier, s *Spec, models map[string
 		v.fail(at("headroom"), "must be above 0 and at most 1, got %v", tier.Headroom)
 	}
 	v.target(at("maxQueueWait"), tier.MaxQueueWait)
-	canonical := map[string]string{}
-	for _, m := range s.Models {
-		canonical[m.Name] = m.Name
-		for _, a := range m.Aliases {
-			canonical[a] = m.Name
-		}
-	}
+	canonical := canonicalNames(s)
 	seen := map[string]bool{}
 	for j, d := range tier.DegradeTo {
 		switch {

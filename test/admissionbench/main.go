@@ -232,14 +232,13 @@ func (b *bench) calibrate(ctx context.Context) error {
 	const busyFor = 10 * time.Second
 	var readings []string
 	for range calibrations {
-		done := 0
+		statuses := map[int]int{}
 		for _, s := range lg.closedLoop(ctx, 4*batch, busyFor) {
-			if s.status == 200 {
-				done++
-			}
+			statuses[s.status]++
 		}
-		b.capacity = max(b.capacity, float64(done)/busyFor.Seconds())
-		readings = append(readings, fmt.Sprintf("%.1f", float64(done)/busyFor.Seconds()))
+		reading := float64(statuses[200]) / busyFor.Seconds()
+		b.capacity = max(b.capacity, reading)
+		readings = append(readings, fmt.Sprintf("%.1f %v", reading, statuses))
 	}
 	if b.capacity == 0 {
 		return fmt.Errorf("no request completed")

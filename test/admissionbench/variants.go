@@ -33,7 +33,7 @@ type variant struct {
 	load     float64 // × capacity
 	replicas int
 	// mode: "default" (no admission queue, the routing defaults), "fifo" (a queue of the same size without
-	// priorities or deadlines), "admission" (tiers, deadlines, degradation, headroom).
+	// priorities or deadlines), "admission" (tiers, deadlines, degradation, headroom, reserve).
 	mode         string
 	singleTenant bool
 	// starved: each gateway held to a fraction of one core beside a busy loop, the engines at half speed
@@ -66,6 +66,7 @@ var (
 	maxWaiting   = flag.Int("max-waiting", 1, "routing.maxWaiting of the queueing variants")
 	proHeadroom  = flag.Float64("pro-headroom", 0.65, "the pro tier's headroom")
 	freeHeadroom = flag.Float64("free-headroom", 0.5, "the free tier's headroom")
+	entReserve   = flag.Float64("enterprise-reserve", 0.5, "the enterprise tier's reserve of the large model (0: none)")
 )
 
 // queueLength is the admission queue's bound in both queueing variants.
@@ -102,6 +103,10 @@ spec:
 		if v.mode == "admission" {
 			fmt.Fprintf(&b, "      priority: %d\n", 10*(len(classes)-1-i))
 			switch c.tier {
+			case "enterprise":
+				if *entReserve > 0 {
+					fmt.Fprintf(&b, "      reserve: {big: %v}\n", *entReserve)
+				}
 			case "pro":
 				fmt.Fprintf(&b, "      degradeTo: [{model: big, to: small}]\n      headroom: %v\n", *proHeadroom)
 			case "free":
