@@ -104,6 +104,11 @@ func pick() int {
 	return len(classes) - 1
 }
 
+// refusedPause is how long a closed-loop client waits after a refusal before it sends again, as a client
+// honouring 429 would: without it the clients beyond what the engines queue resent at once, some 3,000
+// refusals a second, and the busy gateway took the CPU the simulated fleet needed (calibration readings of 0).
+const refusedPause = 50 * time.Millisecond
+
 // closedLoop runs n clients of the first class back to back for d and returns their samples.
 func (l *load) closedLoop(ctx context.Context, n int, d time.Duration) []sample {
 	end := time.Now().Add(d)
@@ -122,6 +127,9 @@ func (l *load) closedLoop(ctx context.Context, n int, d time.Duration) []sample 
 				mu.Lock()
 				out = append(out, s)
 				mu.Unlock()
+				if s.status == http.StatusTooManyRequests {
+					time.Sleep(refusedPause) // pacing a refused client, not synchronisation
+				}
 			}
 		}()
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -232,13 +233,18 @@ func (b *bench) calibrate(ctx context.Context) error {
 	const busyFor = 10 * time.Second
 	var readings []string
 	for range calibrations {
-		statuses := map[int]int{}
+		var done, refused int
 		for _, s := range lg.closedLoop(ctx, 4*batch, busyFor) {
-			statuses[s.status]++
+			switch s.status {
+			case http.StatusOK:
+				done++
+			case http.StatusTooManyRequests:
+				refused++
+			}
 		}
-		reading := float64(statuses[200]) / busyFor.Seconds()
+		reading := float64(done) / busyFor.Seconds()
 		b.capacity = max(b.capacity, reading)
-		readings = append(readings, fmt.Sprintf("%.1f %v", reading, statuses))
+		readings = append(readings, fmt.Sprintf("%.1f (%d refused)", reading, refused))
 	}
 	if b.capacity == 0 {
 		return fmt.Errorf("no request completed")
