@@ -265,7 +265,7 @@ func (d *Director) route(ctx context.Context, req *Request, rt *Route) *Refusal 
 	if req.Snapshot.Gateway().ResponseModel == policies.ResponseModelRequested {
 		rt.RenameModel, _ = json.Marshal(body.Model) // a string: cannot fail
 	}
-	d.count(&rt.inFlight, dec.Target(rt.Model.Name), req.Snapshot, req.Tenant, rt.Model) // counted already when the queue placed it
+	d.count(&rt.inFlight, dec, req.Snapshot, req.Tenant, rt.Model) // counted already when the queue placed it
 	return nil
 }
 

@@ -1,6 +1,9 @@
 package director
 
-import "github.com/infergate/infergate/policies"
+import (
+	"github.com/infergate/infergate/picker"
+	"github.com/infergate/infergate/policies"
+)
 
 // inFlight is a routed request's place in the in-flight counts (fleet.InFlight, which the picker's load reads,
 // and the infergate_inflight_requests gauge). The director is their one owner: a request is counted once, when
@@ -13,14 +16,17 @@ type inFlight struct {
 	counted bool
 }
 
-// count counts a request placed on model against target, and under the tenant's tier when the tier reserves
-// some of the model's endpoints; a request counted already (placed from the queue) stays as it is.
-func (d *Director) count(f *inFlight, target string, snap *policies.Snapshot, tenant *policies.Tenant, model *policies.Model) {
+// count counts a request placed on model against its target, and, on an endpoint of a model its tenant's tier
+// reserves, under the tier (a managed fallback holds no reserve); a request counted already (placed from the
+// queue) stays as it is.
+func (d *Director) count(f *inFlight, dec picker.Decision, snap *policies.Snapshot, tenant *policies.Tenant, model *policies.Model) {
 	if f.counted {
 		return
 	}
+	target := dec.Target(model.Name)
 	d.opts.InFlight.Start(target)
-	if f.held = ""; snap.Reserve(tenant, model) > 0 {
+	f.held = ""
+	if dec.Fallback == nil && snap.Reserve(tenant, model) > 0 {
 		f.held = policies.TierOf(tenant)
 		d.opts.InFlight.Hold(target, f.held)
 	}
@@ -34,10 +40,10 @@ func (d *Director) uncount(f *inFlight, model string) {
 		return
 	}
 	f.counted = false
-	d.opts.InFlight.Done(f.target)
 	if f.held != "" {
-		d.opts.InFlight.Release(f.target, f.held)
+		d.opts.InFlight.Release(f.target, f.held) // before Done: a reserve is never seen both freed and still held
 	}
+	d.opts.InFlight.Done(f.target)
 	d.opts.Metrics.InFlight.Dec()
 	if d.opts.Queue != nil {
 		d.opts.Queue.Kick(model) // its endpoint has room for a waiting request

@@ -34,7 +34,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 	took := func(got picker.Decision, m *policies.Model, ok bool) bool {
 		if ok {
 			dec, placed = got, m
-			d.count(&rt.inFlight, got.Target(m.Name), snap, req.Tenant, m) // before the queue tries the next request
+			d.count(&rt.inFlight, got, snap, req.Tenant, m) // before the queue tries the next request
 		}
 		return ok
 	}
@@ -53,7 +53,7 @@ func (d *Director) wait(ctx context.Context, req *Request, rt *Route, in picker.
 				return admission.NoRoom
 			}
 			dec, placed = got, m
-			d.count(&rt.inFlight, got.Target(m.Name), cur, tin.Tenant, m) // before the queue tries the next request
+			d.count(&rt.inFlight, got, cur, tin.Tenant, m) // before the queue tries the next request
 			return admission.Placed
 		}, Elsewhere: elsewhere, Degrade: cheaper}
 	out := q.Wait(ctx, e, admission.Limits{Length: set.MaxQueueLength, Bytes: set.MaxQueueBytes})

@@ -397,9 +397,14 @@ func TestLowerTierLeavesAReserveFree(t *testing.T) {
 	r := newQueueRig(t, 0)
 	// Without its TTFT target, which SLO placement would hold a full batch too slow for (room that serves it
 	// late is no room), so that what is tested is the reserve alone.
-	r.rewrite("slo: {ttft: 300ms}", "reserve: {small: 0.5}")
 	r.rewrite(`endpoints: ["10.0.1.1:8000"]`, "maxConcurrency: 4\n      endpoints: [\"10.0.1.1:8000\"]")
+	r.rewrite("slo: {ttft: 300ms}", "reserve: {small: 0.5}")
 	r.engines.setBatch(small1, 3, 0)
+	direct := get(t, r.route(context.Background(), "sk-ent", "small")) // placed at once: nothing waits
+	if held := r.inflight.Held(small1, "enterprise"); direct.err != nil || held != 1 {
+		t.Fatalf("enterprise placed at once: %v, holds %d of its reserve, want 1", direct.err, held)
+	}
+	r.d.Settle(direct.rt, Outcome{Status: 200})
 	if res := get(t, r.route(context.Background(), "sk-pro", "small")); res.err != nil {
 		t.Fatalf("pro within the unreserved slots: %v", res.err)
 	}

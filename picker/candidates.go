@@ -60,9 +60,9 @@ func (d *decision) candidates() (blockTokens int) {
 	p, snap, in, slo, routing := d.p, d.snap, &d.in, d.slo, &d.routing
 	cands := d.all[:0]
 	var saturated, unavailable int
-	var tier room // read only with the admission queue
+	var tierRoom room // read only with the admission queue
 	if in.Queueing {
-		tier = room{headroom: snap.QueueClass(in.Tenant).Headroom, above: snap.ReservedAbove(in.Tenant, in.Model),
+		tierRoom = room{headroom: snap.QueueClass(in.Tenant).Headroom, above: snap.ReservedAbove(in.Tenant, in.Model),
 			replicas: float64(max(1, snap.QuotaSettings().GatewayReplicas))}
 	}
 	from := cmp.Or(in.Region, p.Region)
@@ -91,7 +91,7 @@ func (d *decision) candidates() (blockTokens int) {
 				case !fresh:
 					unavailable++ // stale metrics count as saturated: no routing on old numbers
 					continue
-				case !p.hasRoom(ep, m, pool.MaxConcurrency, routing.MaxWaiting, tier, in.Queueing):
+				case !p.hasRoom(ep, m, pool, routing.MaxWaiting, tierRoom, in.Queueing):
 					saturated++
 					continue
 				}
@@ -195,14 +195,14 @@ type room struct {
 // running and waiting requests, less what the reserves of higher tiers hold free (reserved), or, when the pool
 // does not say its batch size, to headroom × maxWaiting waiting ones: lower tiers leave room that every
 // gateway replica sees in the same engine metrics.
-func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, slots, maxWaiting int, tier room, queueing bool) bool {
+func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, pool *policies.Pool, maxWaiting int, tier room, queueing bool) bool {
 	if !queueing {
 		return m.Waiting < float64(maxWaiting)
 	}
 	since := tier.replicas * float64(p.InFlight.SinceReading(ep, m.At))
-	if slots > 0 {
+	if slots := pool.MaxConcurrency; slots > 0 {
 		capacity := float64(slots + maxWaiting)
-		limit := min(tier.headroom*capacity, capacity-p.reserved(ep, capacity, tier))
+		limit := min(tier.headroom*capacity, capacity-p.reserved(ep, pool, capacity, tier))
 		return max(0, m.Running+m.Waiting+since) < limit
 	}
 	return max(0, m.Waiting+since) < tier.headroom*float64(maxWaiting)
@@ -210,12 +210,14 @@ func (p *Affinity) hasRoom(ep string, m fleet.EngineMetrics, slots, maxWaiting i
 
 // reserved is how many of an endpoint's capacity slots the reserves of the tiers above a request's keep free:
 // each reserve's share of them less what that tier's requests hold there, this process's count times the
-// gateway replicas (which send it alike). A tier that holds its share, or more, keeps nothing free: its
-// further requests take their turn in the queue.
-func (p *Affinity) reserved(ep string, capacity float64, tier room) float64 {
+// gateway replicas (which send it alike), on a pool the reserving tier may use. A tier that holds its share,
+// or more, keeps nothing free: its further requests take their turn in the queue.
+func (p *Affinity) reserved(ep string, pool *policies.Pool, capacity float64, tier room) float64 {
 	var free float64
 	for _, r := range tier.above {
-		free += max(0, r.Share*capacity-tier.replicas*float64(p.InFlight.Held(ep, r.Tier)))
+		if r.Covers(pool) {
+			free += max(0, r.Share*capacity-tier.replicas*float64(p.InFlight.Held(ep, r.Tier)))
+		}
 	}
 	return free
 }

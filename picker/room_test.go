@@ -16,15 +16,20 @@ import (
 // by the tiers below it, less what its requests there hold.
 func TestRoomWithAdmission(t *testing.T) {
 	const ep = "10.0.0.1:1"
-	policy := func(maxConcurrency, replicas int, reserve float64) *policies.Snapshot {
+	policy := func(maxConcurrency, replicas int, gold string) *policies.Snapshot {
 		t.Helper()
+		if gold != "" {
+			gold = ", " + gold
+		}
 		src := fmt.Sprintf(`apiVersion: infergate.io/v1alpha1
 kind: Policy
 spec:
   routing: {maxWaiting: 2}
   admission: {}
   quotas: {gatewayReplicas: %d}
-  hardwareClasses: {h: {prefillTokensPerSecond: 1000, decodeTokensPerSecond: 100}}
+  hardwareClasses:
+    h: {prefillTokensPerSecond: 1000, decodeTokensPerSecond: 100}
+    g: {prefillTokensPerSecond: 1000, decodeTokensPerSecond: 100}
   tiers:
     gold: {priority: 10%s}
     silver: {priority: 5}
@@ -36,7 +41,7 @@ spec:
   - {name: g, tier: gold, apiKeys: ["sha256:%064x"], models: ["*"]}
   - {name: t, tier: tin, apiKeys: ["sha256:%064x"], models: ["*"]}
   - {name: s, tier: silver, apiKeys: ["sha256:%064x"], models: ["*"]}
-`, replicas, reserveOf(reserve), maxConcurrency, ep, 1, 2, 3)
+`, replicas, gold, maxConcurrency, ep, 1, 2, 3)
 		snap, err := policies.Parse("p.yaml", []byte(src))
 		if err != nil {
 			t.Fatal(err)
@@ -50,31 +55,32 @@ spec:
 		sent                     int // requests this gateway sent since the reading
 		tier                     string
 		want                     bool
-		reserve                  float64 // gold's
-		held                     int     // gold's requests this gateway has in flight there
+		gold                     string // gold's further fields: its reserve
+		held                     int    // gold's requests this gateway has in flight there
 	}{
-		{"waiting below maxWaiting", 0, 1, 0, 1, 0, "gold", true, 0, 0},
-		{"waiting at maxWaiting", 0, 1, 0, 2, 0, "gold", false, 0, 0},
-		{"what was sent since the reading counts", 0, 1, 0, 1, 1, "gold", false, 0, 0},
-		{"a half headroom fills half of maxWaiting", 0, 1, 0, 1, 0, "tin", false, 0, 0},
-		{"two replicas: each send counts twice", 0, 2, 0, 0, 1, "gold", false, 0, 0},
-		{"batch slots: a free slot is room for every tier", 8, 1, 4, 0, 0, "tin", true, 0, 0},
-		{"batch slots: the lower tier leaves the rest", 8, 1, 5, 0, 0, "tin", false, 0, 0},
-		{"batch slots: the higher tier fills them and maxWaiting", 8, 1, 8, 1, 0, "gold", true, 0, 0},
-		{"batch slots: full", 8, 1, 8, 2, 0, "gold", false, 0, 0},
-		{"a reserve above is left free", 8, 1, 3, 0, 0, "silver", false, 0.7, 0},
-		{"below the reserve there is room", 8, 1, 2, 0, 0, "silver", true, 0.7, 0},
-		{"what the reserving tier holds fills its reserve", 8, 1, 9, 0, 0, "silver", true, 0.7, 7},
-		{"held in part, the rest is left free", 8, 1, 4, 0, 0, "silver", false, 0.7, 1},
-		{"two replicas: each held request counts twice", 8, 2, 4, 0, 0, "silver", true, 0.7, 1},
-		{"under both, the lower of headroom and reserve", 8, 1, 4, 0, 0, "tin", false, 0.6, 0},
-		{"under both, headroom when it is the lower", 8, 1, 5, 0, 0, "tin", false, 0.3, 0},
-		{"a reserve does not hold back its own tier", 8, 1, 8, 1, 0, "gold", true, 0.7, 0},
-		{"without maxConcurrency no reserve applies", 0, 1, 0, 1, 0, "silver", true, 0.7, 0},
+		{"waiting below maxWaiting", 0, 1, 0, 1, 0, "gold", true, "", 0},
+		{"waiting at maxWaiting", 0, 1, 0, 2, 0, "gold", false, "", 0},
+		{"what was sent since the reading counts", 0, 1, 0, 1, 1, "gold", false, "", 0},
+		{"a half headroom fills half of maxWaiting", 0, 1, 0, 1, 0, "tin", false, "", 0},
+		{"two replicas: each send counts twice", 0, 2, 0, 0, 1, "gold", false, "", 0},
+		{"batch slots: a free slot is room for every tier", 8, 1, 4, 0, 0, "tin", true, "", 0},
+		{"batch slots: the lower tier leaves the rest", 8, 1, 5, 0, 0, "tin", false, "", 0},
+		{"batch slots: the higher tier fills them and maxWaiting", 8, 1, 8, 1, 0, "gold", true, "", 0},
+		{"batch slots: full", 8, 1, 8, 2, 0, "gold", false, "", 0},
+		{"a reserve above is left free", 8, 1, 3, 0, 0, "silver", false, "reserve: {m: 0.7}", 0},
+		{"below the reserve there is room", 8, 1, 2, 0, 0, "silver", true, "reserve: {m: 0.7}", 0},
+		{"what the reserving tier holds fills its reserve", 8, 1, 9, 0, 0, "silver", true, "reserve: {m: 0.7}", 7},
+		{"held in part, the rest is left free", 8, 1, 4, 0, 0, "silver", false, "reserve: {m: 0.7}", 1},
+		{"held in part, what it holds is room", 8, 1, 3, 0, 0, "silver", true, "reserve: {m: 0.7}", 1},
+		{"no reserve where its tier may not go", 8, 1, 8, 0, 0, "silver", true, "reserve: {m: 0.7}, hardwareClasses: [g]", 0},
+		{"two replicas: each held request counts twice", 8, 2, 4, 0, 0, "silver", true, "reserve: {m: 0.7}", 1},
+		{"under both, the lower of headroom and reserve", 8, 1, 4, 0, 0, "tin", false, "reserve: {m: 0.6}", 0},
+		{"under both, headroom when it is the lower", 8, 1, 5, 0, 0, "tin", false, "reserve: {m: 0.3}", 0},
+		{"a reserve does not hold back its own tier", 8, 1, 8, 1, 0, "gold", true, "reserve: {m: 0.7}", 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			snap := policy(tc.maxConcurrency, tc.replicas, tc.reserve)
+			snap := policy(tc.maxConcurrency, tc.replicas, tc.gold)
 			inflight := &fleet.InFlight{}
 			at := time.Unix(100, 0)
 			p := NewAffinity(inflight, engines{ep: {Running: tc.running, Waiting: tc.waiting, At: at}})
@@ -95,12 +101,4 @@ spec:
 			}
 		})
 	}
-}
-
-// reserveOf is gold's reserve clause in TestRoomWithAdmission's policy.
-func reserveOf(share float64) string {
-	if share == 0 {
-		return ""
-	}
-	return fmt.Sprintf(", reserve: {m: %v}", share)
 }

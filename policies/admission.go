@@ -27,7 +27,7 @@ type QueueClass struct {
 	Weight float64
 	// MinShare is the tier's reserved share of the queue's starts.
 	MinShare float64
-	// Headroom is the share of routing.maxWaiting the tier may fill on an endpoint (1: all of it).
+	// Headroom is the share of an endpoint the tier may fill (1: all of it; see Tier.Headroom).
 	Headroom float64
 }
 
@@ -35,6 +35,16 @@ type QueueClass struct {
 type Reservation struct {
 	Tier  string
 	Share float64
+	// classes and residency are the reserving tier's hardwareClasses and residency: it holds nothing on a pool
+	// it may not use.
+	classes, residency []string
+}
+
+// Covers says whether the reserve holds on pool: the reserving tier may place requests there. Elsewhere its
+// requests never come, and the slots would idle.
+func (r Reservation) Covers(pool *Pool) bool {
+	return (len(r.classes) == 0 || slices.Contains(r.classes, pool.HardwareClass)) &&
+		(len(r.residency) == 0 || pool.Region != "" && slices.Contains(r.residency, pool.Region))
 }
 
 type queueRules struct {
@@ -132,17 +142,19 @@ func (s *Snapshot) compileAdmission(pol *Policy) {
 
 // reservationsAbove gives each tenant its tier's reserves and those of the tiers above it, by model.
 func (s *Snapshot) reservationsAbove(pol *Policy) {
+	names := slices.Sorted(maps.Keys(pol.Spec.Tiers))
 	for t, r := range s.queueRules {
-		for _, name := range slices.Sorted(maps.Keys(pol.Spec.Tiers)) {
+		for _, name := range names {
 			tier := pol.Spec.Tiers[name]
 			for model, share := range tier.Reserve {
 				m := s.models[model]
 				switch {
-				case m == nil || share <= 0:
+				case m == nil || !(share > 0): // NaN too; validation refuses both
 				case name == TierOf(t):
 					r.reserve = setIn(r.reserve, m, share)
 				case tier.Priority > r.class.Priority:
-					r.above = setIn(r.above, m, append(r.above[m], Reservation{Tier: name, Share: share}))
+					held := Reservation{Tier: name, Share: share, classes: tier.HardwareClasses, residency: tier.Residency}
+					r.above = setIn(r.above, m, append(r.above[m], held))
 				}
 			}
 		}

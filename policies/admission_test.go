@@ -2,6 +2,7 @@ package policies
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,8 +18,8 @@ spec:
     silver: {priority: 5, reserve: {big: 0.3, small: 0.2}}
     tin: {headroom: 0.5, minShare: 0.1, maxQueueWait: 10s}
   models:
-  - {name: big, aliases: [big-alias], pools: [{name: a, hardwareClass: h, engine: vllm, endpoints: ["10.0.0.1:1"]}]}
-  - {name: small, pools: [{name: b, hardwareClass: h, engine: vllm, endpoints: ["10.0.0.2:1"]}]}
+  - {name: big, aliases: [big-alias], pools: [{name: a, hardwareClass: h, engine: vllm, maxConcurrency: 8, endpoints: ["10.0.0.1:1"]}]}
+  - {name: small, pools: [{name: b, hardwareClass: h, engine: vllm, maxConcurrency: 8, endpoints: ["10.0.0.2:1"]}]}
   tenants:
   - {name: g, tier: gold, queueWeight: 3, apiKeys: ["sha256:` + zeros(1) + `"], models: ["*"]}
   - {name: t, tier: tin, apiKeys: ["sha256:` + zeros(2) + `"], models: ["*"]}
@@ -42,7 +43,8 @@ spec:
 	}
 	big, _ := snap.Model("big")
 	small, _ := snap.Model("small")
-	goldBig, silverBig, silverSmall := Reservation{"gold", 0.4}, Reservation{"silver", 0.3}, Reservation{"silver", 0.2}
+	goldBig := Reservation{Tier: "gold", Share: 0.4}
+	silverBig, silverSmall := Reservation{Tier: "silver", Share: 0.3}, Reservation{Tier: "silver", Share: 0.2}
 	for _, c := range []struct {
 		tenant  *Tenant
 		model   *Model
@@ -78,7 +80,10 @@ spec:
 	if found, ok := snap.Tenant("t"); !ok || found != tin {
 		t.Errorf("Tenant(t) = %v, %v", found, ok)
 	}
-	off, err := Parse("p.yaml", []byte(src[:len("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n")]+src[len("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n  admission: {maxQueueWait: 3s}\n"):]))
+	// Without spec.admission, and so without the reserves that need it.
+	without := strings.NewReplacer("  admission: {maxQueueWait: 3s}\n", "", "reserve: {big-alias: 0.4}, ", "",
+		"reserve: {big: 0.3, small: 0.2}", "").Replace(src)
+	off, err := Parse("p.yaml", []byte(without))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,4 +95,23 @@ spec:
 func zeros(n int) string {
 	const hex = "0000000000000000000000000000000000000000000000000000000000000000"
 	return hex[:63] + string(rune('0'+n))
+}
+
+// A reserve holds only on the pools its tier may use: its hardware classes, inside its residency.
+func TestReservationCovers(t *testing.T) {
+	h200, l40s := &Pool{HardwareClass: "h200", Region: "eu"}, &Pool{HardwareClass: "l40s", Region: "us"}
+	bare := &Pool{HardwareClass: "h200"}
+	for _, c := range []struct {
+		name string
+		r    Reservation
+		want [3]bool // h200 in eu, l40s in us, h200 without a region
+	}{
+		{"anywhere", Reservation{Tier: "gold", Share: 0.5}, [3]bool{true, true, true}},
+		{"one class", Reservation{Tier: "gold", Share: 0.5, classes: []string{"h200"}}, [3]bool{true, false, true}},
+		{"one region", Reservation{Tier: "gold", Share: 0.5, residency: []string{"us"}}, [3]bool{false, true, false}},
+	} {
+		if got := [3]bool{c.r.Covers(h200), c.r.Covers(l40s), c.r.Covers(bare)}; got != c.want {
+			t.Errorf("%s: covers %v, want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -381,16 +381,19 @@ type Tier struct {
 	// MinShare is the share of the queue's starts this tier keeps while higher tiers wait (0 to 0.5, default 0:
 	// strict priority), so that a sustained overload of a higher tier does not starve it.
 	MinShare float64 `yaml:"minShare,omitempty" json:"minShare,omitempty" jsonschema:"minimum=0,maximum=0.5"`
-	// Headroom is the share (0 to 1, default 1) of routing.maxWaiting this tier's requests may fill on an
-	// endpoint: below 1, an endpoint is full for this tier while higher tiers still find room. Every gateway
-	// replica reads the same engine queues, so the room kept back holds across replicas.
+	// Headroom is the share (0 to 1, default 1) of an endpoint this tier's requests may fill: of the pool's
+	// maxConcurrency + routing.maxWaiting running and waiting requests, or of routing.maxWaiting waiting ones
+	// where the pool states no maxConcurrency. Below 1, an endpoint is full for this tier while higher tiers
+	// still find room. Every gateway replica reads the same engine queues, so the room kept back holds across
+	// replicas.
 	Headroom float64 `yaml:"headroom,omitempty" json:"headroom,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
-	// Reserve keeps, per model (by canonical name or alias), a share (0 to 1) of each of its endpoints'
-	// maxConcurrency + routing.maxWaiting for this tier: lower-priority tiers leave what its requests in flight
-	// there do not yet fill. Unlike a lower tier's headroom, which holds slots back whoever uses them, it asks
-	// nothing of lower tiers while this tier holds its share, and it is there before this tier's demand rises,
-	// as an overload that starts at once needs (docs/admission.md). Pools without maxConcurrency are governed
-	// by headroom alone.
+	// Reserve keeps, per model (by name or alias), a share (0 to 1) of each of its endpoints' maxConcurrency +
+	// routing.maxWaiting for this tier: tiers of lower priority leave what its requests in flight there do not
+	// yet fill. Unlike a lower tier's headroom, which holds slots back whoever uses them, it asks nothing of
+	// lower tiers while this tier holds its share, and it is there before this tier's demand rises, as an
+	// overload that starts at once needs (docs/admission.md). It holds on the pools that state maxConcurrency
+	// and that this tier may use (its hardwareClasses, inside its residency); a model's reserves add up to at
+	// most 1.
 	Reserve map[string]float64 `yaml:"reserve,omitempty" json:"reserve,omitempty"`
 	// Residency pins the tier's requests to these regions (spec.regions): they are never placed on a pool or
 	// sent to a fallback outside them, under any fault; a request that cannot be served inside gets a 503 naming

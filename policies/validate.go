@@ -223,31 +223,58 @@ func (v *validator) tiers(s *Spec, models map[string]bool) {
 	v.reserves(s)
 }
 
-// reserves checks the tiers' reserve: known models, shares between 0 and 1 that add up to at most 1 per model,
-// since the tiers share each endpoint's slots.
+// reserves checks the tiers' reserve: shares between 0 and 1 of known models that the tier may use and whose
+// pools state their slots, one per model, that can bind (admission on, a tier of lower priority, within the
+// tier's own headroom), and that add up to at most 1 per model, since the tiers share each endpoint's slots.
 func (v *validator) reserves(s *Spec) {
 	canonical := canonicalNames(s)
-	total := map[string]float64{}
+	total, shares := map[string]float64{}, map[string][]string{}
 	for _, name := range slices.Sorted(maps.Keys(s.Tiers)) {
-		reserve := s.Tiers[name].Reserve
-		for _, model := range slices.Sorted(maps.Keys(reserve)) {
-			at, share := p("spec", "tiers", name, "reserve", model), reserve[model]
-			switch {
-			case canonical[model] == "":
-				v.fail(at, "unknown model %q", model)
-			case share <= 0 || share > 1:
-				v.fail(at, "must be above 0 and at most 1, got %v", share)
-			default:
-				total[canonical[model]] += share
+		tier := s.Tiers[name]
+		seen := map[string]bool{}
+		for _, model := range slices.Sorted(maps.Keys(tier.Reserve)) {
+			at, share, base := p("spec", "tiers", name, "reserve", model), tier.Reserve[model], canonical[model]
+			if problem := reserveProblem(s, name, &tier, base, share, seen[base]); problem != "" {
+				v.fail(at, "%s", problem)
+				continue
 			}
+			seen[base] = true
+			total[base] += share
+			shares[base] = append(shares[base], fmt.Sprintf("%s %v", name, share))
 		}
 	}
 	for _, model := range slices.Sorted(maps.Keys(total)) {
-		if total[model] > 1 {
-			v.fail(p("spec", "tiers"), "the tiers' reserves of model %q add up to %v: they share its endpoints' slots, so at most 1",
-				model, total[model])
+		if total[model] > 1+1e-9 {
+			v.fail(p("spec", "tiers"), "the reserves of model %q (%s) add up to %.4g: they share its endpoints' slots, so at most 1",
+				model, strings.Join(shares[model], ", "), total[model])
 		}
 	}
+}
+
+// reserveProblem is what is wrong with one tier's reserve of a model (base: its canonical name, "" when
+// unknown), or "".
+func reserveProblem(s *Spec, name string, tier *Tier, base string, share float64, again bool) string {
+	switch {
+	case base == "":
+		return "unknown model (a reserve names a base model or its alias)"
+	case again:
+		return fmt.Sprintf("model %q is reserved already, by its name or an alias", base)
+	case !(share > 0 && share <= 1): // NaN too
+		return fmt.Sprintf("must be above 0 and at most 1, got %v", share)
+	case tier.Headroom > 0 && share > tier.Headroom:
+		return fmt.Sprintf("%v is above the tier's own headroom %v: it could never fill it", share, tier.Headroom)
+	case len(tier.Models) > 0 && !slices.ContainsFunc(tier.Models, func(n string) bool { return canonicalNames(s)[n] == base }):
+		return fmt.Sprintf("the tier may not use %q (it is not in its models)", base)
+	case s.Admission == nil:
+		return "a reserve needs spec.admission: without the queue no tier is held back"
+	case !slices.ContainsFunc(s.Models, func(m Model) bool {
+		return m.Name == base && slices.ContainsFunc(m.Pools, func(p Pool) bool { return p.MaxConcurrency > 0 })
+	}):
+		return fmt.Sprintf("no pool of model %q states maxConcurrency: there are no slots to reserve", base)
+	case !slices.ContainsFunc(slices.Collect(maps.Values(s.Tiers)), func(o Tier) bool { return o.Priority < tier.Priority }):
+		return fmt.Sprintf("no tier has a lower priority than %s's %d: a reserve binds only those", name, tier.Priority)
+	}
+	return ""
 }
 
 // canonicalNames maps each model's name and aliases to its name.

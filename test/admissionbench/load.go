@@ -104,8 +104,8 @@ func pick() int {
 	return len(classes) - 1
 }
 
-// refusedPause is how long a closed-loop client waits after a refusal before it sends again, as a client
-// honouring 429 would: without it the clients beyond what the engines queue resent at once, some 3,000
+// refusedPause is how long a closed-loop client waits after a refusal or a failure before it sends again, as a
+// client honouring 429 would: without it the clients beyond what the engines queue resent at once, some 3,000
 // refusals a second, and the busy gateway took the CPU the simulated fleet needed (calibration readings of 0).
 const refusedPause = 50 * time.Millisecond
 
@@ -127,7 +127,7 @@ func (l *load) closedLoop(ctx context.Context, n int, d time.Duration) []sample 
 				mu.Lock()
 				out = append(out, s)
 				mu.Unlock()
-				if s.status == http.StatusTooManyRequests {
+				if s.status != http.StatusOK {
 					time.Sleep(refusedPause) // pacing a refused client, not synchronisation
 				}
 			}

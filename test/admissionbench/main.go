@@ -233,18 +233,20 @@ func (b *bench) calibrate(ctx context.Context) error {
 	const busyFor = 10 * time.Second
 	var readings []string
 	for range calibrations {
-		var done, refused int
+		var done, refused, failed int
 		for _, s := range lg.closedLoop(ctx, 4*batch, busyFor) {
 			switch s.status {
 			case http.StatusOK:
 				done++
 			case http.StatusTooManyRequests:
 				refused++
+			default:
+				failed++
 			}
 		}
 		reading := float64(done) / busyFor.Seconds()
 		b.capacity = max(b.capacity, reading)
-		readings = append(readings, fmt.Sprintf("%.1f (%d refused)", reading, refused))
+		readings = append(readings, fmt.Sprintf("%.1f (%d refused, %d failed)", reading, refused, failed))
 	}
 	if b.capacity == 0 {
 		return fmt.Errorf("no request completed")
