@@ -36,7 +36,9 @@ spec:
     tin: {headroom: 0.5}
   models:
   - name: m
-    pools: [{name: p, hardwareClass: h, engine: vllm, maxConcurrency: %d, endpoints: [%q]}]
+    pools:
+    - {name: p, hardwareClass: h, engine: vllm, maxConcurrency: %d, endpoints: [%q]}
+    - {name: q, hardwareClass: g, engine: vllm, maxConcurrency: 8, endpoints: ["10.0.0.9:1"]} # no metrics: never a candidate
   tenants:
   - {name: g, tier: gold, apiKeys: ["sha256:%064x"], models: ["*"]}
   - {name: t, tier: tin, apiKeys: ["sha256:%064x"], models: ["*"]}

@@ -27,7 +27,8 @@ type QueueClass struct {
 	Weight float64
 	// MinShare is the tier's reserved share of the queue's starts.
 	MinShare float64
-	// Headroom is the share of an endpoint the tier may fill (1: all of it; see Tier.Headroom).
+	// Headroom is how full, as a share, an endpoint may be for the tier to add a request (1: full; see
+	// Tier.Headroom).
 	Headroom float64
 }
 
@@ -42,9 +43,13 @@ type Reservation struct {
 
 // Covers says whether the reserve holds on pool: the reserving tier may place requests there. Elsewhere its
 // requests never come, and the slots would idle.
-func (r Reservation) Covers(pool *Pool) bool {
-	return (len(r.classes) == 0 || slices.Contains(r.classes, pool.HardwareClass)) &&
-		(len(r.residency) == 0 || pool.Region != "" && slices.Contains(r.residency, pool.Region))
+func (r Reservation) Covers(pool *Pool) bool { return coversPool(r.classes, r.residency, pool) }
+
+// coversPool says whether a tier with these hardwareClasses and residency may place requests on pool (empty:
+// any), as the tier's part of Snapshot.PoolAllowed does.
+func coversPool(classes, residency []string, pool *Pool) bool {
+	return (len(classes) == 0 || slices.Contains(classes, pool.HardwareClass)) &&
+		(len(residency) == 0 || pool.Region != "" && slices.Contains(residency, pool.Region))
 }
 
 type queueRules struct {

@@ -381,10 +381,10 @@ type Tier struct {
 	// MinShare is the share of the queue's starts this tier keeps while higher tiers wait (0 to 0.5, default 0:
 	// strict priority), so that a sustained overload of a higher tier does not starve it.
 	MinShare float64 `yaml:"minShare,omitempty" json:"minShare,omitempty" jsonschema:"minimum=0,maximum=0.5"`
-	// Headroom is the share (0 to 1, default 1) of an endpoint this tier's requests may fill: of the pool's
-	// maxConcurrency + routing.maxWaiting running and waiting requests, or of routing.maxWaiting waiting ones
-	// where the pool states no maxConcurrency. Below 1, an endpoint is full for this tier while higher tiers
-	// still find room. Every gateway replica reads the same engine queues, so the room kept back holds across
+	// Headroom is how full an endpoint may be, as a share (0 to 1, default 1), for this tier to add a request:
+	// of the pool's maxConcurrency + routing.maxWaiting running and waiting requests of every tier, or of
+	// routing.maxWaiting waiting ones where the pool states no maxConcurrency. Below 1, an endpoint is full for
+	// this tier while higher tiers still find room. Every gateway replica reads the same engine queues, so the room kept back holds across
 	// replicas.
 	Headroom float64 `yaml:"headroom,omitempty" json:"headroom,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1"`
 	// Reserve keeps, per model (by name or alias), a share (0 to 1) of each of its endpoints' maxConcurrency +
@@ -392,8 +392,8 @@ type Tier struct {
 	// yet fill. Unlike a lower tier's headroom, which holds slots back whoever uses them, it asks nothing of
 	// lower tiers while this tier holds its share, and it is there before this tier's demand rises, as an
 	// overload that starts at once needs (docs/admission.md). It holds on the pools that state maxConcurrency
-	// and that this tier may use (its hardwareClasses, inside its residency); a model's reserves add up to at
-	// most 1.
+	// and that this tier may use (its hardwareClasses, inside its residency); the reserves on a pool add up to
+	// at most 1.
 	Reserve map[string]float64 `yaml:"reserve,omitempty" json:"reserve,omitempty"`
 	// Residency pins the tier's requests to these regions (spec.regions): they are never placed on a pool or
 	// sent to a fallback outside them, under any fault; a request that cannot be served inside gets a 503 naming
@@ -412,9 +412,10 @@ type Degrade struct {
 }
 
 // Admission bounds the queue that holds requests no endpoint has room for. An endpoint has room while its
-// engine's queue, as last scraped plus what this gateway sent it since, is below routing.maxWaiting (times the
-// tier's headroom): with admission on, set maxWaiting near the engines' batch size (a few waiting requests)
-// so that requests wait in the gateway, in priority order, rather than in the engines' FIFO.
+// engine's load, as last scraped plus what the gateways sent it since, is below the tier's headroom of the
+// pool's maxConcurrency + routing.maxWaiting (of maxWaiting waiting requests without maxConcurrency), less the
+// reserves above the tier (docs/admission.md): with admission on, set maxWaiting to 1 or 2 so that requests
+// wait in the gateway, in priority order, rather than in the engines' FIFO.
 type Admission struct {
 	// MaxQueueLength bounds the requests waiting per model (default 1024).
 	MaxQueueLength int `yaml:"maxQueueLength,omitempty" json:"maxQueueLength,omitempty" jsonschema:"minimum=1"`

@@ -223,55 +223,86 @@ func (v *validator) tiers(s *Spec, models map[string]bool) {
 	v.reserves(s)
 }
 
-// reserves checks the tiers' reserve: shares between 0 and 1 of known models that the tier may use and whose
-// pools state their slots, one per model, that can bind (admission on, a tier of lower priority, within the
-// tier's own headroom), and that add up to at most 1 per model, since the tiers share each endpoint's slots.
+// reserveMargin is how far above 1 the reserves of a pool may add up by floating-point rounding alone.
+const reserveMargin = 1e-9
+
+// reserves checks the tiers' reserve: shares between 0 and 1 of known models that the tier may use, one per
+// model, that can bind (admission on, a tier of lower priority, room past the tier's own headroom, a pool it
+// may use that states maxConcurrency), and that add up to at most 1 on each pool, since the tiers that may use
+// a pool share its endpoints' slots.
 func (v *validator) reserves(s *Spec) {
 	canonical := canonicalNames(s)
-	total, shares := map[string]float64{}, map[string][]string{}
+	lowest := math.MaxInt
+	for _, tier := range s.Tiers {
+		lowest = min(lowest, tier.Priority)
+	}
+	onPool := map[*Pool][]string{}
+	totals := map[*Pool]float64{}
 	for _, name := range slices.Sorted(maps.Keys(s.Tiers)) {
 		tier := s.Tiers[name]
 		seen := map[string]bool{}
 		for _, model := range slices.Sorted(maps.Keys(tier.Reserve)) {
 			at, share, base := p("spec", "tiers", name, "reserve", model), tier.Reserve[model], canonical[model]
-			if problem := reserveProblem(s, name, &tier, base, share, seen[base]); problem != "" {
+			problem := reserveProblem(s, canonical, name, &tier, base, share, seen[base], lowest)
+			if base != "" {
+				seen[base] = true
+			}
+			if problem != "" {
 				v.fail(at, "%s", problem)
 				continue
 			}
-			seen[base] = true
-			total[base] += share
-			shares[base] = append(shares[base], fmt.Sprintf("%s %v", name, share))
+			for _, pool := range reservedPools(s, &tier, base) {
+				totals[pool] += share
+				onPool[pool] = append(onPool[pool], fmt.Sprintf("%s %v", name, share))
+			}
 		}
 	}
-	for _, model := range slices.Sorted(maps.Keys(total)) {
-		if total[model] > 1+1e-9 {
-			v.fail(p("spec", "tiers"), "the reserves of model %q (%s) add up to %.4g: they share its endpoints' slots, so at most 1",
-				model, strings.Join(shares[model], ", "), total[model])
+	for _, m := range s.Models {
+		for i := range m.Pools {
+			if pool := &m.Pools[i]; totals[pool] > 1+reserveMargin {
+				v.fail(p("spec", "tiers"), "the reserves on pool %q of model %q (%s) add up to %.4g: they share its endpoints' slots, so at most 1",
+					pool.Name, m.Name, strings.Join(onPool[pool], ", "), totals[pool])
+			}
 		}
 	}
 }
 
+// reservedPools are the pools of model base a tier's reserve holds on: those that state maxConcurrency and that
+// the tier may use.
+func reservedPools(s *Spec, tier *Tier, base string) []*Pool {
+	var pools []*Pool
+	for i := range s.Models {
+		if m := &s.Models[i]; m.Name == base {
+			for j := range m.Pools {
+				if pool := &m.Pools[j]; pool.MaxConcurrency > 0 && coversPool(tier.HardwareClasses, tier.Residency, pool) {
+					pools = append(pools, pool)
+				}
+			}
+		}
+	}
+	return pools
+}
+
 // reserveProblem is what is wrong with one tier's reserve of a model (base: its canonical name, "" when
 // unknown), or "".
-func reserveProblem(s *Spec, name string, tier *Tier, base string, share float64, again bool) string {
+func reserveProblem(s *Spec, canonical map[string]string, name string, tier *Tier, base string, share float64, again bool, lowest int) string {
 	switch {
 	case base == "":
-		return "unknown model (a reserve names a base model or its alias)"
+		return "unknown model (a reserve names a base model or its alias, not an adapter)"
 	case again:
 		return fmt.Sprintf("model %q is reserved already, by its name or an alias", base)
 	case !(share > 0 && share <= 1): // NaN too
 		return fmt.Sprintf("must be above 0 and at most 1, got %v", share)
-	case tier.Headroom > 0 && share > tier.Headroom:
-		return fmt.Sprintf("%v is above the tier's own headroom %v: it could never fill it", share, tier.Headroom)
-	case len(tier.Models) > 0 && !slices.ContainsFunc(tier.Models, func(n string) bool { return canonicalNames(s)[n] == base }):
+	case len(tier.Models) > 0 && !slices.ContainsFunc(tier.Models, func(n string) bool { return canonical[n] == base }):
 		return fmt.Sprintf("the tier may not use %q (it is not in its models)", base)
+	case tier.Headroom > 0 && tier.Headroom < 1 && share <= 1-tier.Headroom:
+		return fmt.Sprintf("lower tiers may fill 1 − %v of an endpoint, and the tier's own headroom %v stops it there: the reserve gives it nothing",
+			share, tier.Headroom)
 	case s.Admission == nil:
 		return "a reserve needs spec.admission: without the queue no tier is held back"
-	case !slices.ContainsFunc(s.Models, func(m Model) bool {
-		return m.Name == base && slices.ContainsFunc(m.Pools, func(p Pool) bool { return p.MaxConcurrency > 0 })
-	}):
-		return fmt.Sprintf("no pool of model %q states maxConcurrency: there are no slots to reserve", base)
-	case !slices.ContainsFunc(slices.Collect(maps.Values(s.Tiers)), func(o Tier) bool { return o.Priority < tier.Priority }):
+	case len(reservedPools(s, tier, base)) == 0:
+		return fmt.Sprintf("no pool of model %q that the tier may use states maxConcurrency: there are no slots to reserve", base)
+	case tier.Priority == lowest:
 		return fmt.Sprintf("no tier has a lower priority than %s's %d: a reserve binds only those", name, tier.Priority)
 	}
 	return ""

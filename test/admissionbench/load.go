@@ -128,7 +128,7 @@ func (l *load) closedLoop(ctx context.Context, n int, d time.Duration) []sample 
 				out = append(out, s)
 				mu.Unlock()
 				if s.status != http.StatusOK {
-					time.Sleep(refusedPause) // pacing a refused client, not synchronisation
+					time.Sleep(refusedPause) // pacing a refused or failed client, not synchronisation
 				}
 			}
 		}()
