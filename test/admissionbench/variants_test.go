@@ -3,6 +3,8 @@ package main
 import (
 	"slices"
 	"testing"
+
+	"github.com/infergate/infergate/policies"
 )
 
 // -only picks a variant by its whole name, or every variant whose name contains it.
@@ -26,6 +28,17 @@ func TestOnlySelects(t *testing.T) {
 		}
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("-only %q: %q, want %q", tc.only, got, tc.want)
+		}
+	}
+}
+
+// Every variant's policy is one infergate accepts: a check the policy validation adds (a reserve's, say) must
+// not stop the benchmark only when it runs.
+func TestVariantPoliciesAreValid(t *testing.T) {
+	addrs := map[string]string{"big-0": "127.0.0.1:1", "big-1": "127.0.0.1:2", "small-0": "127.0.0.1:3"}
+	for _, v := range append([]variant{variantCalibration}, variants...) {
+		if _, err := policies.Parse(v.name+".yaml", []byte(v.policy(addrs, 1))); err != nil {
+			t.Errorf("%s: %v", v.name, err)
 		}
 	}
 }
