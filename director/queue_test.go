@@ -436,6 +436,25 @@ func TestLowerTierLeavesAReserveFree(t *testing.T) {
 	}
 }
 
+// A request of a reserving tier that overflows to the managed API holds no reserve: the fallback's cluster has
+// no slots, and a count under the tier there would be one the tier never releases on an endpoint.
+func TestFallbackHoldsNoReserve(t *testing.T) {
+	r := newQueueRig(t, 8) // every engine full: maxConcurrency 4 + maxWaiting 4 waiting
+	r.rewrite(`endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]`, "maxConcurrency: 4\n      endpoints: [\"10.0.0.1:8000\", \"10.0.0.2:8000\"]")
+	r.rewrite("priority: 10", "priority: 10\n      reserve: {big: 0.5}")
+	c := r.queued(context.Background(), "sk-ent", "big")
+	r.clock.Advance(300 * time.Millisecond) // its TTFT target: it goes elsewhere
+	res := get(t, c)
+	if res.err != nil || res.rt.Decision.Fallback == nil {
+		t.Fatalf("got %v %+v, want the managed fallback", res.err, res.rt)
+	}
+	target := res.rt.Decision.Target("big")
+	if r.inflight.Count(target) != 1 || r.inflight.Held(target, "enterprise") != 0 {
+		t.Errorf("the fallback counts %d in flight and holds %d, want 1 and 0", r.inflight.Count(target), r.inflight.Held(target, "enterprise"))
+	}
+	r.d.Settle(res.rt, Outcome{Status: 200})
+}
+
 // A client that goes away just as room comes is not routed: whichever the queue saw first, the request ends
 // as ClientGone, holds no reservation and counts nowhere in flight.
 func TestAbortRacingAStart(t *testing.T) {
