@@ -4,6 +4,9 @@ GO ?= go
 BIN := bin/infergate
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 20s
+# How long the fuzzer may shrink each new input. Go's default, 60s, spent whole runs shrinking one policy file
+# (FuzzParse: 839 executions in 40 s, against 26,854 with 2s).
+FUZZMINIMIZETIME ?= 2s
 # The version `infergate version` prints: the commit (and +dirty) unless given.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZFLAGS ?=
@@ -119,7 +122,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for fz in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
 	    echo "== $$pkg $$fz"; \
-	    $(GO) test $$pkg -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
+	    $(GO) test $$pkg -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $(FUZZFLAGS); \
 	  done; \
 	done
 
