@@ -88,6 +88,9 @@ func (h Hasher) HashWithInstructions(dst []uint64, seed uint64, instructions, pr
 	return w.hashes
 }
 
+// messageParts are the members of a chat message that render, in the order they render.
+var messageParts = [...]string{"role", "content", "tool_calls"}
+
 var (
 	roleSystem = []byte(`"system"`) // as a message's role renders
 	sepRole    = []byte{0x1e}       // record separator between role and content
@@ -106,15 +109,18 @@ func render(w *blockWriter, v []byte) {
 		return
 	}
 	for c := openai.Elements(v); !w.full(); {
-		item, ok := c.Next()
+		// One walk over the message for its three members: a long content is scanned once, not once to find
+		// the message's end and again per member looked up.
+		var parts [len(messageParts)][]byte
+		item, isObject, ok := c.NextObject(messageParts[:], parts[:])
 		if !ok {
 			return
 		}
-		if role := openai.Member(item, "role"); role != nil {
-			openai.Compact(role, w.write)
+		if isObject && parts[0] != nil {
+			openai.Compact(parts[0], w.write)
 			w.write(sepRole)
-			openai.Compact(openai.Member(item, "content"), w.write)
-			openai.Compact(openai.Member(item, "tool_calls"), w.write)
+			openai.Compact(parts[1], w.write)
+			openai.Compact(parts[2], w.write)
 		} else {
 			openai.Compact(item, w.write)
 		}

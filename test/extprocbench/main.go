@@ -58,7 +58,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs per configuration; the table shows medians")
 	scale := flag.Float64("scale", 1, "multiply the request counts (lower for a quick look)")
 	chunk := flag.Int("chunk", 16384, "request body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
-	only := flag.String("only", "", "run only rows whose description contains this (e.g. \"256 KiB | FULL\")")
+	only := flag.String("only", "", "run only rows whose description, \"| 2 KiB | BUFFERED | 8 |\", contains this (e.g. \"256 KiB | FULL\"; \"| 2 KiB\" leaves out 32 KiB)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	quotaRuns := flag.Bool("quota", true, "also measure the latency quotas add (starts a redis-server on a free port)")
 	telemetryRuns := flag.Bool("telemetry", true, "also measure the latency telemetry adds (traces, audit log, goodput series)")
@@ -106,7 +106,7 @@ func main() {
 	var rows []rowResult
 	for _, cfg := range mainConfigs(*scale) {
 		desc := fmt.Sprintf("%d KiB | %s | %d |", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency)
-		if !strings.Contains(desc, *only) {
+		if !strings.Contains("| "+desc, *only) {
 			continue
 		}
 		row := measureRow(client, baseline, cfg, *runs, *chunk)
