@@ -20,6 +20,7 @@ import (
 // decide parses the body and has the director route it. It returns the body to forward (rewritten when
 // needed) or an error to send back.
 func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
+	growStack() // a decision's stack in one step: stack.go
 	var err error
 	// The parsed body lives in the request state, which is on the heap already: a local would escape to it
 	// through the director and cost an allocation per request.

@@ -1,0 +1,71 @@
+package extproc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+
+	"github.com/infergate/infergate/policies"
+)
+
+// memStream is one ext_proc stream in memory: Process reads msgs in turn, then io.EOF, and counts its answers.
+type memStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	msgs []*extprocv3.ProcessingRequest
+	next int
+	sent int
+}
+
+func (s *memStream) Context() context.Context { return s.ctx }
+
+func (s *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if s.next == len(s.msgs) {
+		return nil, io.EOF
+	}
+	s.next++
+	return s.msgs[s.next-1], nil
+}
+
+func (s *memStream) Send(*extprocv3.ProcessingResponse) error { s.sent++; return nil }
+
+// BenchmarkProcessOnANewGoroutine is a whole stream through Process on a goroutine of its own, as gRPC runs
+// each stream: BenchmarkDecision's work plus what the goroutine's stack costs to grow to a decision's depth. A
+// regression to growing it by doublings at depth (growStack, stack.go) shows here, not in BenchmarkDecision,
+// whose goroutine keeps its grown stack.
+//
+//	go test ./extproc -run '^$' -bench ProcessOnANewGoroutine -benchmem
+func BenchmarkProcessOnANewGoroutine(b *testing.B) {
+	snap, err := policies.LoadFile("../examples/quickstart/policy.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := New(Options{Policies: policies.NewStaticStore(snap)})
+	for _, size := range []int{2 << 10, 32 << 10} {
+		head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
+		tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
+		body := []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
+		hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+		msgs := []*extprocv3.ProcessingRequest{hdrs, reqBody(body, true), respHeaders("200", true)}
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			b.ReportAllocs()
+			done := make(chan int)
+			for b.Loop() {
+				st := &memStream{ctx: context.Background(), msgs: msgs}
+				go func() {
+					_ = srv.Process(st)
+					done <- st.sent
+				}()
+				if sent := <-done; sent < 2 {
+					b.Fatalf("%d answers to a routed request", sent)
+				}
+			}
+		})
+	}
+}
