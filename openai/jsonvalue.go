@@ -122,7 +122,7 @@ func (c *Cursor) start() (int, bool) {
 		i = skipSpace(c.b, i+1)
 	}
 	if i >= len(c.b) || c.b[i] == ']' || c.b[i] == '}' {
-		c.i = i // at the closing bracket: where the value ends (NextObject)
+		c.i = i // at the closing bracket, where the value ends (NextObject), or past the end
 		return 0, false
 	}
 	return i, true
@@ -132,22 +132,29 @@ func (c *Cursor) start() (int, bool) {
 // obj is no object or has none.
 func Member(obj []byte, name string) []byte {
 	c := Members(obj)
-	var buf [32]byte
 	for {
 		key, value, ok := c.NextMember()
 		if !ok {
 			return nil
 		}
-		if k, ok := decodeKey(buf[:0], key); ok && string(k) == name {
+		if keyIs(key, name) {
 			return value
 		}
 	}
 }
 
+// keyIs reports whether a key as written (escapes kept) decodes to name, as the engine decodes it.
+func keyIs(key []byte, name string) bool {
+	var buf [32]byte
+	k, ok := decodeKey(buf[:0], key)
+	return ok && string(k) == name
+}
+
 // NextObject is Next for an array of objects read member by member: it returns the next element and, when it
 // is an object, fills values[i] with the value of its first member named names[i] (nil when it has none; keys
 // decoded as Member decodes them), walking the element once where Next and a Member call per name would walk it
-// once each.
+// once each. values holds at least len(names) slots and is cleared first. On a valid array it returns what Next
+// does; on a malformed object it ends the walk, where Next, which counts brackets only, may not.
 func (c *Cursor) NextObject(names []string, values [][]byte) (item []byte, isObject, ok bool) {
 	clear(values)
 	i, ok := c.start()
@@ -170,24 +177,16 @@ func (c *Cursor) NextObject(names []string, values [][]byte) (item []byte, isObj
 	return c.b[i:end], true, true
 }
 
-// fill walks the rest of an object's members, taking the first value of each name into values.
+// fill walks the rest of an object's members, to its end, taking the first value of each name into values.
 func (c *Cursor) fill(names []string, values [][]byte) {
 	missing := len(names)
-	var buf [32]byte
 	for {
 		key, value, ok := c.NextMember()
 		if !ok {
 			return
 		}
-		if missing == 0 {
-			continue
-		}
-		k, ok := decodeKey(buf[:0], key)
-		if !ok {
-			continue
-		}
-		for i, name := range names {
-			if values[i] == nil && string(k) == name {
+		for i := 0; missing > 0 && i < len(names); i++ {
+			if values[i] == nil && keyIs(key, names[i]) {
 				values[i] = value
 				missing--
 				break

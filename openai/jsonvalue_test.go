@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// NextObject reads an array's elements as Next does and each object's members as a Member call per name does,
-// in one walk: first values of duplicate keys, escaped keys decoded, non-objects passed whole, and a cut or
-// malformed array ends the walk.
+// NextObject reads a valid array's elements as Next does and each object's members as a Member call per name
+// does, in one walk: first values of duplicate keys, escaped keys decoded, non-objects passed whole, and a cut
+// array ends the walk.
 func TestNextObjectMatchesNextAndMember(t *testing.T) {
 	names := []string{"role", "content", "tool_calls"}
 	for name, arr := range map[string]string{

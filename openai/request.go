@@ -358,13 +358,12 @@ func (req *Request) parseStreamOptions(at span) *Error {
 		return BadRequest("stream_options", "'stream_options' must be an object.")
 	}
 	c := Members(v)
-	var buf [32]byte
 	for {
 		key, value, ok := c.NextMember()
 		if !ok {
 			return nil
 		}
-		if k, ok := decodeKey(buf[:0], key); !ok || string(k) != "include_usage" {
+		if !keyIs(key, "include_usage") {
 			continue
 		}
 		if req.includeUsage.end != 0 {

@@ -105,13 +105,13 @@ func main() {
 	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	var rows []rowResult
 	for _, cfg := range mainConfigs(*scale) {
-		desc := fmt.Sprintf("%d KiB | %s | %d |", cfg.promptBytes>>10, modeName(cfg.mode), cfg.concurrency)
-		if !strings.Contains("| "+desc, *only) {
+		desc := rowDesc(cfg.promptBytes, cfg.mode, cfg.concurrency)
+		if !strings.Contains(desc, *only) {
 			continue
 		}
 		row := measureRow(client, baseline, cfg, *runs, *chunk)
 		rows = append(rows, row)
-		fmt.Printf("| %s %s | %s | %.0f | %s | %s | %.0f | %.2f | %.2f | %.0f | %s |\n", desc, fmtDur(row.med.p50), fmtDur(row.med.p99), row.med.rps,
+		fmt.Printf("%s %s | %s | %.0f | %s | %s | %.0f | %.2f | %.2f | %.0f | %s |\n", desc, fmtDur(row.med.p50), fmtDur(row.med.p99), row.med.rps,
 			fmtDur(row.floor.p50), fmtDur(row.floor.p99), row.floor.rps, row.rpsRatio, row.p99Ratio, row.allocs, row.verdict())
 	}
 	checkHotPath(rows)
@@ -157,6 +157,11 @@ func modeName(m filterv3.ProcessingMode_BodySendMode) string {
 		return "BUFFERED"
 	}
 	return "FULL_DUPLEX_STREAMED"
+}
+
+// rowDesc is the start of a row as the tables print it, "| 2 KiB | BUFFERED | 8 |", which -only matches.
+func rowDesc(promptBytes int, mode filterv3.ProcessingMode_BodySendMode, concurrency int) string {
+	return fmt.Sprintf("| %d KiB | %s | %d |", promptBytes>>10, modeName(mode), concurrency)
 }
 
 func fmtDur(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }

@@ -60,7 +60,7 @@ func benchTelemetry(snap *policies.Snapshot, runs int, scale float64, chunk int,
 		n := map[int]int{2 << 10: 4000, 32 << 10: 2000}[size]
 		for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED} {
 			for _, conc := range []int{1, 32} {
-				if !strings.Contains(fmt.Sprintf("| %d KiB | %s | %d |", size>>10, modeName(mode), conc), only) {
+				if !strings.Contains(rowDesc(size, mode, conc), only) {
 					continue
 				}
 				cfg := config{promptBytes: size, mode: mode, concurrency: conc, requests: max(64, int(float64(n)*scale))}
