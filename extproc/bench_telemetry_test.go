@@ -3,8 +3,6 @@ package extproc
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -38,10 +36,7 @@ func BenchmarkDecisionTelemetry(b *testing.B) {
 			Director: director.Options{Observers: []director.SettleObserver{telemetry.NewMetrics(nil), alog}}}),
 	}
 	for _, size := range []int{2 << 10, 32 << 10} {
-		head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
-		tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
-		body := []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
-		hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+		body, hdrs := benchRequest(size)
 		done := respHeaders("200", true)
 		for _, name := range []string{"off", "on"} {
 			srv := servers[name]

@@ -8,10 +8,21 @@ import (
 	"strings"
 	"testing"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/quota"
 	"github.com/infergate/infergate/test/redistest"
 )
+
+// benchRequest is the benchmarks' chat request of size bytes, a system prompt of plain letters and a question,
+// and the request headers that announce it.
+func benchRequest(size int) ([]byte, *extprocv3.ProcessingRequest) {
+	head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
+	tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
+	body := []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
+	return body, postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+}
 
 // BenchmarkDecision measures the processor's own work per request (no gRPC): request headers, the body in
 // one BUFFERED message or 16 KiB FULL_DUPLEX_STREAMED frames, the decision, and the response headers.
@@ -24,10 +35,7 @@ func BenchmarkDecision(b *testing.B) {
 	}
 	srv := New(Options{Policies: policies.NewStaticStore(snap)})
 	for _, size := range []int{2 << 10, 32 << 10, 256 << 10} {
-		head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
-		tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
-		body := []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
-		hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+		body, hdrs := benchRequest(size)
 		done := respHeaders("200", true)
 		for _, mode := range []struct {
 			name string
@@ -77,10 +85,7 @@ func BenchmarkDecisionQuotas(b *testing.B) {
 	redisSrv := redistest.Start(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
-	tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
-	body := []byte(head + strings.Repeat("x", 2<<10-len(head)-len(tail)) + tail)
-	hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+	body, hdrs := benchRequest(2 << 10)
 	done := respHeaders("200", true)
 	for _, withQuotas := range []bool{false, true} {
 		var c config

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -48,10 +46,7 @@ func BenchmarkProcessOnANewGoroutine(b *testing.B) {
 	}
 	srv := New(Options{Policies: policies.NewStaticStore(snap)})
 	for _, size := range []int{2 << 10, 32 << 10} {
-		head := `{"model":"llama-3.3-70b","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"`
-		tail := `"},{"role":"user","content":"What is the capital of France?"}]}`
-		body := []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
-		hdrs := postHeaders("/v1/chat/completions", "sk-demo-acme", "x-request-id", "bench", "content-length", strconv.Itoa(len(body)))
+		body, hdrs := benchRequest(size)
 		msgs := []*extprocv3.ProcessingRequest{hdrs, reqBody(body, true), respHeaders("200", true)}
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
 			b.ReportAllocs()
