@@ -12,6 +12,7 @@ import (
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
@@ -24,7 +25,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	var err error
 	// The parsed body lives in the request state, which is on the heap already: a local would escape to it
 	// through the director and cost an allocation per request.
-	rs.parsed, err = openai.ParseRequest(rs.endpoint, rs.body)
+	rs.parsed, err = openai.ParseRequestYielding(rs.endpoint, rs.body, netturn.Yield)
 	if err != nil {
 		return nil, false, clientError(err)
 	}

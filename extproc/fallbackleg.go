@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/openai"
 )
 
@@ -107,7 +108,7 @@ func (s *Server) processFallbackLeg(stream extprocv3.ExternalProcessor_ProcessSe
 // renameModel returns body with its model replaced, or false when the body is not a request it can parse or
 // already names that model.
 func renameModel(ep openai.Endpoint, body []byte, model string) ([]byte, bool) {
-	req, err := openai.ParseRequest(ep, body)
+	req, err := openai.ParseRequestYielding(ep, body, netturn.Yield)
 	if err != nil {
 		return nil, false
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/contract"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/wait"
 )
@@ -334,6 +335,34 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 	first.send(reqBody(large[100<<10:], true))
 	if r := first.recv(); r.GetRequestHeaders() == nil {
 		t.Fatalf("the admitted streamed body was not routed: %v", r)
+	}
+}
+
+// A large body's frames and its scan give the network turns (netturn), so that ordinary requests' bytes are
+// read while it is parsed; an ordinary body takes none.
+func TestLargeBodiesGiveTheNetworkTurns(t *testing.T) {
+	h := newHarnessWith(t, gatePolicy(t), config{})
+	send := func(body []byte) int64 {
+		before := netturn.Taken()
+		s := h.open(t, modeFullDuplex, modeNone)
+		s.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(body))))
+		for off := 0; off < len(body); off += 16 << 10 {
+			end := min(off+16<<10, len(body))
+			s.send(reqBody(body[off:end], end == len(body)))
+		}
+		if r := s.recv(); r.GetRequestHeaders() == nil {
+			t.Fatalf("not routed: %v", r)
+		}
+		return netturn.Taken() - before
+	}
+	text := func(n int) []byte {
+		return []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"}]}`)
+	}
+	if n := send(text(2 << 10)); n != 0 {
+		t.Errorf("a 2 KiB body took %d turns, want none", n)
+	}
+	if n := send(text(900 << 10)); n == 0 {
+		t.Error("a 900 KiB body took no turn")
 	}
 }
 

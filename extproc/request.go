@@ -15,6 +15,7 @@ import (
 	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/telemetry"
@@ -320,6 +321,9 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 		return rs.reject(openai.BodyTooLarge(rs.limit))
 	}
 	rs.admitted.arrived()
+	if len(rs.body) > largeBodyBytes {
+		netturn.Yield() // each frame of a large body gives way: netturn
+	}
 	if !rs.holdBody(int64(len(b.GetBody()))) {
 		return rs.reject(openai.BodiesInFlight())
 	}

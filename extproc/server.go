@@ -21,6 +21,7 @@ import (
 
 	"github.com/infergate/infergate/audit"
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/telemetry"
 )
@@ -137,7 +138,10 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return endOfStream(err)
 		}
 		out := rs.handle(msg)
-		for _, resp := range out {
+		for i, resp := range out {
+			if i > 1 {
+				netturn.Yield() // a large body goes back in chunks, which give way: netturn
+			}
 			if err := stream.Send(resp); err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 )
@@ -147,9 +148,15 @@ type Request struct {
 // ParseRequest validates the body as JSON and reads the routing fields. A malformed body or a missing or
 // mistyped field gives a 400 *Error naming it.
 func ParseRequest(ep Endpoint, body []byte) (Request, error) {
+	return ParseRequestYielding(ep, body, runtime.Gosched)
+}
+
+// ParseRequestYielding is ParseRequest calling yield between slices of a large body's scan, so that the caller
+// decides how such work gives way to others (the gateway's also lets the network in: netturn.Yield).
+func ParseRequestYielding(ep Endpoint, body []byte, yield func()) (Request, error) {
 	req := Request{Endpoint: ep, BodyBytes: len(body), body: body}
 	idx := bodyIndex{promptField: ep.promptField()}
-	if err := screen(body, &idx); err != nil {
+	if err := screen(body, &idx, yield); err != nil {
 		return Request{Endpoint: ep, BodyBytes: len(body)}, err
 	}
 	req.objectEnd = idx.end
@@ -167,11 +174,11 @@ func ParseRequest(ep Endpoint, body []byte) (Request, error) {
 
 // screen refuses an empty body, a body that is not JSON, nests too deep or is not an object, and indexes the
 // top-level fields of the rest.
-func screen(body []byte, idx *bodyIndex) error {
+func screen(body []byte, idx *bodyIndex, yield func()) error {
 	if len(body) == 0 {
 		return BadRequest("", "The request body is empty; send a JSON object.")
 	}
-	err := scanBody(body, MaxJSONDepth, idx)
+	err := scanBody(body, MaxJSONDepth, idx, yield)
 	switch se, _ := err.(*scanError); {
 	case se != nil && se.grammar:
 		return malformed(body, err)

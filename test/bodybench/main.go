@@ -32,7 +32,7 @@ func main() {
 	chunk := flag.Int("chunk", 16384, "body frame size Envoy forwards in FULL_DUPLEX_STREAMED mode")
 	unloaded := flag.Duration("unloaded", 5*time.Second, "how long the ordinary requests are measured alone first")
 	ordinaryProcess := flag.Bool("ordinary-process", false, "send the ordinary requests from a process and connection of their own, as an independent sender (Envoy's worker) would; false: from the hostile clients' process and connection")
-	procs := flag.Int("gateway-gomaxprocs", 0, "the gateway's GOMAXPROCS on its one CPU (0: Go's default, 1); more Ps than CPUs leave one idle to poll the network (RELIABILITY.md)")
+	procs := flag.Int("gateway-gomaxprocs", 0, "the gateway's GOMAXPROCS on its one CPU (0: Go's default, 1); an experiment: more Ps than CPUs time-slice among threads (RELIABILITY.md)")
 	child := flag.String("ordinary-child", "", "(internal) run only the ordinary clients against this ext_proc address and report their latencies")
 	childFor := flag.Duration("ordinary-for", 0, "(internal) how long the ordinary clients run")
 	flag.Parse()

@@ -1,0 +1,206 @@
+package netturn
+
+import (
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestTurnsLetTheNetworkIn runs CPU-bound workers on one P, yielding between slices of work, while two
+// goroutines play ping-pong over loopback TCP, and counts the round trips that complete before the workers
+// finish. With runtime.Gosched the run queue never empties, so each read waits for sysmon's poll (up to 10 ms);
+// with turns the network is polled every Every of work. The same work is done in both modes.
+func TestTurnsLetTheNetworkIn(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	turns, err := New(Every)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turns.Close()
+	gosched := roundTripsDuringWork(t, runtime.Gosched)
+	withTurns := roundTripsDuringWork(t, turns.Yield)
+	t.Logf("round trips during the same work: %d with Gosched, %d with turns (%d turns)", gosched, withTurns, turns.Taken())
+	if turns.Taken() == 0 {
+		t.Fatal("no turn was taken")
+	}
+	if withTurns < 4*max(gosched, 5) {
+		t.Fatalf("round trips during the work: %d with turns, %d with Gosched: want at least 4× as many (and 20)", withTurns, gosched)
+	}
+}
+
+// roundTripsDuringWork runs four workers, each 1,500 slices of busy work with yield between them, and returns
+// how many ping-pong round trips over loopback finished meanwhile.
+func roundTripsDuringWork(t *testing.T, yield func()) int64 {
+	t.Helper()
+	client, server := tcpPair(t)
+	var trips atomic.Int64
+	var done atomic.Bool
+	var pingers sync.WaitGroup
+	pingers.Go(func() { echo(server) })
+	pingers.Go(func() {
+		buf := make([]byte, 1)
+		for !done.Load() {
+			if _, err := client.Write(buf); err != nil {
+				return
+			}
+			if _, err := io.ReadFull(client, buf); err != nil {
+				return
+			}
+			trips.Add(1)
+		}
+	})
+	var workers sync.WaitGroup
+	for range 4 {
+		workers.Go(func() {
+			x := uint64(1)
+			for range 1500 {
+				x = busy(x)
+				yield()
+			}
+			sink.Add(x)
+		})
+	}
+	workers.Wait()
+	n := trips.Load()
+	done.Store(true)
+	client.Close()
+	server.Close()
+	pingers.Wait()
+	return n
+}
+
+// echo writes back every byte it reads until the connection closes.
+func echo(c net.Conn) {
+	buf := make([]byte, 1)
+	for {
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return
+		}
+		if _, err := c.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := lis.Accept()
+		accepted <- c
+	}()
+	client, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := <-accepted
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	return client, server
+}
+
+// sink keeps the workers' results, so that their work is not optimised away.
+var sink atomic.Uint64
+
+// busy is a slice of CPU-bound work, some tens of microseconds.
+func busy(x uint64) uint64 {
+	for i := range 20000 {
+		x = x*6364136223846793005 + uint64(i)
+	}
+	return x
+}
+
+// TestEveryYieldTakesATurnWhenDue: with every 0 each Yield is a turn, which ends although nothing but the pipe
+// is on the network.
+func TestEveryYieldTakesATurnWhenDue(t *testing.T) {
+	turns, err := New(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turns.Close()
+	for range 100 {
+		turns.Yield()
+	}
+	if got := turns.Taken(); got != 100 {
+		t.Fatalf("turns taken: %d, want 100", got)
+	}
+	if turns.broken.Load() {
+		t.Fatal("the pipe failed")
+	}
+}
+
+// TestYieldersShareATurn: callers arriving while a turn is under way wait for it and return; none is lost.
+func TestYieldersShareATurn(t *testing.T) {
+	turns, err := New(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turns.Close()
+	var wg sync.WaitGroup
+	var returned atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for range 200 {
+				turns.Yield()
+				returned.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if returned.Load() != 16*200 {
+		t.Fatalf("%d yields returned, want %d", returned.Load(), 16*200)
+	}
+	if n := turns.Taken(); n == 0 || n > 16*200 {
+		t.Fatalf("turns taken: %d, want between 1 and %d", n, 16*200)
+	}
+}
+
+// TestClosedTurnsOnlyYield: after Close, Yield returns without a turn.
+func TestClosedTurnsOnlyYield(t *testing.T) {
+	turns, err := New(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := turns.Close(); err != nil {
+		t.Fatal(err)
+	}
+	turns.Yield()
+	if turns.Taken() != 0 {
+		t.Fatalf("turns taken after Close: %d", turns.Taken())
+	}
+}
+
+// BenchmarkYield is the cost of a Yield between turns (a clock read and Gosched).
+func BenchmarkYield(b *testing.B) {
+	turns, err := New(Every)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer turns.Close()
+	turns.last.Store(int64(^uint64(0) >> 2)) // no turn is ever due
+	for b.Loop() {
+		turns.Yield()
+	}
+}
+
+// BenchmarkTurn is the cost of a turn on an idle process: the pipe's write and read and the taker's wake-up.
+func BenchmarkTurn(b *testing.B) {
+	turns, err := New(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer turns.Close()
+	for b.Loop() {
+		turns.Yield()
+	}
+	b.ReportMetric(float64(turns.Taken())/float64(b.N), "turns/op")
+}
