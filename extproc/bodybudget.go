@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/infergate/infergate/openai"
 )
 
 // bodyBudget counts the request-body bytes the process holds for requests it has not routed yet. Each body
@@ -15,8 +17,8 @@ import (
 // Large bodies may fill only three quarters of it: a flood of them leaves room for ordinary requests.
 type bodyBudget struct{ held atomic.Int64 }
 
-// largeBodyBytes is the size past which a body counts as large.
-const largeBodyBytes = 64 << 10
+// largeBodyBytes is the size past which a body counts as large: the parser's, past which its scan gives way.
+const largeBodyBytes = openai.LargeBodyBytes
 
 // take reserves n more bytes for a body that will then hold total, if the bodies held stay within limit
 // (three quarters of it for a large body).

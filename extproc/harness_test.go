@@ -82,7 +82,9 @@ func newHarnessWith(t *testing.T, snap *policies.Snapshot, c config) *harness {
 	c.Director.Observers = append(c.Director.Observers, director.OnRouted(func(s director.Settlement) { h.settled <- s }))
 	srv := newServer(h.store, c)
 	h.srv = srv
-	gs := grpc.NewServer(ServerOptions()...)
+	// Stop waits for the handlers: none outlives its test (TestLargeBodiesGiveTheNetworkTurns counts the
+	// process's turns).
+	gs := grpc.NewServer(append(ServerOptions(), grpc.WaitForHandlers(true))...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

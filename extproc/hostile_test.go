@@ -342,8 +342,12 @@ func TestLargeStreamedBodiesWaitAtTheReceiveGate(t *testing.T) {
 // read while it is parsed; an ordinary body takes none.
 func TestLargeBodiesGiveTheNetworkTurns(t *testing.T) {
 	h := newHarnessWith(t, gatePolicy(t), config{})
+	turns := func() int64 {
+		polled, lapsed := netturn.Taken()
+		return polled + lapsed
+	}
 	send := func(body []byte) int64 {
-		before := netturn.Taken()
+		before := turns()
 		s := h.open(t, modeFullDuplex, modeNone)
 		s.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(body))))
 		for off := 0; off < len(body); off += 16 << 10 {
@@ -353,13 +357,18 @@ func TestLargeBodiesGiveTheNetworkTurns(t *testing.T) {
 		if r := s.recv(); r.GetRequestHeaders() == nil {
 			t.Fatalf("not routed: %v", r)
 		}
-		return netturn.Taken() - before
+		// Read the whole answer, so that the turns between its chunks are counted.
+		for !s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+		}
+		return turns() - before
 	}
 	text := func(n int) []byte {
 		return []byte(`{"model":"qwen2.5-7b","messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"}]}`)
 	}
-	if n := send(text(2 << 10)); n != 0 {
-		t.Errorf("a 2 KiB body took %d turns, want none", n)
+	for _, size := range []int{2 << 10, 63 << 10} { // 63 KiB: answered in two chunks
+		if n := send(text(size)); n != 0 {
+			t.Errorf("a %d-byte body took %d turns, want none", size, n)
+		}
 	}
 	if n := send(text(900 << 10)); n == 0 {
 		t.Error("a 900 KiB body took no turn")

@@ -70,6 +70,9 @@ func New(opts Options) *Server {
 	}
 	// The large bodies received and parsed at once: room for the largest, or a sixteenth of the budget for
 	// bodies in flight, as the policy sets them at start (see BENCHMARKS.md, "Hostile bodies").
+	if err := netturn.Start(); err != nil {
+		opts.Logger.Warn("large bodies will not give the network its turn", "err", err)
+	}
 	g := opts.Policies.Current().Gateway()
 	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics(),
 		receive: newReceiveGate(max(g.MaxBodyBytesInFlight/16, g.MaxRequestBodyBytes))}
@@ -139,8 +142,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		}
 		out := rs.handle(msg)
 		for i, resp := range out {
-			if i > 1 {
-				netturn.Yield() // a large body goes back in chunks, which give way: netturn
+			if i > 0 && len(rs.body) > largeBodyBytes {
+				netturn.Yield() // a large body's answer goes back in chunks, which give way: netturn
 			}
 			if err := stream.Send(resp); err != nil {
 				return err

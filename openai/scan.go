@@ -22,12 +22,36 @@ type scanError struct {
 
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
 
-// A body over largeBody bytes is large, and scanBody yields the CPU every yieldEvery bytes of it (25-100 µs, the
-// more elements the longer): ordinary prompts are scanned in one go, a 4 MiB one gives way 512 times.
-const (
-	largeBody  = 64 << 10
-	yieldEvery = 8 << 10
-)
+// LargeBodyBytes is the size past which a body is large: its scan gives way to other work every yieldEvery
+// bytes (25-100 µs, the more elements the longer), so a 4 MiB one gives way 512 times; an ordinary prompt is
+// scanned in one go. The gateway gives large bodies' other work way past the same size.
+const LargeBodyBytes = 64 << 10
+
+const yieldEvery = 8 << 10
+
+// budget spends a large body's scan in slices, calling yield between them, between tokens and inside long
+// strings alike.
+type budget struct {
+	yield func() // nil: an ordinary body, scanned in one go
+	every int
+	next  int // the offset past which to yield next
+}
+
+// spend yields when the scan has reached i at or past the end of its slice.
+func (b *budget) spend(i int) {
+	if b.yield != nil && i >= b.next {
+		b.yield()
+		b.next = i + b.every
+	}
+}
+
+// limit is where the current slice ends, n when nothing yields.
+func (b *budget) limit(n int) int {
+	if b.yield == nil {
+		return n
+	}
+	return min(n, b.next)
+}
 
 // scanState is what the grammar allows next.
 type scanState uint8
@@ -66,18 +90,14 @@ func preScan(b []byte, maxDepth int) error {
 // in strings refused. When idx is not nil it is handed each top-level key and told where that key's value
 // lies, so the fields routing reads are found in the same walk: nothing of the body is materialised, however
 // many elements it holds in fields the gateway ignores. A large body takes milliseconds to scan: yield lets
-// the requests waiting for this CPU go first, every yieldEvery bytes of a large body.
+// the requests waiting for this CPU go first, every yieldEvery bytes of a large body (budget).
 func scanBody(b []byte, maxDepth int, idx *bodyIndex, yield func()) error {
 	s := scanner{b: b, maxDepth: maxDepth, idx: idx, state: wantValue, field: -1}
-	nextYield := len(b) + 1 // never, for an ordinary body
-	if len(b) > largeBody {
-		nextYield, s.yield = yieldEvery, yield
+	if len(b) > LargeBodyBytes && yield != nil {
+		s.budget = budget{yield: yield, every: yieldEvery, next: yieldEvery}
 	}
 	for {
-		if s.i >= nextYield {
-			yield()
-			nextYield = s.i + yieldEvery
-		}
+		s.budget.spend(s.i)
 		s.i = skipSpace(b, s.i)
 		if s.i >= len(b) {
 			if s.state != wantNothing {
@@ -97,7 +117,7 @@ type scanner struct {
 	i        int // the next byte to read
 	maxDepth int
 	idx      *bodyIndex
-	yield    func() // inside a large body's long strings; nil for an ordinary body
+	budget   budget
 	open     containers
 	depth    int
 	state    scanState
@@ -157,7 +177,7 @@ func (s *scanner) key(c byte) error {
 	if c != '"' {
 		return &scanError{s.i, "invalid character where an object key belongs", true}
 	}
-	end, err := skipStringYielding(s.b, s.i+1, yieldEvery, s.yield)
+	end, err := skipStringIn(s.b, s.i+1, &s.budget)
 	if err != nil {
 		return err
 	}
@@ -195,7 +215,7 @@ func (s *scanner) value(c byte) error {
 		s.i++
 		return nil
 	case c == '"':
-		end, err = skipStringYielding(s.b, s.i+1, yieldEvery, s.yield)
+		end, err = skipStringIn(s.b, s.i+1, &s.budget)
 		end++
 	case c == '-' || isDigit(c): // numbers first: they are what long arrays hold
 		end, err = scanNumber(s.b, s.i)
@@ -248,21 +268,21 @@ func skipSpace(b []byte, i int) int {
 
 // skipString returns the index of the quote that closes the string starting at i, or an error for a raw
 // control character or a missing end.
-func skipString(b []byte, i int) (int, error) { return skipStringYielding(b, i, 0, nil) }
+func skipString(b []byte, i int) (int, error) { return skipStringIn(b, i, nil) }
 
-// skipStringYielding is skipString calling yield (when it is not nil and every is above 0) every every bytes
-// of a long string.
-func skipStringYielding(b []byte, i, every int, yield func()) (int, error) {
+// skipStringIn is skipString spending a large body's budget (nil: none): it yields between slices of a long
+// string.
+func skipStringIn(b []byte, i int, bud *budget) (int, error) {
 	for {
-		// Find the next byte that needs a look: a quote, a backslash or a control character.
-		window := b[i:]
-		if yield != nil && every > 0 && len(window) > every {
-			window = window[:every]
+		end := len(b)
+		if bud != nil {
+			bud.spend(i)
+			end = bud.limit(end)
 		}
-		j := indexStringSpecial(window)
-		if j < 0 && len(window) < len(b)-i {
-			i += len(window) // nothing to look at in this window: the string goes on
-			yield()
+		// Find the next byte that needs a look: a quote, a backslash or a control character.
+		j := indexStringSpecial(b[i:end])
+		if j < 0 && end < len(b) {
+			i = end // nothing to look at before the slice's end: the string goes on
 			continue
 		}
 		if j < 0 {

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"runtime"
 	"strings"
@@ -213,21 +214,29 @@ func TestLargeBodiesYieldWhileScanned(t *testing.T) {
 		head, tail := `{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":[`, `0]}`
 		return []byte(head + strings.Repeat("0,", (n-len(head)-len(tail))/2) + tail)
 	}
+	escaped := func(n int) []byte {
+		head, tail := `{"model":"m","messages":[{"role":"user","content":"`, `"}]}`
+		return []byte(head + strings.Repeat(`ab\n`, (n-len(head)-len(tail))/4) + tail)
+	}
 	for _, tc := range []struct {
 		name     string
 		body     []byte
 		min, max int
 	}{
 		{"2 KiB of text", text(2 << 10), 0, 0},
-		{"64 KiB of text", text(largeBody), 0, 0},
-		{"64 KiB of elements", elements(largeBody), 0, 0},
-		{"64 KiB and a byte of text", text(largeBody + 1), 7, 9},
+		{"64 KiB of text", text(LargeBodyBytes), 0, 0},
+		{"64 KiB of elements", elements(LargeBodyBytes), 0, 0},
+		{"64 KiB and a byte of text", text(LargeBodyBytes + 1), 7, 9},
 		{"4 MiB of text", text(4 << 20), 511, 513},
 		{"4 MiB of elements", elements(4 << 20), 511, 513},
+		{"4 MiB of escaped lines", escaped(4 << 20), 511, 513},
 	} {
 		yields := 0
 		if _, err := ParseRequestYielding(EndpointChat, tc.body, func() { yields++ }); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if _, err := ParseRequestYielding(EndpointChat, tc.body, nil); err != nil {
+			t.Fatalf("%s, no yield: %v", tc.name, err)
 		}
 		if yields < tc.min || yields > tc.max {
 			t.Errorf("%s: %d yields, want %d-%d", tc.name, yields, tc.min, tc.max)
@@ -235,22 +244,31 @@ func TestLargeBodiesYieldWhileScanned(t *testing.T) {
 	}
 }
 
-// Skipping a string in windows, yielding between them, ends where skipping it whole does, with the same error.
-func FuzzSkipStringInWindows(f *testing.F) {
+// Skipping a string in slices, yielding between them, ends where skipping it whole does, with the same error,
+// and yields at least once per slice and six bytes (the longest escape) of what it read.
+func FuzzSkipStringInSlices(f *testing.F) {
 	f.Add([]byte(`abc"`), uint8(1))
 	f.Add([]byte(`a\"b\u00e9c"`), uint8(2))
 	f.Add([]byte("a\x01b\""), uint8(3))
 	f.Add([]byte(`abc\`), uint8(1))
 	f.Add([]byte(`abcdefgh`), uint8(4))
+	f.Add([]byte(`a\nb\nc\nd\ne\nf"`), uint8(2))
 	f.Fuzz(func(t *testing.T, b []byte, every uint8) {
 		wantEnd, wantErr := skipString(b, 0)
 		yields := 0
-		end, err := skipStringYielding(b, 0, int(every%16)+1, func() { yields++ })
+		bud := budget{yield: func() { yields++ }, every: int(every%16) + 1}
+		bud.next = bud.every
+		end, err := skipStringIn(b, 0, &bud)
 		if end != wantEnd || (err == nil) != (wantErr == nil) || err != nil && err.Error() != wantErr.Error() {
-			t.Fatalf("in windows of %d: %d, %v; whole: %d, %v", every%16+1, end, err, wantEnd, wantErr)
+			t.Fatalf("in slices of %d: %d, %v; whole: %d, %v", bud.every, end, err, wantEnd, wantErr)
 		}
-		if yields > len(b) {
-			t.Fatalf("%d yields over %d bytes", yields, len(b))
+		read := end
+		var se *scanError
+		if errors.As(err, &se) {
+			read = se.offset
+		}
+		if min := read/(bud.every+6) - 1; yields < min {
+			t.Fatalf("%d yields over %d bytes in slices of %d, want at least %d", yields, read, bud.every, min)
 		}
 	})
 }
