@@ -8,6 +8,7 @@
 package netturn
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -18,10 +19,10 @@ import (
 )
 
 // Every is how long CPU-bound work may keep the network waiting. Measured with `make bench-bodies` (one CPU,
-// 64 hostile 4 MiB bodies, FULL_DUPLEX_STREAMED, 2026-12-06, one run each): ordinary decisions' p99 under
-// attack was 20 ms with Gosched alone, 2.8 ms with a turn every 250 µs, 1.2-1.8 ms every 100 µs and 0.9-1.2 ms
-// every 50 µs (RELIABILITY.md). A turn costs about 3 µs (BenchmarkTurn): 6 % of the CPU such work gets while it
-// saturates it.
+// 64 hostile 4 MiB bodies, FULL_DUPLEX_STREAMED, 2026-12-06, one run each, while this package took shape):
+// ordinary decisions' p99 under attack was 20 ms with Gosched alone, 2.8 ms with a turn every 250 µs, 1.2-1.8 ms
+// every 100 µs and 0.9-1.2 ms every 50 µs; RELIABILITY.md has the figures at the current code. A turn costs
+// about 3 µs (BenchmarkTurn): 6 % of the CPU such work gets while it saturates it.
 const Every = 50 * time.Microsecond
 
 // maxTurn bounds a turn. A turn ends at the first poll, which comes once the run queue empties; when other work
@@ -123,7 +124,7 @@ func (t *Turns) waitForPoll() {
 			t.broken.Store(true)
 			return
 		}
-		if t.buf[n-1] == t.seq { // its own byte is the last written
+		if bytes.IndexByte(t.buf[:n], t.seq) >= 0 { // its own byte, among earlier turns' late ones
 			t.polled.Add(1)
 			return
 		}

@@ -229,8 +229,9 @@ func FuzzParseRequest(f *testing.F) {
 			if !ok {
 				t.Fatalf("non-API error %T: %v", err, err)
 			}
-			// Only what a validator refuses, or nests too deep, is refused as not JSON.
-			if strings.Contains(e.Message, "could not parse") && !strings.Contains(e.Message, "nesting deeper") && json.Valid([]byte(body)) {
+			// Only what a validator refuses, nests too deep or holds an overlong number is refused as not JSON.
+			if strings.Contains(e.Message, "could not parse") && !strings.Contains(e.Message, "nesting deeper") &&
+				!strings.Contains(e.Message, "number longer") && json.Valid([]byte(body)) {
 				t.Fatalf("refused valid JSON %q: %s", body, e.Message)
 			}
 			return

@@ -6,6 +6,10 @@ import (
 	"runtime"
 )
 
+// MaxNumberBytes bounds a JSON number: no field of a request needs more than a few dozen digits, and a number of
+// megabytes would be scanned in one slice, which a large body's budget cannot divide (scan.go).
+const MaxNumberBytes = 1024
+
 // MaxJSONDepth bounds how deeply objects and arrays may nest in a body the gateway parses. Real requests
 // (messages with tool calls and JSON-schema response formats) stay well under 64; the bound is what keeps a
 // hostile body of a million '[' from exhausting the stack of a recursive parser.
@@ -23,14 +27,14 @@ type scanError struct {
 func (e *scanError) Error() string { return fmt.Sprintf("%s at offset %d", e.reason, e.offset) }
 
 // LargeBodyBytes is the size past which a body is large: its scan gives way to other work every yieldEvery
-// bytes (25-100 µs, the more elements the longer), so a 4 MiB one gives way 512 times; an ordinary prompt is
+// bytes (2-100 µs, the more elements the longer), so a 4 MiB one gives way 512 times; an ordinary prompt is
 // scanned in one go. The gateway gives large bodies' other work way past the same size.
 const LargeBodyBytes = 64 << 10
 
 const yieldEvery = 8 << 10
 
-// budget spends a large body's scan in slices, calling yield between them, between tokens and inside long
-// strings alike.
+// budget spends a large body's scan in slices, calling yield between them: between tokens and inside long
+// strings and runs of whitespace alike (numbers are short: MaxNumberBytes).
 type budget struct {
 	yield func() // nil: an ordinary body, scanned in one go
 	every int
@@ -98,7 +102,10 @@ func scanBody(b []byte, maxDepth int, idx *bodyIndex, yield func()) error {
 	}
 	for {
 		s.budget.spend(s.i)
-		s.i = skipSpace(b, s.i)
+		end := s.budget.limit(len(b))
+		if s.i = skipSpace(b[:end], s.i); s.i == end && end < len(b) {
+			continue // a long run of whitespace: its next slice
+		}
 		if s.i >= len(b) {
 			if s.state != wantNothing {
 				return &scanError{len(b), "unexpected end of JSON input", true}
@@ -376,6 +383,9 @@ func scanNumber(b []byte, i int) (int, error) {
 		for j < len(b) && isDigit(b[j]) {
 			j++
 		}
+	}
+	if j-i > MaxNumberBytes {
+		return 0, &scanError{i, fmt.Sprintf("a number longer than %d bytes", MaxNumberBytes), false}
 	}
 	return j, nil
 }

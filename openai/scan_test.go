@@ -33,6 +33,8 @@ func TestParseRequestRefusesHostileJSON(t *testing.T) {
 		{"duplicate messages", `{"model":"a","messages":[{"role":"user","content":"x"}],"messages":[]}`, "repeats the key 'messages'"},
 		{"duplicate stream", `{"model":"a","messages":[{"role":"user","content":"x"}],"stream":false,"stream":true}`, "repeats the key 'stream'"},
 		{"duplicate max_tokens", `{"model":"a","messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_tokens":99999}`, "repeats the key 'max_tokens'"},
+		{"a 4 MiB number", `{"model":"m","messages":[{"role":"user","content":"x"}],"seed":1` + strings.Repeat("0", 4<<20) + `}`, "a number longer than 1024 bytes"},
+		{"a long fraction in an ignored array", `{"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":[0.` + strings.Repeat("5", 1100) + `]}`, "a number longer than 1024 bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -230,6 +232,7 @@ func TestLargeBodiesYieldWhileScanned(t *testing.T) {
 		{"4 MiB of text", text(4 << 20), 511, 513},
 		{"4 MiB of elements", elements(4 << 20), 511, 513},
 		{"4 MiB of escaped lines", escaped(4 << 20), 511, 513},
+		{"4 MiB of whitespace", []byte(`{` + strings.Repeat(" ", 4<<20) + `"model":"m","messages":[{"role":"user","content":"hi"}]}`), 511, 513},
 	} {
 		yields := 0
 		if _, err := ParseRequestYielding(EndpointChat, tc.body, func() { yields++ }); err != nil {
@@ -267,8 +270,8 @@ func FuzzSkipStringInSlices(f *testing.F) {
 		if errors.As(err, &se) {
 			read = se.offset
 		}
-		if min := read/(bud.every+6) - 1; yields < min {
-			t.Fatalf("%d yields over %d bytes in slices of %d, want at least %d", yields, read, bud.every, min)
+		if least := read/(bud.every+6) - 1; yields < least {
+			t.Fatalf("%d yields over %d bytes in slices of %d, want at least %d", yields, read, bud.every, least)
 		}
 	})
 }
