@@ -38,13 +38,12 @@ const maxTurn = 2 * time.Millisecond
 // comes once the goroutines ahead of it have run, or at once on an idle P. Every other caller of Yield
 // meanwhile waits for the turn to end.
 type Turns struct {
-	every   time.Duration
-	maxTurn time.Duration
-	epoch   time.Time
-	next    atomic.Int64 // when a turn is due next, in nanoseconds since epoch
-	broken  atomic.Bool  // the pipe failed: Yield only yields the processor
-	polled  atomic.Int64 // turns that ended at a poll
-	lapsed  atomic.Int64 // turns that ended at maxTurn
+	every  time.Duration
+	epoch  time.Time
+	next   atomic.Int64 // when a turn is due next, in nanoseconds since epoch
+	broken atomic.Bool  // the pipe failed: Yield only yields the processor
+	polled atomic.Int64 // turns that ended at a poll
+	lapsed atomic.Int64 // turns that ended at maxTurn
 
 	mu      sync.Mutex
 	current chan struct{} // closed when the turn under way ends; nil between turns
@@ -62,7 +61,7 @@ func New(every time.Duration) (*Turns, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netturn: the pipe the poller watches: %w", err)
 	}
-	return &Turns{every: every, maxTurn: maxTurn, epoch: time.Now(), r: r, w: w}, nil
+	return &Turns{every: every, epoch: time.Now(), r: r, w: w}, nil
 }
 
 // Close releases the pipe; Yield then only yields the processor.
@@ -108,7 +107,7 @@ func (t *Turns) due() bool { return int64(time.Since(t.epoch)) >= t.next.Load() 
 
 // waitForPoll parks the caller on the pipe until a poll finds the turn's byte, or maxTurn passes.
 func (t *Turns) waitForPoll() {
-	if err := t.r.SetReadDeadline(time.Now().Add(t.maxTurn)); err != nil {
+	if err := t.r.SetReadDeadline(time.Now().Add(maxTurn)); err != nil {
 		t.broken.Store(true)
 		return
 	}
@@ -134,10 +133,18 @@ func (t *Turns) waitForPoll() {
 // ring writes a turn's byte. It runs after the taker has parked (or, on another P, before: the turn then ends
 // at once).
 func (t *Turns) ring(seq byte) {
-	if _, err := t.w.Write([]byte{seq}); err != nil {
+	if _, err := t.w.Write(seqBytes[seq : int(seq)+1]); err != nil {
 		t.broken.Store(true)
 	}
 }
+
+// seqBytes holds every byte value, so that ring writes one without allocating it.
+var seqBytes = func() (b [256]byte) {
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}()
 
 // processTurns are the Turns of Yield: the scheduler is the process's, and so are its turns.
 var processTurns = sync.OnceValues(func() (*Turns, error) { return New(Every) })
