@@ -9,6 +9,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
 
 	"github.com/infergate/infergate/contract"
 	"github.com/infergate/infergate/director"
@@ -46,7 +48,7 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	if changed {
 		// In a pooled buffer, back in the pool once the answer carrying it is sent (sent).
 		rs.rewritten = sharedBufferPool.Get(len(body) + 64)
-		body = req.Rewrite((*rs.rewritten)[:0], rt.Edits)
+		body = req.RewriteYielding((*rs.rewritten)[:0], rt.Edits, netturn.Yield)
 	}
 	// From here on the request is routed: the director settles it when the stream ends.
 	rs.decided = true
@@ -77,6 +79,9 @@ func (rs *requestState) decideBuffered() []*extprocv3.ProcessingResponse {
 		a.whole.Body = body
 		a.bodyMut.Mutation = &a.whole
 		a.common.BodyMutation = &a.bodyMut
+		if len(body) > largeBodyBytes && rs.rewritten != nil && &body[0] == &(*rs.rewritten)[:1][0] {
+			rs.handOver = &a.resp // sent without another copy: sendHandingOver
+		}
 	}
 	a.mutation.SetHeaders = a.set.headers()
 	a.common.HeaderMutation, a.common.ClearRouteCache = &a.mutation, true
@@ -228,4 +233,16 @@ func (rs *requestState) edgeRegionOf() string {
 		return ""
 	}
 	return r
+}
+
+// sendHandingOver sends the BUFFERED decision whose rewritten body lies in the shared-pool buffer rewritten,
+// and hands the buffer to gRPC with it (handedOverBody): the body goes out from it without another copy, and gRPC
+// puts it back in the pool once written.
+func (rs *requestState) sendHandingOver(stream grpc.ServerStream) error {
+	buf, resp := rs.rewritten, rs.handOver
+	rs.rewritten, rs.handOver = nil, nil
+	*buf = rs.decision.whole.Body
+	err := stream.SendMsg(handedOverBody{resp: resp, body: mem.NewBuffer(buf, sharedBufferPool)})
+	rs.decision.whole.Body = nil // gRPC's now: back in the pool, and another request's, once written
+	return err
 }

@@ -116,5 +116,5 @@ func renameModel(ep openai.Endpoint, body []byte, model string) ([]byte, bool) {
 	if req.Model == model {
 		return nil, false
 	}
-	return req.Rewrite(make([]byte, 0, len(body)+len(model)), openai.Edits{Model: model}), true
+	return req.RewriteYielding(make([]byte, 0, len(body)+len(model)), openai.Edits{Model: model}, netturn.Yield), true
 }

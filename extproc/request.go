@@ -76,11 +76,14 @@ type requestState struct {
 	sse            *openai.SSEScanner
 	respBody       []byte
 	respTooBig     bool
-	rename         *openai.ModelRenamer // a JSON response's model, renamed as it passes
-	respEnded      bool                 // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
-	served         string               // the endpoint Envoy reports it sent the request to, when it does
-	pooledBody     *[]byte              // the shared-pool buffer rs.body lives in, returned at close
-	rewritten      *[]byte              // the shared-pool buffer of the rewritten body, returned once sent
+	rename         *openai.ModelRenamer          // a JSON response's model, renamed as it passes
+	respEnded      bool                          // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
+	served         string                        // the endpoint Envoy reports it sent the request to, when it does
+	pooledBody     *[]byte                       // the shared-pool buffer rs.body lives in, returned at close
+	rewritten      *[]byte                       // the shared-pool buffer of the rewritten body, returned once sent
+	handOver       *extprocv3.ProcessingResponse // the answer that takes rewritten along to gRPC (handedOverBody)
+	in             pooledRequest                 // the message in hand, as the codec received it
+	received       *[]byte                       // the shared-pool buffer of the message in hand (pooledRequest)
 	// deferSettle (set by Process) settles an ended response once the answer is sent (settleOnceSent);
 	// settleDue says one is waiting, endedAt when its response ended.
 	deferSettle bool
@@ -328,7 +331,13 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 		return rs.reject(openai.BodiesInFlight())
 	}
 	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		rs.body = b.GetBody() // the whole body in one message: use it in place
+		rs.body = b.GetBody() // the whole body in one message: use it in place, and its buffer with it
+		if rs.received != nil {
+			if rs.pooledBody != nil {
+				sharedBufferPool.Put(rs.pooledBody)
+			}
+			rs.pooledBody, rs.received = rs.received, nil
+		}
 	} else {
 		rs.appendBody(b.GetBody())
 	}
@@ -366,6 +375,23 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 	}
 	return one(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// dropReceived returns the buffer of the message just handled to the shared pool unless the request kept it
+// as its body: the answers that might point into it are sent.
+func (rs *requestState) dropReceived() {
+	if rs.received != nil {
+		sharedBufferPool.Put(rs.received)
+		rs.received = nil
+	}
+}
+
+// send sends one answer; the one that carries a large rewritten body hands its buffer over with it.
+func (rs *requestState) send(stream extprocv3.ExternalProcessor_ProcessServer, resp *extprocv3.ProcessingResponse) error {
+	if resp == rs.handOver {
+		return rs.sendHandingOver(stream)
+	}
+	return stream.Send(resp)
 }
 
 // sent runs once the answers to a message are sent: gRPC has marshalled them, so the buffers they pointed
@@ -410,6 +436,7 @@ func (rs *requestState) close() {
 	rs.settle(!(rs.sse != nil && rs.sse.Complete() && rs.upstreamStatus > 0 && rs.upstreamStatus < 400))
 	rs.trace.Reject(0, "stream_ended", rs.now()) // authenticated, never answered: the stream ended under it
 	rs.releaseBody()
+	rs.dropReceived()
 }
 
 // admitBody waits, before the stream is read on, until the receive gate admits a large body: in BUFFERED mode

@@ -111,6 +111,8 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.InitialConnWindowSize(64 << 20),
 		// Body-sized messages: see BufferPool.
 		experimental.BufferPool(sharedBufferPool),
+		// A large BUFFERED body is gathered in slices that give way, and copied once: see bodyCodec.
+		grpc.ForceServerCodecV2(newBodyCodec()),
 	}
 }
 
@@ -136,20 +138,22 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	rs := &requestState{srv: s, ctx: stream.Context(), deferSettle: true, edgeRegion: edgeRegion(stream.Context())}
 	defer rs.close()
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
+		rs.in = pooledRequest{} // in the request state, which is on the heap already: RecvMsg's argument escapes
+		if err := stream.RecvMsg(&rs.in); err != nil {
 			return endOfStream(err)
 		}
-		out := rs.handle(msg)
+		rs.received = rs.in.buf
+		out := rs.handle(rs.in.req)
 		for i, resp := range out {
 			if i > 0 && len(rs.body) > largeBodyBytes {
 				netturn.Yield() // a large body's answer goes back in chunks, which give way: netturn
 			}
-			if err := stream.Send(resp); err != nil {
+			if err := rs.send(stream, resp); err != nil {
 				return err
 			}
 		}
 		rs.sent()
+		rs.dropReceived()
 		if !rs.finished && rs.awaitBody > 0 {
 			rs.admitBody()
 		}

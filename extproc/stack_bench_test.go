@@ -31,6 +31,15 @@ func (s *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	return s.msgs[s.next-1], nil
 }
 
+// RecvMsg is how Process reads (pooledRequest).
+func (s *memStream) RecvMsg(m any) error {
+	msg, err := s.Recv()
+	if err == nil {
+		m.(*pooledRequest).req = msg
+	}
+	return err
+}
+
 func (s *memStream) Send(*extprocv3.ProcessingResponse) error { s.sent++; return nil }
 
 // BenchmarkProcessOnANewGoroutine is a whole stream through Process on a goroutine of its own, as gRPC runs

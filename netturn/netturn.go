@@ -4,7 +4,7 @@
 // bodies keep every P busy, an ordinary request's bytes wait unread in their socket for up to 10 ms, and its
 // decision with them (RELIABILITY.md, "Hostile bodies"). Yield, called between slices of such work, parks its
 // callers until the scheduler next polls the network, at most once every Every: the goroutines already
-// runnable go first, then the ones the poll finds, then the work again.
+// runnable go first, then the ones the poll finds (and the ones they ready), then the work again.
 package netturn
 
 import (
@@ -95,7 +95,11 @@ func (t *Turns) Yield() {
 	t.current = c
 	t.mu.Unlock()
 
-	t.waitForPoll()
+	if t.waitForPoll() {
+		// The poll readied the taker among the goroutines it found, maybe first: they run before the turn's
+		// waiters are released to queue ahead of them.
+		runtime.Gosched()
+	}
 	t.next.Store(int64(time.Since(t.epoch) + t.every))
 	t.mu.Lock()
 	t.current = nil
@@ -105,11 +109,11 @@ func (t *Turns) Yield() {
 
 func (t *Turns) due() bool { return int64(time.Since(t.epoch)) >= t.next.Load() }
 
-// waitForPoll parks the caller on the pipe until a poll finds the turn's byte, or maxTurn passes.
-func (t *Turns) waitForPoll() {
+// waitForPoll parks the caller on the pipe until a poll finds the turn's byte (true), or maxTurn passes.
+func (t *Turns) waitForPoll() bool {
 	if err := t.r.SetReadDeadline(time.Now().Add(maxTurn)); err != nil {
 		t.broken.Store(true)
-		return
+		return false
 	}
 	t.seq++
 	go t.ring(t.seq)
@@ -117,15 +121,15 @@ func (t *Turns) waitForPoll() {
 		n, err := t.r.Read(t.buf[:])
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			t.lapsed.Add(1)
-			return
+			return false
 		}
 		if err != nil {
 			t.broken.Store(true)
-			return
+			return false
 		}
 		if bytes.IndexByte(t.buf[:n], t.seq) >= 0 { // its own byte, among earlier turns' late ones
 			t.polled.Add(1)
-			return
+			return true
 		}
 	}
 }

@@ -197,6 +197,43 @@ func TestATurnLapsesWhileTheQueueIsFull(t *testing.T) {
 	}
 }
 
+// TestWhatThePollFindsRunsFirst: on one P, a goroutine whose socket the turn's poll finds ready runs before the
+// turn's taker goes on with its work, although the poll readies both, and the taker maybe first. The scheduler
+// takes from its global queue first one time in 61 (runtime/proc.go), so a few rounds may go the other way.
+func TestWhatThePollFindsRunsFirst(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	turns := newTurns(t, 0)
+	client, server := tcpPair(t)
+	const rounds = 200
+	networkFirst := 0
+	for range rounds {
+		const network, work = 1, 2
+		var first atomic.Int32
+		read := make(chan struct{})
+		go func() {
+			if _, err := io.ReadFull(server, make([]byte, 1)); err == nil {
+				first.CompareAndSwap(0, network)
+			}
+			close(read)
+		}()
+		runtime.Gosched() // the reader parks on its socket
+		if _, err := client.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		turns.Yield()
+		first.CompareAndSwap(0, work)
+		<-read
+		if first.Load() == network {
+			networkFirst++
+		}
+	}
+	polled, _ := turns.Taken()
+	t.Logf("the network first in %d of %d rounds; %d turns ended at a poll", networkFirst, rounds, polled)
+	if polled < rounds*9/10 || networkFirst < rounds*9/10 {
+		t.Fatalf("the network first in %d of %d rounds, %d turns ended at a poll: want 90 %% of each", networkFirst, rounds, polled)
+	}
+}
+
 // TestClosedTurnsOnlyYield: after Close, Yield returns without a turn.
 func TestClosedTurnsOnlyYield(t *testing.T) {
 	turns, err := New(0)

@@ -1,0 +1,322 @@
+package extproc
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// inFrames splits an encoding into buffers of at most frame bytes, as gRPC hands a received message over.
+func inFrames(b []byte, frame int) mem.BufferSlice {
+	var s mem.BufferSlice
+	for len(b) > 0 {
+		n := min(len(b), frame)
+		s = append(s, mem.SliceBuffer(b[:n]))
+		b = b[n:]
+	}
+	return s
+}
+
+func mustMarshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func largeBody(n int) []byte { return bytes.Repeat([]byte(`{"a":1},`), n/8) }
+
+// codecCases are encodings the codec must decode exactly as proto.Unmarshal does.
+func codecCases(t testing.TB) map[string][]byte {
+	body := largeBody(largeBodyBytes * 3)
+	attrs := map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+		"request.path": structpb.NewStringValue("/v1/chat/completions")}}}
+	reqBody := mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request:    &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}},
+		Attributes: attrs, ObservabilityMode: true})
+	respBody := mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: body}}})
+	headers := mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "x-big", RawValue: body}}}}}})
+	// The body field twice inside the body message: proto's last-one-wins, left to proto.Unmarshal.
+	twice := protowire.AppendTag(nil, 1, protowire.BytesType)
+	twice = protowire.AppendBytes(twice, []byte("first"))
+	twice = protowire.AppendTag(twice, 1, protowire.BytesType)
+	twice = protowire.AppendBytes(twice, body)
+	bodyTwice := protowire.AppendTag(nil, 4, protowire.BytesType)
+	bodyTwice = protowire.AppendBytes(bodyTwice, twice)
+	// Headers after the body: the oneof's last member wins.
+	headersAfter := append(append([]byte{}, reqBody...), mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}}})...)
+	// A field this version does not know, after the body.
+	unknown := protowire.AppendTag(append([]byte{}, reqBody...), 999, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, []byte("future"))
+	return map[string][]byte{
+		"request body":      reqBody,
+		"response body":     respBody,
+		"large headers":     headers,
+		"body field twice":  bodyTwice,
+		"headers after":     headersAfter,
+		"unknown field":     unknown,
+		"truncated":         reqBody[:len(reqBody)-7],
+		"bad tag":           append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, reqBody...),
+		"empty":             nil,
+		"body not a string": protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 3),
+	}
+}
+
+// decodeBoth decodes b with the codec's path for large bodies and with proto.Unmarshal, and fails the test
+// unless they agree.
+func decodeBoth(t testing.TB, b []byte, frame int) *extprocv3.ProcessingRequest {
+	t.Helper()
+	var called int
+	fast := &extprocv3.ProcessingRequest{}
+	_, fastErr := unmarshalRequest(gather(make([]byte, 0, len(b)), inFrames(b, frame), func() { called++ }), fast)
+	want := &extprocv3.ProcessingRequest{}
+	wantErr := proto.Unmarshal(b, want)
+	if (fastErr == nil) != (wantErr == nil) {
+		t.Fatalf("codec error %v, proto.Unmarshal's %v", fastErr, wantErr)
+	}
+	if wantErr == nil && !proto.Equal(fast, want) {
+		t.Fatalf("the codec decoded a different message than proto.Unmarshal")
+	}
+	if got, want := called, len(b)/gatherSliceBytes; got != want {
+		t.Fatalf("gathering %d bytes gave way %d times, want %d", len(b), got, want)
+	}
+	return fast
+}
+
+func TestBodyCodecDecodesAsProtoDoes(t *testing.T) {
+	for name, b := range codecCases(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, frame := range []int{1 << 14, 1000, len(b) + 1} {
+				decodeBoth(t, b, frame)
+			}
+		})
+	}
+}
+
+// The body of a large message is not copied out of the gathered buffer, and appending to it cannot write into
+// what follows it there.
+func TestBodyCodecAliasesTheBody(t *testing.T) {
+	b := codecCases(t)["unknown field"]
+	buf := gather(nil, inFrames(b, 1<<14), func() {})
+	req := &extprocv3.ProcessingRequest{}
+	if aliased, err := unmarshalRequest(buf, req); err != nil || !aliased {
+		t.Fatalf("aliased %v, error %v", aliased, err)
+	}
+	body := req.GetRequestBody().GetBody()
+	at := bytes.Index(buf, body)
+	if at < 0 || &buf[at] != &body[0] {
+		t.Fatalf("the body is a copy, not the gathered buffer's bytes")
+	}
+	if cap(body) != len(body) {
+		t.Fatalf("the body's capacity %d reaches past its length %d into the buffer", cap(body), len(body))
+	}
+}
+
+// The codec the server installs takes the large-body path only for large ProcessingRequests; anything else
+// goes to grpc-go's codec, whose results it must match.
+func TestBodyCodecRoutesByMessageAndSize(t *testing.T) {
+	c := newBodyCodec()
+	if c.Name() != "proto" {
+		t.Fatalf("codec name %q: clients ask for proto", c.Name())
+	}
+	small := mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`)}}})
+	for name, b := range map[string][]byte{"small": small, "large": codecCases(t)["request body"]} {
+		got := &extprocv3.ProcessingRequest{}
+		if err := c.Unmarshal(inFrames(b, 1<<14), got); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := &extprocv3.ProcessingRequest{}
+		if err := proto.Unmarshal(b, want); err != nil || !proto.Equal(got, want) {
+			t.Fatalf("%s: decoded differently from proto.Unmarshal (%v)", name, err)
+		}
+	}
+	other := &extprocv3.HttpBody{}
+	if err := c.Unmarshal(inFrames(mustMarshal(t, &extprocv3.HttpBody{Body: largeBody(largeBodyBytes * 2)}), 1<<14),
+		other); err != nil || len(other.Body) != largeBodyBytes*2 {
+		t.Fatalf("another message type: %v, %d bytes", err, len(other.Body))
+	}
+}
+
+// FuzzBodyCodec feeds the large-body decoder arbitrary encodings in arbitrary frames: it must agree with
+// proto.Unmarshal on every one.
+func FuzzBodyCodec(f *testing.F) {
+	for _, b := range codecCases(f) {
+		if len(b) > 4096 {
+			b = b[:4096]
+		}
+		f.Add(b, uint16(100))
+	}
+	small := mustMarshal(f, &extprocv3.ProcessingRequest{
+		Request:           &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m"}`), EndOfStream: true}},
+		ObservabilityMode: true})
+	f.Add(small, uint16(3))
+	f.Fuzz(func(t *testing.T, b []byte, frame uint16) {
+		decodeBoth(t, b, int(frame)+1)
+	})
+}
+
+// bodyResponses are answers that carry a whole body, as decideBuffered and the response path build them.
+func bodyResponses(body []byte) map[string]*extprocv3.ProcessingResponse {
+	meta, _ := structpb.NewStruct(map[string]any{"b": "2", "a": "1", "c": map[string]any{"z": 1.0, "y": true}})
+	common := func() *extprocv3.CommonResponse {
+		return &extprocv3.CommonResponse{
+			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				{Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte("12")}}},
+				RemoveHeaders: []string{"x-infergate-pool"}},
+			BodyMutation:    &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}},
+			ClearRouteCache: true,
+		}
+	}
+	return map[string]*extprocv3.ProcessingResponse{
+		"request body": {Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+			Response: common()}}, DynamicMetadata: meta},
+		"response body": {Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+				Mutation: &extprocv3.BodyMutation_Body{Body: body}}}}}},
+	}
+}
+
+// A response handed over with its body's buffer encodes to the response, with the body sent from that buffer;
+// the response itself is left as it was.
+func TestBodyCodecSendsTheBodyFromItsBuffer(t *testing.T) {
+	c := newBodyCodec()
+	for name, resp := range bodyResponses(largeBody(largeBodyBytes * 2)) {
+		t.Run(name, func(t *testing.T) {
+			body := resp.GetRequestBody().GetResponse().GetBodyMutation().GetBody()
+			if body == nil {
+				body = resp.GetResponseBody().GetResponse().GetBodyMutation().GetBody()
+			}
+			before := proto.Clone(resp)
+			freed := 0
+			buf := &body
+			got, err := c.Marshal(handedOverBody{resp: resp, body: mem.NewBuffer(buf, countingPool{&freed})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sameMessage(t, got.Materialize(), resp)
+			if len(got) != 3 || &got[1].ReadOnlyData()[0] != &body[0] {
+				t.Fatal("the body was copied, not sent from its buffer")
+			}
+			if !proto.Equal(resp, before) {
+				t.Fatal("marshalling changed the response")
+			}
+			got.Free()
+			if freed != 1 {
+				t.Fatalf("the body's buffer freed %d times once sent, want 1", freed)
+			}
+		})
+	}
+}
+
+// A response whose body is not the handed-over buffer is encoded by copying, and the buffer is still freed.
+func TestBodyCodecCopiesWhatIsNotItsBuffer(t *testing.T) {
+	c := newBodyCodec()
+	body := largeBody(largeBodyBytes * 2)
+	other := bytes.Clone(body)
+	for name, resp := range map[string]*extprocv3.ProcessingResponse{
+		"another buffer": bodyResponses(other)["request body"],
+		"headers":        {Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}},
+		"no mutation":    {Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}},
+		"empty":          {},
+	} {
+		freed := 0
+		got, err := c.Marshal(handedOverBody{resp: resp, body: mem.NewBuffer(&body, countingPool{&freed})})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		sameMessage(t, got.Materialize(), resp)
+		if freed != 1 {
+			t.Errorf("%s: the handed-over buffer freed %d times, want 1", name, freed)
+		}
+	}
+}
+
+// sameMessage fails the test unless enc, an encoding in parts, decodes to want and is as long as
+// proto.Marshal's encoding of it (proto.Marshal orders fields its own way; a decoder takes any order).
+func sameMessage(t *testing.T, enc []byte, want *extprocv3.ProcessingResponse) {
+	t.Helper()
+	got := &extprocv3.ProcessingResponse{}
+	if err := proto.Unmarshal(enc, got); err != nil || !proto.Equal(got, want) {
+		t.Fatalf("the encoding decodes to another message (%v)", err)
+	}
+	if n := proto.Size(want); len(enc) != n {
+		t.Fatalf("the encoding is %d bytes, proto.Marshal's %d", len(enc), n)
+	}
+}
+
+type countingPool struct{ n *int }
+
+func (p countingPool) Get(n int) *[]byte { b := make([]byte, n); return &b }
+func (p countingPool) Put(*[]byte)       { *p.n++ }
+
+// Large BUFFERED bodies renamed by several streams at once come back each with its own bytes: a buffer handed
+// to gRPC is reused only once written.
+func TestLargeRewrittenBodiesSurviveTheirBuffersReuse(t *testing.T) {
+	h := newHarness(t)
+	const streams, rounds = 8, 3
+	for round := range rounds {
+		var open [streams]*stream
+		var sent [streams]string
+		for i := range open {
+			content := strings.Repeat(string(rune('a'+i)), 700<<10+round*1000+i)
+			sent[i] = `{"model":"llama-70b","max_tokens":7,"messages":[{"role":"user","content":"` + content + `"}]}`
+			open[i] = h.open(t, modeBuffered, modeNone)
+			open[i].send(postHeaders("/v1/chat/completions", keyAcme))
+			open[i].recv()
+		}
+		for i, s := range open {
+			s.send(reqBody([]byte(sent[i]), true))
+		}
+		for i, s := range open {
+			got := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetBody()
+			want := strings.Replace(sent[i], `"llama-70b"`, `"meta-llama/Llama-3.3-70B-Instruct"`, 1)
+			if string(got) != want {
+				t.Fatalf("round %d, stream %d: %d bytes back, not its own renamed body of %d", round, i, len(got), len(want))
+			}
+		}
+	}
+}
+
+// Received through pooledRequest, a large request body is handed over in its pool buffer; a large response body
+// is copied out of it (the response path keeps bodies by rules of its own) and a small message never uses one.
+func TestPooledRequestHandsOverOnlyRequestBodies(t *testing.T) {
+	c := newBodyCodec()
+	cases := codecCases(t)
+	small := mustMarshal(t, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`)}}})
+	for name, want := range map[string]bool{"request body": true, "response body": false, "large headers": false,
+		"body field twice": false} {
+		var in pooledRequest
+		if err := c.Unmarshal(inFrames(cases[name], 1<<14), &in); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if (in.buf != nil) != want {
+			t.Fatalf("%s: buffer handed over: %v, want %v", name, in.buf != nil, want)
+		}
+		ref := &extprocv3.ProcessingRequest{}
+		if err := proto.Unmarshal(cases[name], ref); err != nil || !proto.Equal(in.req, ref) {
+			t.Fatalf("%s: decoded differently from proto.Unmarshal (%v)", name, err)
+		}
+		if body := in.req.GetRequestBody().GetBody(); want && &(*in.buf)[bytes.Index(*in.buf, body)] != &body[0] {
+			t.Fatalf("%s: the body is not in the handed-over buffer", name)
+		}
+	}
+	var in pooledRequest
+	if err := c.Unmarshal(inFrames(small, 1<<14), &in); err != nil || in.buf != nil || string(in.req.GetRequestBody().GetBody()) != `{}` {
+		t.Fatalf("a small message: %v, buffer %v, %v", err, in.buf != nil, in.req)
+	}
+}
