@@ -282,8 +282,12 @@ func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	t.Logf("rolled back: %s; %d slowed candidate requests; gates %+v", s.Reason, slow, s.Gates)
 	// The verdict is a latency or goodput gate's test over the step's requests, healthy ones from before the
 	// fault among them; how many slowed requests it took depends on how busy the machine is, so it is logged.
-	if s.Gates == nil || s.Gates.Result != "fail" || s.Gates.CandidateRequests < 20 || max(s.Gates.TTFTRatio, s.Gates.TPOTRatio) <= 1.2 {
-		t.Errorf("rolled back on %+v, want a failed gate with the candidate over 1.2× the baseline", s.Gates)
+	// The gates test load-adjusted shifts, so the step's raw medians may still be close when one fires (1.18×
+	// in one CI run); its tail is the slowed requests'.
+	if g := s.Gates; g == nil || g.Result != "fail" || g.CandidateRequests < 20 ||
+		max(g.Evidence["ttft"], g.Evidence["tpot"], g.Evidence["goodput"]) < 1 ||
+		max(g.TTFTRatio, g.TPOTRatio, g.TTFTP95Ratio, g.TPOTP95Ratio) <= 1.2 {
+		t.Errorf("rolled back on %+v, want a latency or goodput gate failed, the candidate over 1.2× the baseline", s.Gates)
 	}
 	if pb, pa := p95(baseBefore), p95(baseAfter); len(baseAfter) < 20 || pa > 2*pb+20*time.Millisecond {
 		t.Errorf("the baseline's TTFT p95 went from %v to %v (%d requests after the fault)", pb, pa, len(baseAfter))
