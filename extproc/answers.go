@@ -13,7 +13,8 @@ import (
 // A routed request's two busiest answers — the routing decision and the response headers' — are built in
 // storage its request state owns instead of a dozen small allocations each. Process sends every answer before
 // it reads the next message, and gRPC has marshalled a message before Send returns, so nothing reads an
-// answer's storage after it was sent; each answer has storage of its own, so none is overwritten while a
+// answer's storage after it was sent (but a large rewritten body, which gRPC sends from its own buffer and
+// frees once written: handedOverBody); each answer has storage of its own, so none is overwritten while a
 // caller still holds it either. The types hold protobuf messages by value: never copy them.
 
 // headerSlots is how many header mutations an answer sets without allocating: a decision sets at most model,

@@ -2,7 +2,9 @@ package extproc
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,6 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/test/wait"
 )
 
 // inFrames splits an encoding into buffers of at most frame bytes, as gRPC hands a received message over.
@@ -35,9 +39,9 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 
 func largeBody(n int) []byte { return bytes.Repeat([]byte(`{"a":1},`), n/8) }
 
-// codecCases are encodings the codec must decode exactly as proto.Unmarshal does.
-func codecCases(t testing.TB) map[string][]byte {
-	body := largeBody(largeBodyBytes * 3)
+// codecCases are encodings the codec must decode exactly as proto.Unmarshal does, with bodies of about n bytes.
+func codecCases(t testing.TB, n int) map[string][]byte {
+	body := largeBody(n)
 	attrs := map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
 		"request.path": structpb.NewStringValue("/v1/chat/completions")}}}
 	reqBody := mustMarshal(t, &extprocv3.ProcessingRequest{
@@ -97,7 +101,7 @@ func decodeBoth(t testing.TB, b []byte, frame int) *extprocv3.ProcessingRequest 
 }
 
 func TestBodyCodecDecodesAsProtoDoes(t *testing.T) {
-	for name, b := range codecCases(t) {
+	for name, b := range codecCases(t, 3*largeBodyBytes) {
 		t.Run(name, func(t *testing.T) {
 			for _, frame := range []int{1 << 14, 1000, len(b) + 1} {
 				decodeBoth(t, b, frame)
@@ -109,7 +113,7 @@ func TestBodyCodecDecodesAsProtoDoes(t *testing.T) {
 // The body of a large message is not copied out of the gathered buffer, and appending to it cannot write into
 // what follows it there.
 func TestBodyCodecAliasesTheBody(t *testing.T) {
-	b := codecCases(t)["unknown field"]
+	b := codecCases(t, 3*largeBodyBytes)["unknown field"]
 	buf := gather(nil, inFrames(b, 1<<14), func() {})
 	req := &extprocv3.ProcessingRequest{}
 	if aliased, err := unmarshalRequest(buf, req); err != nil || !aliased {
@@ -134,7 +138,7 @@ func TestBodyCodecRoutesByMessageAndSize(t *testing.T) {
 	}
 	small := mustMarshal(t, &extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`)}}})
-	for name, b := range map[string][]byte{"small": small, "large": codecCases(t)["request body"]} {
+	for name, b := range map[string][]byte{"small": small, "large": codecCases(t, 3*largeBodyBytes)["request body"]} {
 		got := &extprocv3.ProcessingRequest{}
 		if err := c.Unmarshal(inFrames(b, 1<<14), got); err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -154,10 +158,7 @@ func TestBodyCodecRoutesByMessageAndSize(t *testing.T) {
 // FuzzBodyCodec feeds the large-body decoder arbitrary encodings in arbitrary frames: it must agree with
 // proto.Unmarshal on every one.
 func FuzzBodyCodec(f *testing.F) {
-	for _, b := range codecCases(f) {
-		if len(b) > 4096 {
-			b = b[:4096]
-		}
+	for _, b := range codecCases(f, 200) {
 		f.Add(b, uint16(100))
 	}
 	small := mustMarshal(f, &extprocv3.ProcessingRequest{
@@ -295,7 +296,7 @@ func TestLargeRewrittenBodiesSurviveTheirBuffersReuse(t *testing.T) {
 // is copied out of it (the response path keeps bodies by rules of its own) and a small message never uses one.
 func TestPooledRequestHandsOverOnlyRequestBodies(t *testing.T) {
 	c := newBodyCodec()
-	cases := codecCases(t)
+	cases := codecCases(t, 3*largeBodyBytes)
 	small := mustMarshal(t, &extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`)}}})
 	for name, want := range map[string]bool{"request body": true, "response body": false, "large headers": false,
@@ -318,5 +319,104 @@ func TestPooledRequestHandsOverOnlyRequestBodies(t *testing.T) {
 	var in pooledRequest
 	if err := c.Unmarshal(inFrames(small, 1<<14), &in); err != nil || in.buf != nil || string(in.req.GetRequestBody().GetBody()) != `{}` {
 		t.Fatalf("a small message: %v, buffer %v, %v", err, in.buf != nil, in.req)
+	}
+}
+
+// lendingPool is a BufferPool that knows what it has lent: a buffer put back that is not out (twice, or never
+// lent) is recorded.
+type lendingPool struct {
+	inner BufferPool
+	mu    sync.Mutex
+	out   map[*[]byte]bool
+	bad   int
+}
+
+func (p *lendingPool) Get(n int) *[]byte {
+	b := p.inner.Get(n)
+	p.mu.Lock()
+	p.out[b] = true
+	p.mu.Unlock()
+	return b
+}
+
+func (p *lendingPool) Put(b *[]byte) {
+	p.mu.Lock()
+	if !p.out[b] {
+		p.bad++
+	}
+	delete(p.out, b)
+	p.mu.Unlock()
+	p.inner.Put(b)
+}
+
+func (p *lendingPool) state() (out, bad int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.out), p.bad
+}
+
+// Every buffer the shared pool lends — gRPC's frames, a BUFFERED body kept as the request's, a rewritten body
+// handed to gRPC, a body gathered from frames — comes back once, whether the request is routed, refused,
+// answered in frames, given a large response or cancelled before its answer is read.
+func TestEveryLentBufferComesBackOnce(t *testing.T) {
+	pool := &lendingPool{out: map[*[]byte]bool{}}
+	saved := sharedBufferPool
+	sharedBufferPool = pool
+	t.Cleanup(func() { sharedBufferPool = saved })
+	h := newHarness(t)
+	chat := func(n int) string {
+		return `{"model":"llama-70b","max_tokens":7,"messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"}]}`
+	}
+	// Routed and renamed, then a large whole response.
+	s, r := post(t, h, keyAcme, chat(300<<10), modeBuffered)
+	if r.GetRequestBody().GetResponse().GetBodyMutation().GetBody() == nil {
+		t.Fatalf("not rewritten: %v", r)
+	}
+	s.send(respHeaders("200", false, "content-type", "application/json"))
+	s.recv()
+	s.send(respBody([]byte(`{"id":"c","object":"chat.completion","model":"x","choices":[{"message":{"content":"`+
+		strings.Repeat("y", 200<<10)+`"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`), true))
+	s.recv()
+	// Refused: a large body that does not parse.
+	if _, r := post(t, h, keyAcme, chat(300 << 10)[:200<<10], modeNone); r.GetImmediateResponse() == nil {
+		t.Fatalf("a truncated body was not refused: %v", r)
+	}
+	// Refused as too large before it is kept (the policy's limit is 1 MiB).
+	if _, r := post(t, h, keyAcme, chat(1100<<10), modeNone); r.GetImmediateResponse() == nil {
+		t.Fatalf("a body over the limit was not refused: %v", r)
+	}
+	// In one FULL_DUPLEX_STREAMED frame, which is copied into the request's own buffer.
+	one := h.open(t, modeFullDuplex, modeNone)
+	one.send(postHeaders("/v1/chat/completions", keyAcme))
+	one.send(reqBody([]byte(chat(200<<10)), true))
+	if got := one.recv(); got.GetRequestHeaders() == nil {
+		t.Fatalf("not routed: %v", got)
+	}
+	// In frames.
+	body := chat(300 << 10)
+	fd := h.open(t, modeFullDuplex, modeNone)
+	fd.send(postHeaders("/v1/chat/completions", keyAcme, "content-length", strconv.Itoa(len(body))))
+	for off := 0; off < len(body); off += 16 << 10 {
+		end := min(off+16<<10, len(body))
+		fd.send(reqBody([]byte(body[off:end]), end == len(body)))
+	}
+	if got := fd.recv(); got.GetRequestHeaders() == nil {
+		t.Fatalf("not routed: %v", got)
+	}
+	if got := fd.recvStreamed(true, 64); len(got) < len(body) {
+		t.Fatalf("%d bytes of a %d-byte body came back", len(got), len(body))
+	}
+	// Cancelled with its body sent and its answer unread.
+	c := h.open(t, modeBuffered, modeNone)
+	c.send(postHeaders("/v1/chat/completions", keyAcme))
+	c.recv()
+	c.send(reqBody([]byte(chat(300<<10)), true))
+	c.cancel()
+	s.cancel()
+	fd.cancel()
+	one.cancel()
+	wait.For(t, "every lent buffer back", func() bool { out, _ := pool.state(); return out == 0 })
+	if _, bad := pool.state(); bad != 0 {
+		t.Fatalf("%d buffers came back that were not out", bad)
 	}
 }

@@ -46,8 +46,9 @@ func (rs *requestState) decide() ([]byte, bool, *openai.Error) {
 	rs.destination = strings.Join(rt.Decision.Endpoints, ",")
 	body, changed := rs.body, rt.Edits != (openai.Edits{})
 	if changed {
-		// In a pooled buffer, back in the pool once the answer carrying it is sent (sent).
-		rs.rewritten = sharedBufferPool.Get(len(body) + 64)
+		// In a pooled buffer, back in the pool once the answer carrying it is sent (sent), or handed to gRPC
+		// with it (sendHandingOver). Room for every edit, so that the rewrite never grows it by a copy.
+		rs.rewritten = sharedBufferPool.Get(len(body) + len(rt.Edits.Model) + 128)
 		body = req.RewriteYielding((*rs.rewritten)[:0], rt.Edits, netturn.Yield)
 	}
 	// From here on the request is routed: the director settles it when the stream ends.

@@ -80,7 +80,7 @@ type requestState struct {
 	respEnded      bool                          // the response body's end went back to Envoy (FULL_DUPLEX_STREAMED)
 	served         string                        // the endpoint Envoy reports it sent the request to, when it does
 	pooledBody     *[]byte                       // the shared-pool buffer rs.body lives in, returned at close
-	rewritten      *[]byte                       // the shared-pool buffer of the rewritten body, returned once sent
+	rewritten      *[]byte                       // the rewritten body's shared-pool buffer, until sent or handed over
 	handOver       *extprocv3.ProcessingResponse // the answer that takes rewritten along to gRPC (handedOverBody)
 	in             pooledRequest                 // the message in hand, as the codec received it
 	received       *[]byte                       // the shared-pool buffer of the message in hand (pooledRequest)
@@ -378,17 +378,19 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 }
 
 // dropReceived returns the buffer of the message just handled to the shared pool unless the request kept it
-// as its body: the answers that might point into it are sent.
+// as its body: the answers that might point into it are sent. The message goes too: its body may lie in a
+// buffer that is now the pool's.
 func (rs *requestState) dropReceived() {
 	if rs.received != nil {
 		sharedBufferPool.Put(rs.received)
 		rs.received = nil
 	}
+	rs.in = pooledRequest{}
 }
 
 // send sends one answer; the one that carries a large rewritten body hands its buffer over with it.
 func (rs *requestState) send(stream extprocv3.ExternalProcessor_ProcessServer, resp *extprocv3.ProcessingResponse) error {
-	if resp == rs.handOver {
+	if rs.handOver != nil && resp == rs.handOver {
 		return rs.sendHandingOver(stream)
 	}
 	return stream.Send(resp)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/audit"
@@ -116,7 +117,8 @@ func ServerOptions() []grpc.ServerOption {
 	}
 }
 
-var sharedBufferPool = &BufferPool{}
+// sharedBufferPool is gRPC's and the bodies' pool (an interface so that a test can count what it lends).
+var sharedBufferPool mem.BufferPool = &BufferPool{}
 
 // endOfStream turns a Recv error into the stream handler's result: nil when Envoy closed or cancelled the
 // stream, which is how every stream ends.

@@ -42,6 +42,15 @@ func (s *memStream) RecvMsg(m any) error {
 
 func (s *memStream) Send(*extprocv3.ProcessingResponse) error { s.sent++; return nil }
 
+// SendMsg is how Process sends a large rewritten body (handedOverBody), whose buffer is then the stream's.
+func (s *memStream) SendMsg(m any) error {
+	if h, ok := m.(handedOverBody); ok {
+		h.body.Free()
+	}
+	s.sent++
+	return nil
+}
+
 // BenchmarkProcessOnANewGoroutine is a whole stream through Process on a goroutine of its own, as gRPC runs
 // each stream: BenchmarkDecision's work plus what the goroutine's stack costs to grow to a decision's depth. A
 // regression to growing it by doublings at depth (growStack, stack.go) shows here, not in BenchmarkDecision,

@@ -492,9 +492,6 @@ func (r *Request) RewriteYielding(dst []byte, e Edits, yield func()) []byte {
 		add(s)
 	}
 	sortSplices(edits[:n])
-	if len(r.body) <= LargeBodyBytes {
-		yield = nil
-	}
 	from := 0
 	for _, s := range edits[:n] {
 		dst = appendYielding(dst, r.body[from:s.at.start], yield)

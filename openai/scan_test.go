@@ -277,8 +277,8 @@ func FuzzSkipStringInSlices(f *testing.F) {
 	})
 }
 
-// A large body's rewrite gives way every copyEvery bytes and writes what Rewrite writes; an ordinary body's
-// never does.
+// A body's rewrite gives way every copyEvery bytes and writes what Rewrite writes; an ordinary body's never
+// does.
 func TestLargeBodiesYieldWhileRewritten(t *testing.T) {
 	text := func(n int) []byte {
 		head, tail := `{"model":"m","messages":[{"role":"user","content":"`, `"}]}`
@@ -291,7 +291,8 @@ func TestLargeBodiesYieldWhileRewritten(t *testing.T) {
 		min, max int
 	}{
 		{"64 KiB", text(LargeBodyBytes), 0, 0},
-		{"64 KiB and a byte", text(LargeBodyBytes + 1), 0, 0},
+		{"256 KiB", text(copyEvery), 0, 0},
+		{"257 KiB", text(copyEvery + 1<<10), 1, 1},
 		{"4 MiB", text(4 << 20), 15, 16},
 	} {
 		req, err := ParseRequest(EndpointChat, tc.body)
