@@ -1,8 +1,6 @@
 package extproc
 
 import (
-	"bytes"
-
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
@@ -20,10 +18,13 @@ import (
 // "Hostile bodies"). Here the frames are gathered once, giving way every gatherSliceBytes (netturn), and the
 // body is used where it lies in the gathered buffer (pooledRequest); a large rewritten body goes back from its
 // own buffer too (handedOverBody).
-type bodyCodec struct{ encoding.CodecV2 }
+type bodyCodec struct {
+	encoding.CodecV2
+	yield func() // between slices of a large body's copies: netturn.Yield
+}
 
 // newBodyCodec wraps grpc-go's registered proto codec, whose name ("proto") clients ask for.
-func newBodyCodec() bodyCodec { return bodyCodec{encoding.GetCodecV2(grpcproto.Name)} }
+func newBodyCodec() bodyCodec { return bodyCodec{encoding.GetCodecV2(grpcproto.Name), netturn.Yield} }
 
 // Unmarshal decodes a received message.
 func (c bodyCodec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -31,13 +32,13 @@ func (c bodyCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *pooledRequest:
 		m.req = &extprocv3.ProcessingRequest{} // as grpc-go's Recv allocates each message
 		if data.Len() > largeBodyBytes {
-			return m.unmarshal(data)
+			return m.unmarshal(data, c.yield)
 		}
 		v = m.req
 	case *extprocv3.ProcessingRequest:
 		if data.Len() > largeBodyBytes {
 			// The garbage collector's buffer: the body aliases it for as long as anything reads it.
-			_, err := unmarshalRequest(gather(make([]byte, 0, data.Len()), data, netturn.Yield), m)
+			_, err := unmarshalRequest(gather(make([]byte, 0, data.Len()), data, c.yield), m)
 			return err
 		}
 	}
@@ -55,9 +56,9 @@ type pooledRequest struct {
 }
 
 // unmarshal gathers a large message into a pool buffer and decodes it, keeping the buffer for a request body.
-func (p *pooledRequest) unmarshal(data mem.BufferSlice) error {
+func (p *pooledRequest) unmarshal(data mem.BufferSlice, yield func()) error {
 	buf := sharedBufferPool.Get(data.Len())
-	*buf = gather((*buf)[:0], data, netturn.Yield)
+	*buf = gather((*buf)[:0], data, yield)
 	aliased, err := unmarshalRequest(*buf, p.req)
 	if aliased && p.req.GetRequestBody() != nil {
 		p.buf = buf
@@ -65,7 +66,7 @@ func (p *pooledRequest) unmarshal(data mem.BufferSlice) error {
 	}
 	// Only a request body's buffer is handed over; the response path holds its bodies by other rules.
 	if hb := p.req.GetResponseBody(); aliased && hb != nil {
-		hb.Body = bytes.Clone(hb.Body)
+		hb.Body = gather(make([]byte, 0, len(hb.Body)), mem.BufferSlice{mem.SliceBuffer(hb.Body)}, yield)
 	}
 	sharedBufferPool.Put(buf)
 	return err

@@ -199,9 +199,9 @@ func TestATurnLapsesWhileTheQueueIsFull(t *testing.T) {
 
 // TestWhatThePollFindsRunsFirst: on one P, a goroutine whose socket the turn's poll finds ready runs before the
 // turn's taker goes on with its work, although the poll readies both, and the taker maybe first. Rounds whose
-// turn lapsed (the process not scheduled for maxTurn) say nothing; and the scheduler takes from its global
-// queue first one time in 61 (runtime/proc.go), so a few rounds go the other way. Without the taker's yield,
-// nearly every round does (3 of 200 the network's).
+// turn lapsed (the process not scheduled for maxTurn) say nothing; and Go's scheduler serves its global queue
+// first one time in 61, so a few rounds go the other way. Without the taker's yield, nearly every round does
+// (3 of 200 the network's).
 func TestWhatThePollFindsRunsFirst(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	turns := newTurns(t, 0)
@@ -233,9 +233,13 @@ func TestWhatThePollFindsRunsFirst(t *testing.T) {
 		}
 	}
 	t.Logf("the network first in %d of %d rounds whose turn ended at a poll (of %d)", networkFirst, polledRounds, rounds)
-	if polledRounds < rounds/2 || networkFirst < polledRounds*4/5 {
-		t.Fatalf("the network first in %d of %d rounds whose turn ended at a poll (of %d): want 80 %% of at least half",
-			networkFirst, polledRounds, rounds)
+	if polledRounds < rounds/2 {
+		// A machine that deschedules this process for 2 ms in most rounds tests nothing here; that turns end at
+		// a poll is TestEveryYieldTakesATurnWhenDue's.
+		t.Skipf("only %d of %d turns ended at a poll", polledRounds, rounds)
+	}
+	if networkFirst < polledRounds*4/5 {
+		t.Fatalf("the network first in %d of %d rounds whose turn ended at a poll: want 80 %%", networkFirst, polledRounds)
 	}
 }
 

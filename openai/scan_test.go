@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"math"
@@ -275,38 +274,4 @@ func FuzzSkipStringInSlices(f *testing.F) {
 			t.Fatalf("%d yields over %d bytes in slices of %d, want at least %d", yields, read, bud.every, least)
 		}
 	})
-}
-
-// A body's rewrite gives way every copyEvery bytes and writes what Rewrite writes; an ordinary body's never
-// does.
-func TestLargeBodiesYieldWhileRewritten(t *testing.T) {
-	text := func(n int) []byte {
-		head, tail := `{"model":"m","messages":[{"role":"user","content":"`, `"}]}`
-		return []byte(head + strings.Repeat("x", n-len(head)-len(tail)) + tail)
-	}
-	edits := Edits{Model: "renamed", IncludeUsage: true, MaxTokens: 9}
-	for _, tc := range []struct {
-		name     string
-		body     []byte
-		min, max int
-	}{
-		{"64 KiB", text(LargeBodyBytes), 0, 0},
-		{"256 KiB", text(copyEvery), 0, 0},
-		{"257 KiB", text(copyEvery + 1<<10), 1, 1},
-		{"4 MiB", text(4 << 20), 15, 16},
-	} {
-		req, err := ParseRequest(EndpointChat, tc.body)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		yields := 0
-		got := req.RewriteYielding(nil, edits, func() { yields++ })
-		if want := req.Rewrite(nil, edits); !bytes.Equal(got, want) {
-			t.Errorf("%s: yielding rewrite differs from Rewrite's", tc.name)
-		}
-		if yields < tc.min || yields > tc.max {
-			t.Errorf("%s: %d yields, want %d-%d", tc.name, yields, tc.min, tc.max)
-		}
-		req.Release()
-	}
 }

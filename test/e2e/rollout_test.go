@@ -282,8 +282,8 @@ func TestRolloutSlowCandidateRollsBack(t *testing.T) {
 	t.Logf("rolled back: %s; %d slowed candidate requests; gates %+v", s.Reason, slow, s.Gates)
 	// The verdict is a latency or goodput gate's test over the step's requests, healthy ones from before the
 	// fault among them; how many slowed requests it took depends on how busy the machine is, so it is logged.
-	// The gates test load-adjusted shifts, so the step's raw medians may still be close when one fires (1.18×
-	// in one CI run); its tail is the slowed requests'.
+	// The gates test load-adjusted shifts, so the step's raw medians may still be close when one fires; its
+	// tail is the slowed requests'.
 	if g := s.Gates; g == nil || g.Result != "fail" || g.CandidateRequests < 20 ||
 		max(g.Evidence["ttft"], g.Evidence["tpot"], g.Evidence["goodput"]) < 1 ||
 		max(g.TTFTRatio, g.TPOTRatio, g.TTFTP95Ratio, g.TPOTP95Ratio) <= 1.2 {
