@@ -53,3 +53,29 @@ func BenchmarkDigest(b *testing.B) {
 		_ = k.Digest(text)
 	}
 }
+
+// A long text's digest gives way every digestSliceBytes and is the digest Digest gives; a short one's never
+// does.
+func TestDigestYieldingSlicesLongTexts(t *testing.T) {
+	k, err := NewDigestKey([]byte("a test key of thirty-two bytes or more"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		size, yields int
+	}{
+		{0, 0}, {digestSliceBytes, 0}, {digestSliceBytes + 1, 1}, {4 << 20, 63},
+	} {
+		text := make([]byte, tc.size)
+		for i := range text {
+			text[i] = byte(i * 7)
+		}
+		yields := 0
+		if got, want := k.DigestYielding(text, func() { yields++ }), k.Digest(text); got != want {
+			t.Errorf("%d bytes: the yielding digest %s differs from %s", tc.size, got, want)
+		}
+		if yields != tc.yields {
+			t.Errorf("%d bytes: %d yields, want %d", tc.size, yields, tc.yields)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/infergate/infergate/director"
+	"github.com/infergate/infergate/netturn"
 	"github.com/infergate/infergate/openai"
 )
 
@@ -127,7 +128,11 @@ func (t *boundedText) Write(p []byte) (int, error) {
 // holds its body.
 func (rs *requestState) digestPrompt(prompt []byte) {
 	if k := rs.srv.opts.DigestKey; k != nil && len(prompt) > 0 {
-		rs.promptDigest = k.Digest(prompt)
+		yield := netturn.Yield // a large prompt's digest gives way: netturn
+		if len(prompt) <= largeBodyBytes {
+			yield = nil
+		}
+		rs.promptDigest = k.DigestYielding(prompt, yield)
 	}
 }
 
