@@ -82,8 +82,7 @@ type requestState struct {
 	pooledBody     *[]byte                       // the shared-pool buffer rs.body lives in, returned at close
 	rewritten      *[]byte                       // the rewritten body's shared-pool buffer, until sent or handed over
 	handOver       *extprocv3.ProcessingResponse // the answer that takes rewritten along to gRPC (handedOverBody)
-	in             pooledRequest                 // the message in hand, as the codec received it
-	received       *[]byte                       // the shared-pool buffer of the message in hand (pooledRequest)
+	in             pooledRequest                 // the message in hand and its shared-pool buffer, if any
 	// deferSettle (set by Process) settles an ended response once the answer is sent (settleOnceSent);
 	// settleDue says one is waiting, endedAt when its response ended.
 	deferSettle bool
@@ -332,11 +331,11 @@ func (rs *requestState) requestBody(b *extprocv3.HttpBody) []*extprocv3.Processi
 	}
 	if len(rs.body) == 0 && rs.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		rs.body = b.GetBody() // the whole body in one message: use it in place, and its buffer with it
-		if rs.received != nil {
+		if rs.in.buf != nil {
 			if rs.pooledBody != nil {
 				sharedBufferPool.Put(rs.pooledBody)
 			}
-			rs.pooledBody, rs.received = rs.received, nil
+			rs.pooledBody, rs.in.buf = rs.in.buf, nil
 		}
 	} else {
 		rs.appendBody(b.GetBody())
@@ -381,9 +380,8 @@ func (rs *requestState) requestTrailers() []*extprocv3.ProcessingResponse {
 // as its body: the answers that might point into it are sent. The message goes too: its body may lie in a
 // buffer that is now the pool's.
 func (rs *requestState) dropReceived() {
-	if rs.received != nil {
-		sharedBufferPool.Put(rs.received)
-		rs.received = nil
+	if rs.in.buf != nil {
+		sharedBufferPool.Put(rs.in.buf)
 	}
 	rs.in = pooledRequest{}
 }

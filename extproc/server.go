@@ -140,11 +140,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	rs := &requestState{srv: s, ctx: stream.Context(), deferSettle: true, edgeRegion: edgeRegion(stream.Context())}
 	defer rs.close()
 	for {
-		rs.in = pooledRequest{} // in the request state, which is on the heap already: RecvMsg's argument escapes
+		// Into the request state, which is on the heap already (RecvMsg's argument escapes); emptied by
+		// dropReceived once the message is answered.
 		if err := stream.RecvMsg(&rs.in); err != nil {
 			return endOfStream(err)
 		}
-		rs.received = rs.in.buf
 		out := rs.handle(rs.in.req)
 		for i, resp := range out {
 			if i > 0 && len(rs.body) > largeBodyBytes {
