@@ -3,8 +3,8 @@
 // has for 10 ms; runtime.Gosched only moves a goroutine to the back of the run queue. So while large request
 // bodies keep every P busy, an ordinary request's bytes wait unread in their socket for up to 10 ms, and its
 // decision with them (RELIABILITY.md, "Hostile bodies"). Yield, called between slices of such work, parks its
-// callers until the scheduler next polls the network, at most once every Every: the goroutines already
-// runnable go first, then the ones the poll finds (and the ones they ready), then the work again.
+// callers, at most once every Every, and lets them go on one per P at each poll of the network: the goroutines
+// already runnable go first, then the ones the poll finds (and the ones they ready), then a slice of the work.
 package netturn
 
 import (
@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,23 +33,27 @@ const Every = 50 * time.Microsecond
 // and 1 ms (the last waiting 1 ms more after a lapse) gave ordinary p99 0.8, 0.9 and 1.4 ms under attack.
 const maxTurn = 2 * time.Millisecond
 
-// Turns hands the network turns between slices of CPU-bound work. A turn's taker parks on a pipe the network
-// poller watches, into which a goroutine of its own writes the turn's byte: a goroutine parked on a file
-// descriptor is woken only by a poll (or its deadline), so the taker runs again after the next one, which
-// comes once the goroutines ahead of it have run, or at once on an idle P. Every other caller of Yield
-// meanwhile waits for the turn to end.
+// Turns hands the network turns between slices of CPU-bound work. A caller of Yield whose turn is due joins a
+// queue. A driver goroutine parks on a pipe the network poller watches, into which a goroutine of its own writes
+// the turn's byte: a goroutine parked on a file descriptor is woken only by a poll (or its deadline), so the
+// driver runs again after the next poll, which comes once the goroutines ahead of it have run, or at once on
+// an idle P. Then it lets the longest waiting callers go on, one for each P, and waits for the next poll. So
+// on one P one slice of such work runs between two polls however many bodies are under way: when every
+// waiting caller went on at each poll, the network waited a slice per body (RELIABILITY.md).
 type Turns struct {
 	every  time.Duration
 	epoch  time.Time
 	next   atomic.Int64 // when a turn is due next, in nanoseconds since epoch
 	broken atomic.Bool  // the pipe failed: Yield only yields the processor
-	polled atomic.Int64 // turns that ended at a poll
-	lapsed atomic.Int64 // turns that ended at maxTurn
+	polled atomic.Int64 // turns that ended at a poll and let a caller go
+	lapsed atomic.Int64 // turns that ended at maxTurn and let callers go
 
 	mu      sync.Mutex
-	current chan struct{} // closed when the turn under way ends; nil between turns
+	waiting []chan struct{} // the callers waiting for their turn, longest first
+	driving bool            // a driver is under way
+	idle    func()          // tests' hook: called once when the driver next stops
 
-	// The taker's alone: one turn at a time.
+	// The driver's alone: one at a time.
 	r, w *os.File
 	seq  byte // the byte of the turn under way; a late byte of an earlier turn is read and dropped
 	buf  [64]byte
@@ -70,41 +75,76 @@ func (t *Turns) Close() error {
 	return errors.Join(t.r.Close(), t.w.Close())
 }
 
-// Taken reports how many turns ended at a poll and how many at maxTurn: what tests and benchmarks check.
+// Taken reports how many turns that let callers go ended at a poll and how many at maxTurn: what tests and
+// benchmarks check.
 func (t *Turns) Taken() (polled, lapsed int64) { return t.polled.Load(), t.lapsed.Load() }
 
 // Yield is called between slices of CPU-bound work: it lets the goroutines waiting for the processor run and,
-// when a turn is due, waits until the scheduler has polled the network.
+// when a turn is due, waits until the scheduler has polled the network once for each caller waiting before it.
 func (t *Turns) Yield() {
 	if t.broken.Load() || !t.due() {
 		runtime.Gosched()
 		return
 	}
+	c := wakeups.Get().(chan struct{})
 	t.mu.Lock()
-	if c := t.current; c != nil {
-		t.mu.Unlock()
-		<-c
-		return
+	t.waiting = append(t.waiting, c)
+	if !t.driving {
+		t.driving = true
+		go t.drive()
 	}
-	if !t.due() { // a turn ended while this caller waited for the lock
-		t.mu.Unlock()
-		runtime.Gosched()
-		return
-	}
-	c := make(chan struct{})
-	t.current = c
 	t.mu.Unlock()
+	<-c
+	wakeups.Put(c)
+}
 
-	if t.waitForPoll() {
-		// The poll readied the taker among the goroutines it found, maybe first: they run before the turn's
-		// waiters are released to queue ahead of them.
-		runtime.Gosched()
+// wakeups are the channels a caller waits on for its turn: each holds room for the one send that lets it go,
+// and goes back to the pool once received from.
+var wakeups = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
+
+// drive ends turns while callers wait, and stops at the first turn that ends with none waiting.
+func (t *Turns) drive() {
+	for {
+		polled := t.waitForPoll()
+		if polled {
+			// The poll readied the driver among the goroutines it found, maybe first: they run before the caller
+			// let go queues ahead of them.
+			runtime.Gosched()
+		}
+		idle, more := t.endTurn(polled && !t.broken.Load())
+		if !more {
+			if idle != nil {
+				idle()
+			}
+			return
+		}
 	}
-	t.next.Store(int64(time.Since(t.epoch) + t.every))
+}
+
+// endTurn lets callers go: after a poll the longest waiting, one for each P; after a lapse, or once the pipe
+// has failed, every one, since parking them has not brought the poll nearer. more is false when none waits,
+// and the driver stops (calling idle, a test's hook, when set).
+func (t *Turns) endTurn(polled bool) (idle func(), more bool) {
 	t.mu.Lock()
-	t.current = nil
-	t.mu.Unlock()
-	close(c)
+	defer t.mu.Unlock()
+	if len(t.waiting) == 0 {
+		t.driving = false
+		idle, t.idle = t.idle, nil
+		return idle, false
+	}
+	n := len(t.waiting)
+	if polled {
+		n = min(n, runtime.GOMAXPROCS(0))
+		t.polled.Add(1)
+	} else {
+		t.lapsed.Add(1)
+	}
+	for _, c := range t.waiting[:n] {
+		c <- struct{}{}
+	}
+	t.waiting = slices.Delete(t.waiting, 0, n)
+	t.next.Store(int64(time.Since(t.epoch) + t.every))
+	return nil, true
 }
 
 func (t *Turns) due() bool { return int64(time.Since(t.epoch)) >= t.next.Load() }
@@ -120,7 +160,6 @@ func (t *Turns) waitForPoll() bool {
 	for {
 		n, err := t.r.Read(t.buf[:])
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			t.lapsed.Add(1)
 			return false
 		}
 		if err != nil {
@@ -128,13 +167,12 @@ func (t *Turns) waitForPoll() bool {
 			return false
 		}
 		if bytes.IndexByte(t.buf[:n], t.seq) >= 0 { // its own byte, among earlier turns' late ones
-			t.polled.Add(1)
 			return true
 		}
 	}
 }
 
-// ring writes a turn's byte. It runs after the taker has parked (or, on another P, before: the turn then ends
+// ring writes a turn's byte. It runs after the driver has parked (or, on another P, before: the turn then ends
 // at once).
 func (t *Turns) ring(seq byte) {
 	if _, err := t.w.Write(seqBytes[seq : int(seq)+1]); err != nil {
