@@ -246,8 +246,8 @@ func TestDefaultValues(t *testing.T) {
 			t.Errorf("args %q lack %s", args, want)
 		}
 	}
-	if strings.Contains(args, "--region") {
-		t.Errorf("args %q name a region by default", args)
+	if strings.Contains(args, "--region") || strings.Contains(args, "--redis") {
+		t.Errorf("args %q name a region or a Redis by default", args)
 	}
 }
 
@@ -360,11 +360,52 @@ func checkRedisHardened(t *testing.T, r rendered, infergate corev1.Container) {
 		vols[0].PersistentVolumeClaim.ClaimName != r.claims[0].Name || redis.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Errorf("Redis data: claims %+v, volumes %+v, strategy %v", r.claims, vols, redis.Spec.Strategy.Type)
 	}
+	checkMessageKey(t, r, infergate, "infergate-redis-message-key")
+	if key := secretNamed(r, "infergate-redis-message-key"); key == nil || len(key.Data["key"]) < 32 {
+		t.Errorf("no generated key for the messages replicas share over Redis: %+v", key)
+	}
 	np := netpolNamed(r, "infergate-redis")
 	if np == nil || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "infergate-redis" || len(np.Spec.Ingress) != 1 ||
 		len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].PodSelector == nil ||
 		np.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "infergate" {
 		t.Errorf("Redis network policy %+v", np)
+	}
+}
+
+// checkMessageKey checks that infergate reads the key that signs what replicas share over Redis from the
+// Secret named secret, mounted read-only.
+func checkMessageKey(t *testing.T, r rendered, infergate corev1.Container, secret string) {
+	t.Helper()
+	if !slices.Contains(infergate.Args, "--redis-message-key-file=/etc/infergate/redis-message-key/key") || !mounted(infergate, "/etc/infergate/redis-message-key") {
+		t.Errorf("infergate is not given the Redis message key: args %q, mounts %+v", infergate.Args, infergate.VolumeMounts)
+	}
+	var from string
+	for _, v := range r.infergate(t).Spec.Template.Spec.Volumes {
+		if v.Name == "redis-message-key" && v.Secret != nil {
+			from = v.Secret.SecretName
+		}
+	}
+	if from != secret {
+		t.Errorf("the Redis message key comes from Secret %q, want %q", from, secret)
+	}
+}
+
+// TestExternalRedisKeepsItsOwnSecrets: with an external Redis whose password and message key are the
+// operator's Secrets, infergate reads both from there and the chart generates neither.
+func TestExternalRedisKeepsItsOwnSecrets(t *testing.T) {
+	r := render(t, "testdata/external-redis.yaml")
+	c := r.infergate(t).Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Args, "--redis-addr=redis.data.svc:6379") {
+		t.Errorf("args %q lack the Redis address", c.Args)
+	}
+	checkMessageKey(t, r, c, "quota-redis-signing")
+	for _, name := range []string{"infergate-redis", "infergate-redis-message-key"} {
+		if secretNamed(r, name) != nil {
+			t.Errorf("the chart generated Secret %s beside the operator's", name)
+		}
+	}
+	if len(r.deployments) != 1 {
+		t.Errorf("%d deployments: the chart runs no Redis of its own here", len(r.deployments))
 	}
 }
 

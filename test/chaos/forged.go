@@ -13,12 +13,33 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/placements"
 	"github.com/infergate/infergate/pubsub"
+	"github.com/infergate/infergate/relay"
 )
 
-// forgeries are the placement messages an attacker who reaches Redis publishes to steer routing: one
-// unsigned, one signed with a key of its own, and one replayed with the real key but too old. infergate runs
-// with a message key, so each must be dropped and counted under its own result.
+// forgeries are the messages an attacker who reaches Redis publishes to steer routing, on each channel replicas
+// share: one unsigned, one signed with a key of its own, and one replayed with the real key but too old.
+// infergate runs with a message key, so each must be dropped and counted under its own result.
 var forgeries = []string{"unsigned", "forged", "stale"}
+
+// forgedChannel is a channel replicas share over Redis, the message forged on it and the counter infergate
+// drops it under. (A rollout's shared state is a key, not a channel: rollout's TestForgedRolloutStateIsNotBelieved.)
+type forgedChannel struct {
+	what, channel, metric string
+	message               []byte
+}
+
+// forgedChannels: a placement claiming a warm llama replica holds a made-up conversation, and a round of engine
+// readings calling that replica failed, to drain its traffic.
+func (s *stack) forgedChannels() []forgedChannel {
+	var origin placements.Origin
+	_, _ = rand.Read(origin[:])
+	placement := placements.Encode(origin, picker.Placement{Endpoint: s.llamaPool[0], Hashes: []uint64{1, 2, 3, 4}, Capacity: 4096})
+	round := fmt.Appendf(nil, `{"origin":"forger","readings":[{"addr":%q,"running":0,"waiting":0,"kvUtil":0,"failed":true,"ageMs":0}]}`, s.llamaPool[0])
+	return []forgedChannel{
+		{"placements", placements.Channel, "infergate_placements_received_total", placement},
+		{"engine readings", relay.Channel, "infergate_fleet_relay_messages_total", round},
+	}
+}
 
 // writeMessageKey gives the gateway the key that signs what replicas share over Redis.
 func (s *stack) writeMessageKey() error {
@@ -30,14 +51,10 @@ func (s *stack) writeMessageKey() error {
 	return os.WriteFile(s.messageKeyPath, key, 0o600)
 }
 
-// publishForgeries sends each forgery, claiming a warm llama replica holds a made-up conversation.
+// publishForgeries sends each forgery on each channel.
 func (s *stack) publishForgeries(ctx context.Context) error {
 	rdb := redis.NewClient(&redis.Options{Addr: s.redisAddr})
 	defer rdb.Close()
-	var origin placements.Origin
-	_, _ = rand.Read(origin[:])
-	msg := placements.Encode(origin, picker.Placement{Endpoint: s.llamaPool[0], Hashes: []uint64{1, 2, 3, 4}, Capacity: 4096})
-
 	ownKey := make([]byte, 32)
 	_, _ = rand.Read(ownKey)
 	theirs, err := pubsub.NewSealer(ownKey, time.Now)
@@ -48,28 +65,32 @@ func (s *stack) publishForgeries(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range [][]byte{msg, theirs.Seal(placements.Channel, msg), old.Seal(placements.Channel, msg)} {
-		if err := rdb.Publish(ctx, placements.Channel, m).Err(); err != nil {
-			return fmt.Errorf("publishing a forged placement: %w", err)
+	for _, fc := range s.forgedChannels() {
+		for _, m := range [][]byte{fc.message, theirs.Seal(fc.channel, fc.message), old.Seal(fc.channel, fc.message)} {
+			if err := rdb.Publish(ctx, fc.channel, m).Err(); err != nil {
+				return fmt.Errorf("publishing forged %s: %w", fc.what, err)
+			}
 		}
 	}
 	return nil
 }
 
-// forgeriesDropped waits until infergate has counted each forgery under its result.
+// forgeriesDropped waits until infergate has counted each forgery on each channel under its result.
 func (s *stack) forgeriesDropped() []string {
 	var missing []string
-	_ = waitFor(10*time.Second, "forged placements counted", func() bool {
+	_ = waitFor(10*time.Second, "forgeries counted", func() bool {
 		missing = missing[:0]
-		for _, result := range forgeries {
-			if s.metric("infergate_placements_received_total", fmt.Sprintf(`result=%q`, result)) < 1 {
-				missing = append(missing, result)
+		for _, fc := range s.forgedChannels() {
+			for _, result := range forgeries {
+				if s.metric(fc.metric, fmt.Sprintf(`result=%q`, result)) < 1 {
+					missing = append(missing, fc.what+" "+result)
+				}
 			}
 		}
 		return len(missing) == 0
 	})
 	if len(missing) > 0 {
-		return []string{fmt.Sprintf("forged placements not dropped and counted as %v", missing)}
+		return []string{fmt.Sprintf("forgeries not dropped and counted: %v", missing)}
 	}
 	return nil
 }

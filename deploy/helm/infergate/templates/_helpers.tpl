@@ -21,6 +21,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.redis.existingSecret -}}{{ .Values.redis.existingSecret }}{{- else if .Values.redis.deploy -}}{{ include "infergate.name" . }}-redis{{- end -}}
 {{- end -}}
 
+{{- /* The Secret whose key "key" signs the messages replicas share over Redis: the operator's, or the one the chart generates. */ -}}
+{{- define "infergate.messageKeySecret" -}}
+{{- if .Values.redis.messageKeySecret -}}{{ .Values.redis.messageKeySecret }}{{- else -}}{{ include "infergate.name" . }}-redis-message-key{{- end -}}
+{{- end -}}
+
 {{- define "infergate.keysSecret" -}}
 {{- if .Values.fallbackKeys.existingSecret -}}{{ .Values.fallbackKeys.existingSecret }}{{- else -}}{{ include "infergate.name" . }}-fallback-keys{{- end -}}
 {{- end -}}
