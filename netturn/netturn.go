@@ -38,20 +38,21 @@ const maxTurn = 2 * time.Millisecond
 // the turn's byte: a goroutine parked on a file descriptor is woken only by a poll (or its deadline), so the
 // driver runs again after the next poll, which comes once the goroutines ahead of it have run, or at once on
 // an idle P. Then it lets the longest waiting callers go on, one for each P, and waits for the next poll. So
-// on one P one slice of such work runs between two polls however many bodies are under way: when every
-// waiting caller went on at each poll, the network waited a slice per body (RELIABILITY.md).
+// while turns end at polls, one slice of such work runs on a P between two polls however many bodies are under
+// way: when every waiting caller went on at each poll, the network waited a slice per body (RELIABILITY.md).
+// A turn that lapses, or a broken pipe, lets every waiting caller go on.
 type Turns struct {
 	every  time.Duration
 	epoch  time.Time
 	next   atomic.Int64 // when a turn is due next, in nanoseconds since epoch
 	broken atomic.Bool  // the pipe failed: Yield only yields the processor
-	polled atomic.Int64 // turns that ended at a poll and let a caller go
-	lapsed atomic.Int64 // turns that ended at maxTurn and let callers go
+	polled atomic.Int64 // turns that ended at a poll and let callers go
+	lapsed atomic.Int64 // turns that ended at maxTurn, or on a broken pipe, and let callers go
 
 	mu      sync.Mutex
 	waiting []chan struct{} // the callers waiting for their turn, longest first
 	driving bool            // a driver is under way
-	idle    func()          // tests' hook: called once when the driver next stops
+	onStop  func()          // tests' hook: called once when the driver next stops
 
 	// The driver's alone: one at a time.
 	r, w *os.File
@@ -75,12 +76,13 @@ func (t *Turns) Close() error {
 	return errors.Join(t.r.Close(), t.w.Close())
 }
 
-// Taken reports how many turns that let callers go ended at a poll and how many at maxTurn: what tests and
-// benchmarks check.
+// Taken reports how many turns that let callers go ended at a poll and how many at maxTurn (or on a broken
+// pipe): what tests and benchmarks check.
 func (t *Turns) Taken() (polled, lapsed int64) { return t.polled.Load(), t.lapsed.Load() }
 
 // Yield is called between slices of CPU-bound work: it lets the goroutines waiting for the processor run and,
-// when a turn is due, waits until the scheduler has polled the network once for each caller waiting before it.
+// when a turn is due, waits for its turn: the callers ahead of it go on one per P at each poll of the network
+// (every one at a lapse), and then it does.
 func (t *Turns) Yield() {
 	if t.broken.Load() || !t.due() {
 		runtime.Gosched()
@@ -108,13 +110,14 @@ func (t *Turns) drive() {
 		polled := t.waitForPoll()
 		if polled {
 			// The poll readied the driver among the goroutines it found, maybe first: they run before the caller
-			// let go queues ahead of them.
+			// let go queues ahead of them. (The next turn's go t.ring, which takes the front of the run queue
+			// and so moves that caller behind them, does so too today; this does not rest on it.)
 			runtime.Gosched()
 		}
-		idle, more := t.endTurn(polled && !t.broken.Load())
+		onStop, more := t.endTurn(polled && !t.broken.Load())
 		if !more {
-			if idle != nil {
-				idle()
+			if onStop != nil {
+				onStop()
 			}
 			return
 		}
@@ -123,14 +126,14 @@ func (t *Turns) drive() {
 
 // endTurn lets callers go: after a poll the longest waiting, one for each P; after a lapse, or once the pipe
 // has failed, every one, since parking them has not brought the poll nearer. more is false when none waits,
-// and the driver stops (calling idle, a test's hook, when set).
-func (t *Turns) endTurn(polled bool) (idle func(), more bool) {
+// and the driver stops (calling onStop, a test's hook, when set).
+func (t *Turns) endTurn(polled bool) (onStop func(), more bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.waiting) == 0 {
 		t.driving = false
-		idle, t.idle = t.idle, nil
-		return idle, false
+		onStop, t.onStop = t.onStop, nil
+		return onStop, false
 	}
 	n := len(t.waiting)
 	if polled {

@@ -1,6 +1,7 @@
 package netturn
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -185,21 +186,24 @@ func TestCallersTakeTurnsInOrder(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	// An overtake: a caller goes on again before both others have had their go since its last. A lapse lets
+	// every waiting caller go on at once, in whatever order the scheduler runs them (the race detector shuffles
+	// it): allow two per lapse.
 	done := [3]int{}
-	spread := 0
-	for _, i := range order {
-		done[i]++
-		if hi, lo := max(done[0], done[1], done[2]), min(done[0], done[1], done[2]); hi-lo > 1 && lo < 100 {
-			spread++
+	overtakes := 0
+	for k, i := range order {
+		if k >= 2 && max(done[0], done[1], done[2]) < 100 && (order[k-1] == i || order[k-2] == i) {
+			overtakes++
 		}
+		done[i]++
 	}
-	if _, lapsed := turns.Taken(); spread > 3*int(lapsed) {
-		t.Fatalf("a caller got ahead of another by more than one turn %d times (%d turns lapsed); order %v", spread, lapsed, order)
+	if _, lapsed := turns.Taken(); overtakes > 2*int(lapsed) {
+		t.Fatalf("a caller went on again before the others had theirs %d times (%d turns lapsed); order %v", overtakes, lapsed, order)
 	}
 }
 
 // waitUntilIdle waits for the driver to stop: its last turn ends at the next poll, which comes as this
-// goroutine parks.
+// goroutine parks, or lapses.
 func waitUntilIdle(turns *Turns) {
 	stopped := make(chan struct{})
 	turns.mu.Lock()
@@ -207,7 +211,7 @@ func waitUntilIdle(turns *Turns) {
 		turns.mu.Unlock()
 		return
 	}
-	turns.idle = func() { close(stopped) }
+	turns.onStop = func() { close(stopped) }
 	turns.mu.Unlock()
 	<-stopped
 }
@@ -243,20 +247,23 @@ func TestATurnLapsesWhileTheQueueIsFull(t *testing.T) {
 	if polled, _ := turns.Taken(); polled != polledBusy+1 {
 		t.Fatalf("the turn after the queue emptied did not end at a poll: %d, want %d", polled, polledBusy+1)
 	}
-	waitUntilIdle(turns) // the driver reads its last turn's byte
+	waitUntilIdle(turns) // the driver reads its last turn's byte, unless that turn lapsed too
 	if err := turns.r.SetReadDeadline(time.Now().Add(5 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := turns.r.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("the pipe still held %d bytes (%v): the next turn would end without a poll", n, err)
+	buf := make([]byte, 64)
+	n, err := turns.r.Read(buf)
+	if !errors.Is(err, os.ErrDeadlineExceeded) && bytes.Count(buf[:n], []byte{turns.seq}) != n {
+		t.Fatalf("the pipe still held %v (%v), not only the last turn's byte %d: the next turn would end without a poll", buf[:n], err, turns.seq)
 	}
 }
 
 // TestWhatThePollFindsRunsFirst: on one P, a goroutine whose socket the turn's poll finds ready runs before the
-// turn's taker goes on with its work, although the poll readies both, and the taker maybe first. Rounds whose
-// turn lapsed (the process not scheduled for maxTurn) say nothing; and Go's scheduler serves its global queue
-// first one time in 61, so a few rounds go the other way. Without the taker's yield, nearly every round does
-// (3 of 200 the network's).
+// caller the turn lets go on with its work, although the poll readies the driver too, and maybe first. Rounds
+// whose turn lapsed (the process not scheduled for maxTurn) say nothing; and Go's scheduler serves its global
+// queue first one time in 61, so a few rounds go the other way. When the one who took the turn went on itself
+// without yielding first, nearly every round did (3 of 200 the network's); the driver's yield, and its next
+// turn's go t.ring, keep the order now.
 func TestWhatThePollFindsRunsFirst(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	turns := newTurns(t, 0)
@@ -336,7 +343,8 @@ func BenchmarkYield(b *testing.B) {
 	}
 }
 
-// BenchmarkTurn is the cost of a turn on an idle process: the pipe's write and read and the taker's wake-up.
+// BenchmarkTurn is the cost of a turn on an idle process: the pipe's write and read, the driver's wake-up and
+// its hand-over to the caller.
 func BenchmarkTurn(b *testing.B) {
 	turns, err := New(0)
 	if err != nil {
