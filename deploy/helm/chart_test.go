@@ -302,6 +302,7 @@ func TestEverythingOn(t *testing.T) {
 	if keys == nil || keys.StringData["together"] != "test-key" || !mounted(c, "/etc/infergate/keys") {
 		t.Errorf("fallback keys: %+v", r.secrets)
 	}
+	checkSecretsReadable(t, r)
 	for _, ns := range []string{"inference", "batch"} {
 		if !hasRole(r, ns, "infergate") {
 			t.Errorf("no EndpointSlice Role in %s", ns)
@@ -361,8 +362,14 @@ func checkRedisHardened(t *testing.T, r rendered, infergate corev1.Container) {
 		t.Errorf("Redis data: claims %+v, volumes %+v, strategy %v", r.claims, vols, redis.Spec.Strategy.Type)
 	}
 	checkMessageKey(t, r, infergate, "infergate-redis-message-key")
-	if key := secretNamed(r, "infergate-redis-message-key"); key == nil || len(key.Data["key"]) < 32 {
-		t.Errorf("no generated key for the messages replicas share over Redis: %+v", key)
+	key := secretNamed(r, "infergate-redis-message-key")
+	if key == nil || len(key.Data["key"]) < 32 {
+		t.Fatalf("no generated key for the messages replicas share over Redis: %+v", key)
+	}
+	// An upgrade reads the key back: replicas of two releases must open each other's messages.
+	kept := secretNamed(renderIn(t, "testdata/everything.yaml", cluster(t, key)), "infergate-redis-message-key")
+	if kept == nil || string(kept.Data["key"]) != string(key.Data["key"]) {
+		t.Error("an upgrade drew another Redis message key")
 	}
 	np := netpolNamed(r, "infergate-redis")
 	if np == nil || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "infergate-redis" || len(np.Spec.Ingress) != 1 ||
@@ -380,13 +387,29 @@ func checkMessageKey(t *testing.T, r rendered, infergate corev1.Container, secre
 		t.Errorf("infergate is not given the Redis message key: args %q, mounts %+v", infergate.Args, infergate.VolumeMounts)
 	}
 	var from string
+	var items []corev1.KeyToPath
 	for _, v := range r.infergate(t).Spec.Template.Spec.Volumes {
 		if v.Name == "redis-message-key" && v.Secret != nil {
-			from = v.Secret.SecretName
+			from, items = v.Secret.SecretName, v.Secret.Items
 		}
 	}
-	if from != secret {
-		t.Errorf("the Redis message key comes from Secret %q, want %q", from, secret)
+	if from != secret || len(items) != 1 || items[0].Key != "key" || items[0].Path != "key" {
+		t.Errorf("the Redis message key comes from Secret %q (items %+v), want %q's key", from, items, secret)
+	}
+}
+
+// checkSecretsReadable: Secret volumes' files belong to root, so one whose mode gives only its owner read needs
+// the pod's fsGroup to be infergate's group, which kubelet then gives read.
+func checkSecretsReadable(t *testing.T, r rendered) {
+	t.Helper()
+	spec := r.infergate(t).Spec.Template.Spec
+	for _, v := range spec.Volumes {
+		if v.Secret == nil || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o044 != 0 {
+			continue
+		}
+		if sc := spec.SecurityContext; sc == nil || sc.FSGroup == nil || sc.RunAsGroup == nil || *sc.FSGroup != *sc.RunAsGroup {
+			t.Errorf("Secret volume %s (mode %o) is root's and unreadable to infergate: the pod sets no fsGroup of its group", v.Name, *v.Secret.DefaultMode)
+		}
 	}
 }
 
@@ -399,6 +422,7 @@ func TestExternalRedisKeepsItsOwnSecrets(t *testing.T) {
 		t.Errorf("args %q lack the Redis address", c.Args)
 	}
 	checkMessageKey(t, r, c, "quota-redis-signing")
+	checkSecretsReadable(t, r)
 	for _, name := range []string{"infergate-redis", "infergate-redis-message-key"} {
 		if secretNamed(r, name) != nil {
 			t.Errorf("the chart generated Secret %s beside the operator's", name)

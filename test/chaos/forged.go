@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,26 +30,30 @@ type forgedChannel struct {
 }
 
 // forgedChannels: a placement claiming a warm llama replica holds a made-up conversation, and a round of engine
-// readings calling that replica failed, to drain its traffic.
+// readings, complete as a replica's would be (one naming only some engines is not taken), that calls that
+// replica saturated, to drain its traffic to the other.
 func (s *stack) forgedChannels() []forgedChannel {
 	var origin placements.Origin
 	_, _ = rand.Read(origin[:])
 	placement := placements.Encode(origin, picker.Placement{Endpoint: s.llamaPool[0], Hashes: []uint64{1, 2, 3, 4}, Capacity: 4096})
-	round := fmt.Appendf(nil, `{"origin":"forger","readings":[{"addr":%q,"running":0,"waiting":0,"kvUtil":0,"failed":true,"ageMs":0}]}`, s.llamaPool[0])
+	const reading = `{"addr":%q,"running":%d,"waiting":%d,"kvUtil":%d,"ageMs":0}`
+	round := fmt.Appendf(nil, `{"origin":"forger","readings":[`+reading+`,`+reading+`,`+reading+`,`+reading+`]}`,
+		s.llamaPool[0], 128, 512, 1, s.llamaPool[1], 0, 0, 0, s.qwenPool[0], 0, 0, 0, s.qwenPool[1], 0, 0, 0)
 	return []forgedChannel{
 		{"placements", placements.Channel, "infergate_placements_received_total", placement},
 		{"engine readings", relay.Channel, "infergate_fleet_relay_messages_total", round},
 	}
 }
 
-// writeMessageKey gives the gateway the key that signs what replicas share over Redis.
+// writeMessageKey gives the gateway the key that signs what replicas share over Redis, as printable text: the
+// gateway trims the file's surrounding white space, which 32 raw random bytes start or end with one time in 22.
 func (s *stack) writeMessageKey() error {
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
 		return err
 	}
-	s.messageKey, s.messageKeyPath = key, filepath.Join(s.dir, "redis-message.key")
-	return os.WriteFile(s.messageKeyPath, key, 0o600)
+	s.messageKey, s.messageKeyPath = []byte(hex.EncodeToString(raw)), filepath.Join(s.dir, "redis-message.key")
+	return os.WriteFile(s.messageKeyPath, s.messageKey, 0o600)
 }
 
 // publishForgeries sends each forgery on each channel.
