@@ -160,9 +160,13 @@ func TestEachCallerWaitsForAPollOfItsOwn(t *testing.T) {
 	}
 	wg.Wait()
 	polled, lapsed := turns.Taken()
-	// A lapse (the process not scheduled for maxTurn) lets every waiting caller go: allow the busy machine a few.
-	if polled+lapsed > int64(calls) || polled < int64(calls)-16*lapsed {
-		t.Fatalf("%d turns at a poll and %d lapsed for %d calls: want a turn at a poll for nearly every call", polled, lapsed, calls)
+	// A lapse (the process not scheduled for maxTurn) lets every waiting caller go, up to 16: allow the busy
+	// machine a few, each of which can hide no more than that.
+	if lapsed > 20 {
+		t.Skipf("%d turns lapsed: the machine did not schedule this process for 2 ms that often", lapsed)
+	}
+	if polled < int64(calls)-16*lapsed {
+		t.Fatalf("%d turns at a poll and %d lapsed for %d calls: want a turn at a poll for every call but a lapse's", polled, lapsed, calls)
 	}
 	waitUntilIdle(turns)
 }
@@ -239,6 +243,7 @@ func TestATurnLapsesWhileTheQueueIsFull(t *testing.T) {
 	}
 	stop.Store(true)
 	busyWG.Wait()
+	waitUntilIdle(turns) // the next Yield starts a driver and a turn of its own
 	polledBusy, lapsed := turns.Taken()
 	if lapsed == 0 {
 		t.Fatalf("no turn lapsed while the queue was full (%d ended at a poll, sysmon's)", polledBusy)
@@ -253,7 +258,10 @@ func TestATurnLapsesWhileTheQueueIsFull(t *testing.T) {
 	}
 	buf := make([]byte, 64)
 	n, err := turns.r.Read(buf)
-	if !errors.Is(err, os.ErrDeadlineExceeded) && bytes.Count(buf[:n], []byte{turns.seq}) != n {
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal(err)
+	}
+	if err == nil && bytes.Count(buf[:n], []byte{turns.seq}) != n {
 		t.Fatalf("the pipe still held %v (%v), not only the last turn's byte %d: the next turn would end without a poll", buf[:n], err, turns.seq)
 	}
 }

@@ -126,7 +126,8 @@ func TestServeBindsLoopbackByDefault(t *testing.T) {
 	}
 }
 
-// The Kubernetes Deployment's arguments parse with serve's real flags, and its gRPC ports are behind mTLS.
+// The Kubernetes Deployment's arguments parse with serve's real flags, its gRPC ports are behind mTLS, and what
+// its replicas share over Redis is signed with a key mounted from a Secret.
 func TestKubernetesDeploymentArgs(t *testing.T) {
 	for _, doc := range manifest.DecodeAll(t, "../../deploy/kubernetes/infergate.yaml") {
 		if doc["kind"] != "Deployment" {
@@ -147,9 +148,29 @@ func TestKubernetesDeploymentArgs(t *testing.T) {
 		if cfg.tlsCert == "" || cfg.tlsKey == "" || cfg.tlsClientCA == "" {
 			t.Errorf("the Deployment binds %s without mTLS", cfg.extprocAddr)
 		}
+		if cfg.redisAddr != "" && !mountedFromSecret(doc, c, cfg.messageKeyFile) {
+			t.Errorf("the replicas share over Redis without a message key from a Secret (--redis-message-key-file %q)", cfg.messageKeyFile)
+		}
 		return
 	}
 	t.Fatal("no Deployment")
+}
+
+// mountedFromSecret reports whether path lies under one of the container's mounts of a Secret volume.
+func mountedFromSecret(deployment map[string]any, container any, path string) bool {
+	secrets := map[string]bool{}
+	for _, v := range manifest.Get(deployment, "spec", "template", "spec", "volumes").([]any) {
+		if s, ok := v.(map[string]any)["secret"]; ok && s != nil {
+			secrets[v.(map[string]any)["name"].(string)] = true
+		}
+	}
+	for _, m := range manifest.Get(container, "volumeMounts").([]any) {
+		mount := m.(map[string]any)
+		if secrets[mount["name"].(string)] && path != "" && strings.HasPrefix(path, mount["mountPath"].(string)+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // The production binary carries neither the simulated fleet nor its fault-injection API, nor any other test

@@ -30,8 +30,9 @@ type forgedChannel struct {
 }
 
 // forgedChannels: a placement claiming a warm llama replica holds a made-up conversation, and a round of engine
-// readings, complete as a replica's would be (one naming only some engines is not taken), that calls that
-// replica saturated, to drain its traffic to the other.
+// readings, complete as a replica's would be (one naming only some engines counts as partial: its readings are
+// stored, but the replica keeps scraping for itself), that calls that replica saturated, to drain its traffic to
+// the other.
 func (s *stack) forgedChannels() []forgedChannel {
 	var origin placements.Origin
 	_, _ = rand.Read(origin[:])
