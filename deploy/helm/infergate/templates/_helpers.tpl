@@ -30,7 +30,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.fallbackKeys.existingSecret -}}{{ .Values.fallbackKeys.existingSecret }}{{- else -}}{{ include "infergate.name" . }}-fallback-keys{{- end -}}
 {{- end -}}
 
-{{- /* The Envoy node ids that may receive managed-API keys: those listed, or the one the chart's generated client certificate names. */ -}}
+{{- /* The Envoy node ids that may receive managed-API keys: those listed, or the one the chart's generated client certificate names (with TLS on; off, none unless listed: serve's own default is the quickstart's node id). */ -}}
 {{- define "infergate.secretNodes" -}}
-{{- if .Values.tls.xdsSecretNodes -}}{{ join "," .Values.tls.xdsSecretNodes }}{{- else if .Values.tls.generate -}}{{ include "infergate.name" . }}-envoy-client{{- end -}}
+{{- if .Values.tls.xdsSecretNodes -}}{{ join "," .Values.tls.xdsSecretNodes }}{{- else if and .Values.tls.enabled .Values.tls.generate -}}{{ include "infergate.name" . }}-envoy-client{{- end -}}
 {{- end -}}
