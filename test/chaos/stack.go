@@ -6,18 +6,22 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/infergate/infergate/fleetsim"
 	"github.com/infergate/infergate/test/envoysim"
@@ -310,23 +314,33 @@ func (s *stack) setPolicy(text string, wantLoaded bool) error {
 	})
 }
 
-// metric reads one sample of infergate's /metrics (the first line naming it with the label), or -1.
+// metric sums infergate's series of the named metric that carry label (`name="value"`; "" for every series), as
+// prometheus/common's text parser reads /metrics; -1 when there is none or /metrics does not answer.
 func (s *stack) metric(name, label string) float64 {
 	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
 	if err != nil {
 		return -1
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name) && strings.Contains(line, label) {
-			var v float64
-			if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
-				return v
-			}
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil || fams[name] == nil {
+		return -1
 	}
-	return -1
+	key, quoted, _ := strings.Cut(label, "=")
+	value, _ := strconv.Unquote(quoted)
+	total, found := 0.0, false
+	for _, m := range fams[name].GetMetric() {
+		if label != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == key && l.GetValue() == value }) {
+			continue
+		}
+		found = true
+		total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+	}
+	if !found {
+		return -1
+	}
+	return total
 }
 
 func httpOK(url string) bool {
