@@ -128,11 +128,8 @@ func (t *boundedText) Write(p []byte) (int, error) {
 // holds its body.
 func (rs *requestState) digestPrompt(prompt []byte) {
 	if k := rs.srv.opts.DigestKey; k != nil && len(prompt) > 0 {
-		yield := netturn.Yield // a large prompt's digest gives way: netturn
-		if len(prompt) <= largeBodyBytes {
-			yield = nil
-		}
-		rs.promptDigest = k.DigestYielding(prompt, yield)
+		// A large prompt's digest gives way (netturn); one of 64 KiB or less never yields.
+		rs.promptDigest = k.DigestYielding(prompt, netturn.Yield)
 	}
 }
 

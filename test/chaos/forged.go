@@ -84,9 +84,10 @@ func (s *stack) publishForgeries(ctx context.Context) error {
 // forgeriesDropped waits until infergate has counted each forgery on each channel under its result.
 func (s *stack) forgeriesDropped() []string {
 	var missing []string
+	channels := s.forgedChannels()
 	_ = waitFor(10*time.Second, "forgeries counted", func() bool {
 		missing = missing[:0]
-		for _, fc := range s.forgedChannels() {
+		for _, fc := range channels {
 			for _, result := range forgeries {
 				if s.metric(fc.metric, fmt.Sprintf(`result=%q`, result)) < 1 {
 					missing = append(missing, fc.what+" "+result)
