@@ -83,8 +83,8 @@ bench-placement: ## placement over a generated family of fleets and workloads (2
 	$(GO) run ./test/placementbench
 
 .PHONY: bench-pd
-bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts, under SLO and affinity placement (simulated time, ≈ 45 s; table for BENCHMARKS.md)
-	$(GO) run ./test/placementbench -pd -seeds 5
+bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts, under SLO and affinity placement, on the base fleet and a family of 12 others (simulated time, ≈ 7 min; tables for BENCHMARKS.md)
+	$(GO) run ./test/placementbench -pd -seeds 5 -pd-family 12
 
 .PHONY: bench-rollout
 bench-rollout: ## rollout gates' error rates: 200 A/A rollouts and 100 of each fault through rollout.Controller on the simulated fleet, in simulated time, and 200 A/A with fixed pools (≈ 5 min; table for BENCHMARKS.md)

@@ -99,11 +99,15 @@ func (d *decision) creditPrefiller(ep string) {
 	d.p.Index.Credit(ep, d.prompt.hashes, capacity)
 }
 
-// predictSplit moves a split request's prefill, in SLO placement's books, from its decoder to its prefiller: the
-// decoder prefills only the last token, on the KV cache it pulls, and the prefiller's queue holds the prompt
-// until its first token passes (Prefilled). The TTFT expected is the prefiller's and the transfer.
+// predictSplit books a split request's prefill, in SLO placement's books, at its prefiller too: the prefiller's
+// queue holds the prompt until its first token passes (Prefilled). The decoder keeps it as well, though it
+// prefills only the last token, on the KV cache it pulls: the booking holds the decoder for the request until
+// its first token, as for a whole request. Dropped at once, the decoder looks idle while the split's decode leg
+// and the whole requests sent meanwhile are all still to join its batch, and SLO placement packed decoders past
+// their TPOT target where prefill capacity was scarce (make bench-pd's family of fleets, BENCHMARKS.md: the
+// per-request choice fell behind aggregated serving or the fixed split beyond chance in 15 of 192 comparisons
+// then, 4 now). The TTFT expected is the prefiller's and the transfer.
 func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
-	d.p.pred.prefilled(dec.Endpoints[0], dec.Predicted)
 	if ttft > 0 {
 		dec.Predicted.TTFT = ttft
 	}

@@ -254,9 +254,9 @@ func TestSplitTimingTeachesOnlyTheDecodersTPOT(t *testing.T) {
 	}
 }
 
-// Under SLO placement a split prompt is not counted in its decoder's prefill queue (the decoder prefills only
-// the last token), and the TTFT expected of it is the prefiller's prefill and the transfer.
-func TestSplitPromptLeavesTheDecodersPrefillQueue(t *testing.T) {
+// Under SLO placement a split prompt is booked at its prefiller and stays booked at its decoder (predictSplit)
+// until its first token passes, and the TTFT expected of it is the prefiller's prefill and the transfer.
+func TestSplitPromptIsBookedAtBothEnds(t *testing.T) {
 	policy := strings.Replace(strings.Replace(disaggPolicy, "routing: {debugScores: true}", "routing: {debugScores: true, placement: slo}", 1),
 		"    pro: {}", "    pro: {slo: {ttft: 10s, tpot: 200ms}}", 1)
 	snap, m := modelOf(t, policy)
@@ -274,9 +274,24 @@ func TestSplitPromptLeavesTheDecodersPrefillQueue(t *testing.T) {
 	if ttft := d.Predicted.TTFT; ttft < 200*time.Millisecond || ttft > 450*time.Millisecond {
 		t.Errorf("predicted TTFT %v, want the split's prefill and transfer (about 0.31 s)", ttft)
 	}
-	for _, s := range p.pred.eps[d.Endpoints[0]].recent {
-		if !s.at.IsZero() {
-			t.Errorf("the decoder %s still counts the split prompt among its prefills: %+v", d.Endpoints[0], s)
+	booked := func(ep string) float64 {
+		var tokens float64
+		for _, s := range p.pred.eps[ep].recent {
+			if !s.at.IsZero() {
+				tokens += s.uncached
+			}
+		}
+		return tokens
+	}
+	for _, ep := range []string{d.Endpoints[0], d.Prefill} {
+		if got := booked(ep); got < 4000 {
+			t.Errorf("%s books %.0f tokens of the split prompt, want about 5.6K", ep, got)
+		}
+	}
+	p.Prefilled(d)
+	for _, ep := range []string{d.Endpoints[0], d.Prefill} {
+		if got := booked(ep); got != 0 {
+			t.Errorf("%s still books %.0f tokens once the first token passed", ep, got)
 		}
 	}
 }

@@ -43,11 +43,18 @@ func main() {
 	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
 	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
 	pdPlacements := flag.String("pd-placements", "slo,affinity", "the P/D bench's routing.placement for every row, one table each")
+	pdFleets := flag.Int("pd-family", 0, "also run the P/D bench on this many fleets drawn from -family (H200s, L40S pairs, link), one summary table per placement")
 	flag.Parse()
 	if *pd {
 		start := time.Now()
 		for pl := range strings.SplitSeq(*pdPlacements, ",") {
 			runPD(strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration)
+		}
+		if *pdFleets > 0 {
+			fleets := pdFamily(*pdFleets, *familySeed)
+			for pl := range strings.SplitSeq(*pdPlacements, ",") {
+				runPDFamily(fleets, strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration, *parallel)
+			}
 		}
 		fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
 		return

@@ -27,8 +27,8 @@ const (
 
 var pdRows = []string{rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill}
 
-// pdScenario is the P/D bench's fleet and workload: a 70B model on two H200s (compute-strong) and four L40S
-// pairs (cheaper, slower to prefill), shared-prefix chat at a swept rate, and bursts of 8-32K-token prompts.
+// pdScenario is the P/D bench's fleet and workload: a 70B model on H200s (compute-strong) and L40S pairs
+// (cheaper, slower to prefill), shared-prefix chat at a swept rate, and bursts of 8-32K-token prompts.
 type pdScenario struct {
 	placement       string        // routing.placement of every row: slo or affinity
 	chatRate        float64       // chat requests a second
@@ -39,17 +39,48 @@ type pdScenario struct {
 	transferGbps    float64
 }
 
-// newPDScenario is the bench's scenario at one chat rate, every row under one placement.
-func newPDScenario(chatRate float64, placement string) *scenario {
+// pdFleet is one fleet of the P/D bench: its H200s, its L40S pairs and the link between the two pools.
+type pdFleet struct {
+	h200, l40s int
+	gbps       float64
+}
+
+// pdBase is the fleet of the bench's main tables: two H200s, four L40S pairs, 100 Gb/s.
+var pdBase = pdFleet{h200: 2, l40s: 4, gbps: 100}
+
+func (f pdFleet) String() string {
+	return fmt.Sprintf("%d H200, %d L40S pairs, %g Gb/s", f.h200, f.l40s, f.gbps)
+}
+
+// pdFamily draws n fleets other than the base from seed: 1-4 H200s, 2-6 L40S pairs, and a link of 10-200 Gb/s
+// (TCP to RDMA). The per-request choice must hold on fleets it was not tuned on, and the prefill and decode
+// capacity's ratio is what decides whether splitting pays.
+func pdFamily(n int, seed uint64) []pdFleet {
+	rng := rand.New(rand.NewPCG(0x38f, seed))
+	links := []float64{10, 25, 40, 50, 100, 200}
+	seen := map[pdFleet]bool{pdBase: true}
+	var out []pdFleet
+	for len(out) < n {
+		f := pdFleet{h200: 1 + rng.IntN(4), l40s: 2 + rng.IntN(5), gbps: links[rng.IntN(len(links))]}
+		if !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// newPDScenario is the bench's scenario on fleet f at one chat rate, every row under one placement.
+func newPDScenario(f pdFleet, chatRate float64, placement string) *scenario {
 	h200, l40s := fleetsim.Profiles["h200"], fleetsim.Profiles["l40s"]
 	return &scenario{id: int(chatRate), model: "llama-70b", sizeB: 70, seed: 38,
 		classes: []class{
-			{name: "h200", price: 3.5, speed: h200, maxNumSeqs: 128, numGPUBlocks: 24000, replicas: 2},
-			{name: "l40s-x2", price: 2.2, speed: l40s, maxNumSeqs: 128, numGPUBlocks: 10000, replicas: 4},
+			{name: "h200", price: 3.5, speed: h200, maxNumSeqs: 128, numGPUBlocks: 24000, replicas: f.h200},
+			{name: "l40s-x2", price: 2.2, speed: l40s, maxNumSeqs: 128, numGPUBlocks: 10000, replicas: f.l40s},
 		},
 		ttft: time.Second, tpot: 80 * time.Millisecond,
 		pd: &pdScenario{placement: placement, chatRate: chatRate, longTTFT: 6 * time.Second, burstEvery: 15 * time.Second, burstWindow: 10 * time.Second,
-			kvBytesPerToken: 163840, transferGbps: 100}}
+			kvBytesPerToken: 163840, transferGbps: f.gbps}}
 }
 
 // policyYAML is the row's policy: the two pools with their roles, and disaggregation where the row splits.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -10,7 +11,7 @@ import (
 // the H200s also serve whole requests or only prefill), and each
 // serves nearly every request in time at a light load.
 func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
-	sc := newPDScenario(8, "slo")
+	sc := newPDScenario(pdBase, 8, "slo")
 	d := 20 * time.Second
 	work := sc.pd.workload(d, 1)
 	want := map[string]func(split float64) bool{
@@ -25,5 +26,23 @@ func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
 		if !want[row](run.split) || run.goodShare < 0.8 {
 			t.Errorf("%s: %.0f %% split, %.0f %% within target", row, run.split*100, run.goodShare*100)
 		}
+	}
+}
+
+// The P/D family draws distinct fleets within its ranges, never the base fleet, and the same ones for a seed.
+func TestPDFamilyDrawsDistinctFleets(t *testing.T) {
+	fleets := pdFamily(12, 33)
+	seen := map[pdFleet]bool{}
+	for _, f := range fleets {
+		if f == pdBase || seen[f] || f.h200 < 1 || f.h200 > 4 || f.l40s < 2 || f.l40s > 6 || f.gbps < 10 || f.gbps > 200 {
+			t.Errorf("fleet %v: the base, a repeat or out of range", f)
+		}
+		seen[f] = true
+	}
+	if again := pdFamily(12, 33); !slices.Equal(again, fleets) {
+		t.Errorf("seed 33 drew %v, then %v", fleets, again)
+	}
+	if other := pdFamily(12, 34); slices.Equal(other, fleets) {
+		t.Error("seeds 33 and 34 drew the same family")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/infergate/infergate/test/loadgen"
@@ -63,15 +64,14 @@ func measure(sc *scenario, out []outcome, d time.Duration, fleetUSDPerHour float
 	return run
 }
 
-// runPD sweeps the chat rate: at each, every row runs on the same arrivals of each seed.
-func runPD(placement string, rates []float64, seeds int, d time.Duration) {
-	fmt.Printf("P/D bench, routing.placement %s: a 70B model (FP8 KV, 160 KiB a token, 100 Gb/s between replicas) on 2 × H200 ($3.50/h) and 4 × L40S pairs ($2.20/h), the same fleet in every row.\n", placement)
-	fmt.Printf("Workload: shared-prefix chat at the rate shown (TTFT ≤ 1 s, TPOT ≤ 80 ms) and, every 15 s, a burst of 2-5 prompts of 8-32K tokens (TTFT ≤ 6 s, TPOT ≤ 80 ms); %d arrival seeds × %s of simulated time; median over seeds (worst in brackets).\n\n", seeds, d)
-	fmt.Println("| chat req/s | row | goodput req/s | within target | chat TPOT p95 during bursts | TTFT p95 | long prompts' TTFT p95 | $ per 1M output tokens | split |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-	results := map[float64]map[string][]pdRun{}
+// pdResults is every row's runs at each chat rate, one per arrival seed.
+type pdResults map[float64]map[string][]pdRun
+
+// simulatePD sweeps the chat rate on fleet f: at each, every row runs on the same arrivals of each seed.
+func simulatePD(f pdFleet, placement string, rates []float64, seeds int, d time.Duration) pdResults {
+	results := pdResults{}
 	for _, rate := range rates {
-		sc := newPDScenario(rate, placement)
+		sc := newPDScenario(f, rate, placement)
 		fleetUSD := 0.0
 		for _, c := range sc.classes {
 			fleetUSD += float64(c.replicas) * c.price
@@ -85,6 +85,18 @@ func runPD(placement string, rates []float64, seeds int, d time.Duration) {
 				results[rate][row] = append(results[rate][row], measure(sc, g.run(work, d+30*time.Second), d, fleetUSD))
 			}
 		}
+	}
+	return results
+}
+
+// runPD prints the sweep on the base fleet, row by row, and issue #38's targets.
+func runPD(placement string, rates []float64, seeds int, d time.Duration) {
+	fmt.Printf("P/D bench, routing.placement %s: a 70B model (FP8 KV, 160 KiB a token) on %s ($3.50/h and $2.20/h), the same fleet in every row.\n", placement, pdBase)
+	fmt.Printf("Workload: shared-prefix chat at the rate shown (TTFT ≤ 1 s, TPOT ≤ 80 ms) and, every 15 s, a burst of 2-5 prompts of 8-32K tokens (TTFT ≤ 6 s, TPOT ≤ 80 ms); %d arrival seeds × %s of simulated time; median over seeds (worst in brackets).\n\n", seeds, d)
+	fmt.Println("| chat req/s | row | goodput req/s | within target | chat TPOT p95 during bursts | TTFT p95 | long prompts' TTFT p95 | $ per 1M output tokens | split |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+	results := simulatePD(pdBase, placement, rates, seeds, d)
+	for _, rate := range rates {
 		for _, row := range pdRows {
 			rs := results[rate][row]
 			fmt.Printf("| %g | %s | %s | %s | %s | %s | %s | %s | %.0f %% |\n", rate, row,
@@ -99,6 +111,82 @@ func runPD(placement string, rates []float64, seeds int, d time.Duration) {
 	}
 	pdTargets(rates, results)
 	fmt.Println()
+}
+
+// runPDFamily measures the per-request choice on a family of fleets (pdFamily) under one placement: per fleet,
+// its goodput over the whole sweep against each other row's, and the rates where it served fewer requests in
+// time than either, with the one-sided Fisher p of each shortfall.
+func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int, d time.Duration, parallel int) {
+	fmt.Printf("P/D bench over a family of %d fleets, routing.placement %s: the workload above at every rate, %d arrival seeds each.\n\n", len(fleets), placement, seeds)
+	fmt.Println("| fleet | per-request ÷ aggregated | ÷ split 1:2 | behind at (p < 0.05 in bold) | ≥ both at every load |")
+	fmt.Println("|---|---:|---:|---|---|")
+	all := make([]pdResults, len(fleets))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, parallel))
+	for i, f := range fleets {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			all[i] = simulatePD(f, placement, rates, seeds, d)
+		})
+	}
+	wg.Wait()
+	met, significant, cells := 0, 0, 0
+	for i, f := range fleets {
+		results := all[i]
+		sum := func(row string) float64 {
+			var t float64
+			for _, rate := range rates {
+				t += float64(pooled(results[rate][row]).good)
+			}
+			return t
+		}
+		behind := perRequestBehind(rates, results)
+		var marks []string
+		for _, b := range behind {
+			m := fmt.Sprintf("%g vs %s", b.rate, b.other)
+			if b.p < 0.05 {
+				m = "**" + m + "**"
+				significant++
+			}
+			marks = append(marks, m)
+		}
+		if len(behind) == 0 {
+			met++
+		}
+		cells += 2 * len(rates)
+		fmt.Printf("| %s | %.3f | %.3f | %s | %s |\n", f, sum(rowPerRequest)/max(1, sum(rowAggregated)),
+			sum(rowPerRequest)/max(1, sum(rowDisaggregated)), orNone(marks), map[bool]string{true: "met", false: "NOT MET"}[len(behind) == 0])
+	}
+	fmt.Printf("\n- the per-request choice's goodput ≥ both others' at every load: %d of %d fleets — %s; shortfalls more than chance (one-sided Fisher p < 0.05): %d of %d comparisons\n\n",
+		met, len(fleets), map[bool]string{true: "met", false: "NOT MET"}[met == len(fleets)], significant, cells)
+}
+
+// shortfall is a rate at which the per-request choice served fewer requests in time than another row, over all
+// seeds, and the one-sided Fisher p that this is more than chance.
+type shortfall struct {
+	rate        float64
+	other       string
+	got, theirs int
+	requests    int
+	p           float64
+}
+
+// perRequestBehind lists the rates where the per-request choice served fewer requests in time than aggregated or
+// the fixed split. Rows at one rate see the same arrivals, so they are compared on the requests each served
+// within target over all seeds (a median of five picks a different seed per row, whose arrival count differs
+// by more than the rows do).
+func perRequestBehind(rates []float64, results pdResults) []shortfall {
+	var out []shortfall
+	for _, rate := range rates {
+		pr := pooled(results[rate][rowPerRequest])
+		for _, other := range []string{rowAggregated, rowDisaggregated} {
+			if o := pooled(results[rate][other]); pr.good < o.good {
+				out = append(out, shortfall{rate: rate, other: other, got: pr.good, theirs: o.good, requests: o.requests, p: fisherBelow(&pr, &o)})
+			}
+		}
+	}
+	return out
 }
 
 // pdMedian formats the median over seeds and the worst (lowest when higher is better).
@@ -127,7 +215,7 @@ func median(vs []float64) float64 {
 
 // pdTargets prints issue #38's targets, met or not: on the requests within target over all seeds for the
 // comparison of rows, on the medians over seeds for the rest.
-func pdTargets(rates []float64, results map[float64]map[string][]pdRun) {
+func pdTargets(rates []float64, results pdResults) {
 	goodput := func(rate float64, row string) float64 {
 		return median(collect(results[rate][row], func(r pdRun) float64 { return r.goodput }))
 	}
@@ -144,18 +232,10 @@ func pdTargets(rates []float64, results map[float64]map[string][]pdRun) {
 		return "NOT MET"
 	}
 	fmt.Println()
-	// Rows at one rate see the same arrivals, so they are compared on the requests each served within target
-	// over all seeds (a median of five picks a different seed per row, whose arrival count differs by more
-	// than the rows do); the one-sided Fisher p says whether a shortfall is more than chance.
+	// The one-sided Fisher p says whether a shortfall is more than chance.
 	var behind []string
-	for _, rate := range rates {
-		pr := pooled(results[rate][rowPerRequest])
-		for _, other := range []string{rowAggregated, rowDisaggregated} {
-			if o := pooled(results[rate][other]); pr.good < o.good {
-				behind = append(behind, fmt.Sprintf("%g req/s (%d against %s's %d of %d; p %.2f)", rate, pr.good, other, o.good,
-					o.requests, fisherBelow(&pr, &o)))
-			}
-		}
+	for _, b := range perRequestBehind(rates, results) {
+		behind = append(behind, fmt.Sprintf("%g req/s (%d against %s's %d of %d; p %.2f)", b.rate, b.got, b.other, b.theirs, b.requests, b.p))
 	}
 	fmt.Printf("- the per-request choice's goodput ≥ both others' at every load, over all seeds: behind at %s — %s\n",
 		orNone(behind), verdict(len(behind) == 0))
