@@ -73,7 +73,7 @@ func New(opts Options) *Server {
 		opts.Logger.Warn("large bodies will not give the network its turn", "err", err)
 	}
 	// The large bodies received and parsed at once: room for the largest, or a sixteenth of the budget for
-	// bodies in flight, as the policy sets them at start (see BENCHMARKS.md, "Hostile bodies").
+	// bodies in flight, as the policy sets them at start (see RELIABILITY.md, "Hostile bodies").
 	g := opts.Policies.Current().Gateway()
 	return &Server{opts: opts, auth: newAuthGuard(opts.Now), director: d, metrics: d.Metrics(),
 		receive: newReceiveGate(max(g.MaxBodyBytesInFlight/16, g.MaxRequestBodyBytes))}

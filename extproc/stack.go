@@ -4,7 +4,7 @@ package extproc
 // below the gRPC handler, down to prefix hashing and SLO placement (measured 2026-12-06). Growing there takes
 // several doublings, each copying the stack and adjusting every frame on it. decide calls growStack first,
 // which takes the room in one step while the stack holds a few frames: BenchmarkProcessOnANewGoroutine, 2 KiB,
-// 35 µs without it and 21 µs with it, 32 KiB 70 and 57 µs (BENCHMARKS.md, "Where a decision's CPU goes"). The
+// 35 µs without it and 21 µs with it (BENCHMARKS.md, "Where a decision's CPU goes"; 32 KiB 70 and 57 µs). The
 // price is zeroing the frame, about 0.3 µs, also when the stack is grown already. The memory is what the
 // decision would have grown to; a stream refused before its decision never takes it. The garbage collector may
 // shrink the stack while the stream waits on the response, and settlement then grows it again, as before.

@@ -101,12 +101,13 @@ func (d *decision) creditPrefiller(ep string) {
 
 // predictSplit books a split request's prefill, in SLO placement's books, at its prefiller too: the prefiller's
 // queue holds the prompt until its first token passes (Prefilled). The decoder keeps it as well, though it
-// prefills only the last token, on the KV cache it pulls: the booking holds the decoder for the request until
-// its first token, as for a whole request. Dropped at once, the decoder looks idle while the split's decode leg
-// and the whole requests sent meanwhile are all still to join its batch, and SLO placement packed decoders past
-// their TPOT target where prefill capacity was scarce (make bench-pd's family of fleets, BENCHMARKS.md: the
-// per-request choice fell behind aggregated serving or the fixed split beyond chance in 15 of 192 comparisons
-// then, 4 now). The TTFT expected is the prefiller's and the transfer.
+// prefills only the last token, on the KV cache it pulls: a prefill the decoder will not do, which keeps its
+// predicted TTFT up (for a long prompt, past a chat target) until the split's first token, as for a whole
+// request. That is deliberate: the TPOT model predicts from the running batch, not from the prefills the engine
+// will run in the same steps (chunked prefill). Released at once, a decoder looked idle, drew whole requests
+// whose prefills slowed every decode there, and was packed past its TPOT target where prefill capacity was
+// scarce (make bench-pd's family of fleets, BENCHMARKS.md). The TTFT expected of the split is the prefiller's
+// and the transfer.
 func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
 	if ttft > 0 {
 		dec.Predicted.TTFT = ttft

@@ -129,7 +129,8 @@ const recentSends = 32
 // others finished since: a finished request leaves the running batch, not the prefill queue. A burst of new
 // groups' first prompts, each uncached, lands on one replica between two readings; counting them at ū —
 // mostly cached follow-ups — or netting them against finished requests predicts a prefill queue a fraction of
-// what it is.
+// what it is. A split request counts at its decoder too, though its prefill runs on its prefiller
+// (predictSplit, disaggregate.go says why).
 func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) float64 {
 	var sinceReading, pending float64
 	for i := range m.recent {

@@ -16,7 +16,7 @@ const (
 	maxP99Ratio = 1.2 // every cell: p99 at most this multiple of the floor's
 	// allocsBefore is the processor's own allocations per decision (its requests' allocations less the
 	// floor's, in the same harness) before issue #40's savings: the median over the rows of the main table in
-	// BENCHMARKS.md ("The decision hot path…"). The target is at most half of it.
+	// BENCHMARKS.md ("ext_proc decision latency against a no-op floor"). The target is at most half of it.
 	allocsBefore = 144.0
 )
 

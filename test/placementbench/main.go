@@ -8,11 +8,12 @@
 // discrete-event loop: simulated time, so the figures do not depend on the machine's load, and the family
 // runs in minutes. The report is the distribution over scenarios, and the targets met / not met.
 //
-// With -pd it runs the P/D bench instead (make bench-pd, pd.go): one fleet of H200s and L40S pairs serving chat
-// and bursts of long prompts aggregated, split at a fixed ratio, and by infergate's per-request choice.
+// With -pd it runs the P/D bench instead (make bench-pd, pd.go): a fleet of H200s and L40S pairs serving chat
+// and bursts of long prompts aggregated, split at a fixed ratio, and by infergate's per-request choice; with
+// -pd-family, on a family of generated fleets too.
 //
 //	go run ./test/placementbench [-quick]
-//	go run ./test/placementbench -pd [-seeds 5] [-pd-placements slo,affinity]
+//	go run ./test/placementbench -pd [-seeds 5] [-pd-placements slo,affinity] [-pd-family 12]
 package main
 
 import (

@@ -52,12 +52,13 @@ func (f pdFleet) String() string {
 	return fmt.Sprintf("%d H200, %d L40S pairs, %g Gb/s", f.h200, f.l40s, f.gbps)
 }
 
-// pdFamily draws n fleets other than the base from seed: 1-4 H200s, 2-6 L40S pairs, and a link of 10-200 Gb/s
-// (TCP to RDMA). The per-request choice must hold on fleets it was not tuned on, and the prefill and decode
-// capacity's ratio is what decides whether splitting pays.
+// pdFamily draws n fleets other than the base from seed (at most every one there is): 1-4 H200s, 2-6 L40S
+// pairs, and a link of 10-200 Gb/s (TCP to RDMA). The per-request choice must hold on fleets it was not tuned
+// on, and the prefill and decode capacity's ratio is what decides whether splitting pays.
 func pdFamily(n int, seed uint64) []pdFleet {
 	rng := rand.New(rand.NewPCG(0x38f, seed))
 	links := []float64{10, 25, 40, 50, 100, 200}
+	n = min(n, 4*5*len(links)-1)
 	seen := map[pdFleet]bool{pdBase: true}
 	var out []pdFleet
 	for len(out) < n {

@@ -29,20 +29,30 @@ func TestPDRowsSplitAsTheirPoliciesSay(t *testing.T) {
 	}
 }
 
-// The P/D family draws distinct fleets within its ranges, never the base fleet, and the same ones for a seed.
+// The P/D family draws as many distinct fleets as asked, never the base fleet, the same ones for a seed, and
+// stops at every fleet there is (4 × 5 × 6, less the base) rather than search for more.
 func TestPDFamilyDrawsDistinctFleets(t *testing.T) {
-	fleets := pdFamily(12, 33)
-	seen := map[pdFleet]bool{}
-	for _, f := range fleets {
-		if f == pdBase || seen[f] || f.h200 < 1 || f.h200 > 4 || f.l40s < 2 || f.l40s > 6 || f.gbps < 10 || f.gbps > 200 {
-			t.Errorf("fleet %v: the base, a repeat or out of range", f)
+	for _, tc := range []struct {
+		n    int
+		seed uint64
+		want int
+	}{{12, 33, 12}, {12, 34, 12}, {1, 7, 1}, {119, 33, 119}, {500, 33, 119}} {
+		fleets := pdFamily(tc.n, tc.seed)
+		if len(fleets) != tc.want {
+			t.Errorf("pdFamily(%d, %d): %d fleets, want %d", tc.n, tc.seed, len(fleets), tc.want)
 		}
-		seen[f] = true
+		seen := map[pdFleet]bool{}
+		for _, f := range fleets {
+			if f == pdBase || seen[f] {
+				t.Errorf("pdFamily(%d, %d): fleet %v is the base or a repeat", tc.n, tc.seed, f)
+			}
+			seen[f] = true
+		}
+		if again := pdFamily(tc.n, tc.seed); !slices.Equal(again, fleets) {
+			t.Errorf("pdFamily(%d, %d) drew %v, then %v", tc.n, tc.seed, fleets, again)
+		}
 	}
-	if again := pdFamily(12, 33); !slices.Equal(again, fleets) {
-		t.Errorf("seed 33 drew %v, then %v", fleets, again)
-	}
-	if other := pdFamily(12, 34); slices.Equal(other, fleets) {
+	if slices.Equal(pdFamily(12, 33), pdFamily(12, 34)) {
 		t.Error("seeds 33 and 34 drew the same family")
 	}
 }

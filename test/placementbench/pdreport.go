@@ -114,11 +114,12 @@ func runPD(placement string, rates []float64, seeds int, d time.Duration) {
 }
 
 // runPDFamily measures the per-request choice on a family of fleets (pdFamily) under one placement: per fleet,
-// its goodput over the whole sweep against each other row's, and the rates where it served fewer requests in
-// time than either, with the one-sided Fisher p of each shortfall.
+// its goodput over the whole sweep against aggregated serving's and the fixed split's (the H200s prefill, the
+// L40S pairs decode, whatever their ratio), and the rates where it served fewer requests in time than either,
+// with the one-sided Fisher p of each shortfall.
 func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int, d time.Duration, parallel int) {
 	fmt.Printf("P/D bench over a family of %d fleets, routing.placement %s: the workload above at every rate, %d arrival seeds each.\n\n", len(fleets), placement, seeds)
-	fmt.Println("| fleet | per-request ÷ aggregated | ÷ split 1:2 | behind at (p < 0.05 in bold) | ≥ both at every load |")
+	fmt.Println("| fleet | per-request ÷ aggregated | ÷ fixed split | behind at (p < 0.05 in bold) | ≥ both at every load |")
 	fmt.Println("|---|---:|---:|---|---|")
 	all := make([]pdResults, len(fleets))
 	var wg sync.WaitGroup
@@ -144,7 +145,7 @@ func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int,
 		behind := perRequestBehind(rates, results)
 		var marks []string
 		for _, b := range behind {
-			m := fmt.Sprintf("%g vs %s", b.rate, b.other)
+			m := fmt.Sprintf("%g vs %s", b.rate, map[string]string{rowAggregated: "aggregated", rowDisaggregated: "fixed split"}[b.other])
 			if b.p < 0.05 {
 				m = "**" + m + "**"
 				significant++
