@@ -92,23 +92,28 @@ func main() {
 		}
 	}
 	results := make([]scenarioResult, len(family))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, max(1, *parallel))
-	for i := range family {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			results[i] = runScenario(&family[i], selected, *seeds, *duration, *lag)
-			if *verbose {
-				fmt.Fprintln(os.Stderr, results[i].line(true))
-			}
-		}()
-	}
-	wg.Wait()
+	inParallel(len(family), *parallel, func(i int) {
+		results[i] = runScenario(&family[i], selected, *seeds, *duration, *lag)
+		if *verbose {
+			fmt.Fprintln(os.Stderr, results[i].line(true))
+		}
+	})
 	report(family, results, selected)
 	fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
+}
+
+// inParallel calls f(0) … f(n−1), at most limit at a time, and returns when every call has.
+func inParallel(n, limit int, f func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, limit))
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
 }
 
 // runScenario runs every row on every arrival seed of one scenario.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/infergate/infergate/test/loadgen"
@@ -122,16 +121,7 @@ func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int,
 	fmt.Println("| fleet | per-request ÷ aggregated | ÷ fixed split | behind at (p < 0.05 in bold) | ≥ both at every load |")
 	fmt.Println("|---|---:|---:|---|---|")
 	all := make([]pdResults, len(fleets))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, max(1, parallel))
-	for i, f := range fleets {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			all[i] = simulatePD(f, placement, rates, seeds, d)
-		})
-	}
-	wg.Wait()
+	inParallel(len(fleets), parallel, func(i int) { all[i] = simulatePD(fleets[i], placement, rates, seeds, d) })
 	met, significant, cells := 0, 0, 0
 	for i, f := range fleets {
 		results := all[i]
@@ -157,10 +147,20 @@ func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int,
 		}
 		cells += 2 * len(rates)
 		fmt.Printf("| %s | %.3f | %.3f | %s | %s |\n", f, sum(rowPerRequest)/max(1, sum(rowAggregated)),
-			sum(rowPerRequest)/max(1, sum(rowDisaggregated)), orNone(marks), map[bool]string{true: "met", false: "NOT MET"}[len(behind) == 0])
+			sum(rowPerRequest)/max(1, sum(rowDisaggregated)), orNone(marks), verdict(len(behind) == 0))
 	}
-	fmt.Printf("\n- the per-request choice's goodput ≥ both others' at every load: %d of %d fleets — %s; shortfalls more than chance (one-sided Fisher p < 0.05): %d of %d comparisons\n\n",
-		met, len(fleets), map[bool]string{true: "met", false: "NOT MET"}[met == len(fleets)], significant, cells)
+	fmt.Println()
+	loadgen.Check("the per-request choice's goodput ≥ both others' at every load", met == len(fleets),
+		"%d of %d fleets; shortfalls more than chance (one-sided Fisher p < 0.05): %d of %d comparisons", met, len(fleets), significant, cells)
+	fmt.Println()
+}
+
+// verdict is a target's word in the bench's report.
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
 }
 
 // shortfall is a rate at which the per-request choice served fewer requests in time than another row, over all
@@ -225,12 +225,6 @@ func pdTargets(rates []float64, results pdResults) {
 	}
 	tpot := func(rate float64, row string) float64 {
 		return median(collect(results[rate][row], func(r pdRun) float64 { return r.chatBurstTPOT.Seconds() }))
-	}
-	verdict := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "NOT MET"
 	}
 	fmt.Println()
 	// The one-sided Fisher p says whether a shortfall is more than chance.
