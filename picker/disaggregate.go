@@ -11,10 +11,10 @@ import (
 
 // disaggregate names a prefill endpoint for a request worth splitting (policies.Disaggregation,
 // docs/disaggregation.md): one that leaves at least minUncachedTokens of its prompt to prefill after the prefix
-// the decode endpoint holds, and that the split serves sooner, or that would stall the decoder's running
-// requests past their TPOT target (worthSplitting). The prefiller is a replica of a prefill pool (or, when none
-// can take it, of a pool that does both), other than the decode endpoint, with fresh metrics and room in its
-// queue (prefiller). Without one the request runs whole on the decode endpoint.
+// the decode endpoint holds, and that the split serves sooner or for less in time, or whose prefill would stall
+// the decoder's running decodes more than the prefiller's (worthSplitting). The prefiller is a replica of a
+// prefill pool (or, when none can take it, of a pool that does both), other than the decode endpoint, with fresh
+// metrics and room in its queue (prefiller). Without one the request runs whole on the decode endpoint.
 func (d *decision) disaggregate(dec *Decision) {
 	dg := d.in.Model.Disaggregation
 	if dg == nil || dec.Fallback != nil || dec.Pool == nil || len(dec.Endpoints) == 0 || len(d.prompt.hashes) == 0 {
@@ -103,12 +103,14 @@ func (d *decision) creditPrefiller(ep string) {
 // queue holds the prompt until its first token passes (Prefilled). The decoder keeps it as well, though it
 // prefills only the last token, on the KV cache it pulls: a prefill the decoder will not do, which keeps its
 // predicted TTFT up (for a long prompt, past a chat target) until the split's first token, as for a whole
-// request. That is deliberate: the TPOT model predicts from the running batch, not from the prefills the engine
-// will run in the same steps (chunked prefill). Released at once, a decoder looked idle, drew whole requests
-// whose prefills slowed every decode there, and was packed past its TPOT target where prefill capacity was
-// scarce (make bench-pd's family of fleets, BENCHMARKS.md). The TTFT expected of the split is the prefiller's
-// and the transfer.
+// request; it does not count in the decoder's prefill share (the TPOT model's). That is deliberate. Released at
+// once, a decoder looked idle until the split's decode leg joined its batch, drew whole requests whose prefills
+// slowed every decode there, and was packed past its TPOT target where prefill capacity was scarce (make
+// bench-pd's family of fleets, BENCHMARKS.md); counting the decode legs awaited in the decoder's batch instead
+// did not stand in for it (docs/disaggregation.md). The TTFT expected of the split is the prefiller's and the
+// transfer, or the decoder's queue (worthSplitting).
 func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
+	d.p.pred.prefilledRemotely(dec.Endpoints[0], dec.Predicted)
 	if ttft > 0 {
 		dec.Predicted.TTFT = ttft
 	}
@@ -161,15 +163,20 @@ func (d *decision) prefiller(role, decoder, region string) (string, *policies.Po
 	return best, bestPool
 }
 
-// worthSplitting weighs a request whose uncached prompt reached minUncachedTokens: it is split when the
-// prefiller prefills it and the KV cache reaches the decoder (kvBytesPerToken × tokens ÷ transferGbps) sooner
-// than the decoder would prefill it itself — by SLO placement's predictions of both, queues counted, when it
-// has them, else by the pools' prefill speeds; or, under SLO placement, when the split still meets the
-// request's targets and its prefill costs less on the prefiller's hardware (cheaperInTime); or when prefilling
-// it there would stall the decoder's running requests past the TPOT target: each running decode waits out the
-// whole prefill, chunk by chunk, which over about priorServiceTokens more tokens must fit in what the target
-// leaves beyond a decode step. Without the pools' speeds, or with the policy's split: threshold, it is split as
-// the threshold alone says. It also returns the split's expected TTFT (0 when unknown).
+// worthSplitting weighs a request whose uncached prompt reached minUncachedTokens. With the policy's split:
+// threshold, or without the pools' speeds, it is split as the threshold alone says. Under SLO placement, with
+// both endpoints predicted, it weighs first what the prefill does to the running decodes where it runs
+// (stallHarm: with chunked prefill they share its steps): it is split when prefilling it whole would push the
+// decoder's decodes further past the TPOT target than the prefill leg pushes the prefiller's (none on a prefill
+// pool), and the split still meets the TTFT target; it runs whole when the split would do the more harm. Else it
+// is split when the split serves it sooner — the prefiller's TTFT and the KV transfer (kvBytesPerToken × tokens ÷
+// transferGbps), or the decoder's queue when its decode leg would wait longer for it (decodeLeg), against the
+// decoder's TTFT, by the pools' prefill speeds without predictions — or when it meets the request's targets and
+// its prefill costs less on the prefiller's hardware (cheaperInTime); or, failing all, with predictions or
+// without, when prefilling it would stall the decoder's running requests past the TPOT target: each running
+// decode waits out the whole prefill, chunk by chunk, which over about priorServiceTokens more tokens must fit in
+// what the target leaves beyond a decode step. The decoder's queue counts as booked, other splits' bookings
+// included (predictSplit). It also returns the split's expected TTFT (0 when unknown).
 func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *policies.Pool, uncached int, dg *policies.Disaggregation) (bool, time.Duration) {
 	c := d.candidate(decoder)
 	prefillTPS := d.snap.Speed(prefillPool).PrefillTokensPerSecond
@@ -182,21 +189,33 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	var pf *scored
 	if d.slo && c.pred.set {
 		if pf = d.candidate(prefiller); pf != nil && pf.pred.set {
-			whole, split = c.pred.TTFT.Seconds(), pf.pred.TTFT.Seconds()+transfer
+			whole = c.pred.TTFT.Seconds()
+			split = max(pf.pred.TTFT.Seconds()+transfer, c.pred.decodeLeg.Seconds())
 		} else {
 			pf = nil
 		}
 	}
 	ttft := time.Duration(split * float64(time.Second))
-	if dg.Split == policies.SplitPastThreshold || split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
+	if dg.Split == policies.SplitPastThreshold {
 		return true, ttft
 	}
-	running := c.running
-	if d.p.Engines != nil {
-		if m, fresh := d.p.Engines.Metrics(decoder); fresh {
-			running = max(running, m.Running)
+	if pf != nil && c.pred.TPOT > 0 {
+		onDecoder := d.stallHarm(c, c.pred.uncached, d.runningOf(decoder, c))
+		onPrefiller := 0.0
+		if prefillPool.Role != policies.RolePrefill {
+			onPrefiller = d.stallHarm(pf, pf.pred.uncached, d.runningOf(prefiller, pf))
+		}
+		if onDecoder > onPrefiller && d.splitInTime(pf, ttft) {
+			return true, ttft
+		}
+		if onPrefiller > onDecoder {
+			return false, 0
 		}
 	}
+	if split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
+		return true, ttft
+	}
+	running := d.runningOf(decoder, c)
 	tpot := d.targets.TPOT.Seconds()
 	if running < 1 || tpot <= 0 {
 		return false, 0
@@ -205,22 +224,52 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	return float64(uncached)/c.prefillTPS > (tpot-step)*priorServiceTokens, ttft
 }
 
-// cheaperInTime says whether a split whose TTFT is predicted at ttft (the prefiller's and the transfer) meets
-// the request's TTFT target, at the prefiller's tail and within the policy's margin, and either prefills for
-// less on the prefiller (its class's price for the tokens its cache does not hold) than on the decoder (for the
-// uncached tokens), or spares a decoder whose predicted TPOT is already past the target's margin: the request
-// is in time either way, and the split is cheaper, or keeps the prefill out of the steps the decoder's running
-// decodes share. The split itself is not judged on TPOT, which is the decoder's either way.
-func (d *decision) cheaperInTime(dc, pf *scored, uncached int, ttft time.Duration) bool {
+// splitInTime says whether a split whose TTFT is predicted at ttft meets the TTFT target within the policy's
+// margin, at the prefiller's tail: the prefill leg is the part of it whose spread the picker knows.
+func (d *decision) splitInTime(pf *scored, ttft time.Duration) bool {
 	sp := pf.pred
 	sp.TTFT, sp.TPOT = ttft, 0
-	if !meets(sp, d.targets, d.routing.SLOMargin, d.in.Waited) {
+	return meets(sp, d.targets, d.routing.SLOMargin, d.in.Waited)
+}
+
+// runningOf is endpoint ep's running batch: its candidate c's, or its engine's fresh reading when larger.
+func (d *decision) runningOf(ep string, c *scored) float64 {
+	running := c.running
+	if d.p.Engines != nil {
+		if m, fresh := d.p.Engines.Metrics(ep); fresh {
+			running = max(running, m.Running)
+		}
+	}
+	return running
+}
+
+// stallHarm is how far prefilling tokens more on candidate c pushes its running decodes past the TPOT target's
+// margin: each of running decodes is predicted at c's TPOT with the prefill added to its prefill share
+// (tpotWithPrefill), and counts by how much more it is past the margin than before (0 when it stays within).
+func (d *decision) stallHarm(c *scored, tokens, running float64) float64 {
+	limit := d.targets.TPOT.Seconds() * d.routing.SLOMargin
+	if limit <= 0 || running < 1 || c.pred.TPOT <= 0 {
+		return 0
+	}
+	before := c.pred.TPOT.Seconds()
+	after := tpotWithPrefill(c.pred, tokens, c.speed.PrefillTokensPerSecond).Seconds()
+	return running * (max(0, after-limit) - max(0, before-limit))
+}
+
+// cheaperInTime says whether a split whose TTFT is predicted at ttft (see worthSplitting) meets the request's
+// TTFT target (splitInTime), and either prefills for less on the prefiller (its class's price for the tokens its
+// cache does not hold) than on the decoder (for the uncached tokens), or spares a decoder whose predicted TPOT is
+// already past the target's margin: the request is in time either way, and the split is cheaper, or keeps the
+// prefill out of the steps the decoder's running decodes share. The split itself is not judged on TPOT, which is
+// the decoder's either way.
+func (d *decision) cheaperInTime(dc, pf *scored, uncached int, ttft time.Duration) bool {
+	if !d.splitInTime(pf, ttft) {
 		return false
 	}
 	if d.targets.TPOT > 0 && float64(dc.pred.TPOT) > float64(d.targets.TPOT)*d.routing.SLOMargin {
 		return true // a decoder past its TPOT margin is spared the prefill, whatever it costs
 	}
-	onPrefiller := pf.speed.CostPerHour * sp.uncached / max(pf.speed.PrefillTokensPerSecond, 1)
+	onPrefiller := pf.speed.CostPerHour * pf.pred.uncached / max(pf.speed.PrefillTokensPerSecond, 1)
 	onDecoder := dc.speed.CostPerHour * float64(uncached) / max(dc.speed.PrefillTokensPerSecond, 1)
 	return onPrefiller < onDecoder
 }

@@ -274,25 +274,25 @@ func TestSplitPromptIsBookedAtBothEnds(t *testing.T) {
 	if ttft := d.Predicted.TTFT; ttft < 200*time.Millisecond || ttft > 450*time.Millisecond {
 		t.Errorf("predicted TTFT %v, want the split's prefill and transfer (about 0.31 s)", ttft)
 	}
-	booked := func(ep string) float64 {
-		var tokens float64
-		for _, s := range p.pred.eps[ep].recent {
-			if !s.at.IsZero() {
-				tokens += s.uncached
-			}
-		}
-		return tokens
-	}
 	for _, ep := range []string{d.Endpoints[0], d.Prefill} {
-		if got := booked(ep); got < 4000 {
+		if got := p.pred.eps[ep].aheadTokens(&scored{}, 0, d.Predicted.sentAt); got < 4000 {
 			t.Errorf("%s books %.0f tokens of the split prompt, want about 5.6K", ep, got)
 		}
 	}
+	// The prompt prefills on the prefiller: it counts in the prefiller's prefill share, not the decoder's.
+	share := func(ep string) float64 { return p.pred.eps[ep].prefillShare(24000, d.Predicted.sentAt) }
+	if dc, pf := share(d.Endpoints[0]), share(d.Prefill); dc != 0 || pf <= 0 {
+		t.Errorf("prefill share at the decoder %.4f (want 0), at the prefiller %.4f (want more than 0)", dc, pf)
+	}
 	p.Prefilled(d)
 	for _, ep := range []string{d.Endpoints[0], d.Prefill} {
-		if got := booked(ep); got != 0 {
-			t.Errorf("%s still books %.0f tokens once the first token passed", ep, got)
+		if got := p.pred.eps[ep].aheadTokens(&scored{}, 0, d.Predicted.sentAt); got != 0 {
+			t.Errorf("%s still books %.0f tokens ahead once the first token passed", ep, got)
 		}
+	}
+	// Its prefill stays in the prefiller's share: the decodes there shared its steps.
+	if dc, pf := share(d.Endpoints[0]), share(d.Prefill); dc != 0 || pf <= 0 {
+		t.Errorf("once prefilled: share at the decoder %.4f (want 0), at the prefiller %.4f (want more than 0)", dc, pf)
 	}
 }
 
@@ -406,5 +406,67 @@ func TestSplitSparesADecoderPastItsTPOTMargin(t *testing.T) {
 	p.Index = NewIndex() // the decoder holds nothing of the prompt
 	if d := pick(); d.Prefill != "10.0.0.1:1" {
 		t.Errorf("a decoder predicted at %v a token: prefill %q, want it spared", p.pred.eps["10.0.1.1:1"].tpot.predict([fitDims]float64{1, 0}), d.Prefill)
+	}
+}
+
+// Under SLO placement the split weighs what the prefill does to the running decodes where it would run (chunked
+// prefill: they share its steps). 48,000 tokens at 24,000 a second take 0.2 of the next 10 s: a replica
+// decoding at 70 ms a token then decodes at 87.5 ms, past the 80 ms margin of a 100 ms target; one at 40 ms, at
+// 50 ms. A prefill pool's replicas run no decodes. The split's TTFT is the prefiller's and the transfer, or the
+// decoder's queue when its decode leg would wait there longer.
+func TestSplitWeighsTheStallAtBothEnds(t *testing.T) {
+	snap, m := modelOf(t, oneClassPolicy)
+	both := m.Pools[0]
+	prefill := both
+	prefill.Role = policies.RolePrefill
+	dg := &policies.Disaggregation{KVBytesPerToken: 1} // a transfer of microseconds
+	type end struct {
+		ttft, tpot, leg time.Duration
+		running         float64
+		cost            float64
+	}
+	cases := []struct {
+		name        string
+		decoder, pf end
+		pool        *policies.Pool
+		wantSplit   bool
+		tokens      float64 // uncached; 48,000 when 0
+	}{
+		{"the prefill would stall the decoder's batch", end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: time.Second, tpot: 40 * time.Millisecond, running: 10, cost: 1}, &both, true, 0},
+		{"the same, the split late for its TTFT target", end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: 6 * time.Second, tpot: 40 * time.Millisecond, running: 10, cost: 1}, &both, false, 0},
+		{"the prefill would stall the prefiller's batch, however cheap", end{ttft: time.Second, tpot: 40 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 0.1}, &both, false, 0},
+		{"a prefill pool's replica decodes nothing", end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1}, &prefill, true, 0},
+		{"as much stall at both ends, no sooner nor cheaper", end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1}, &both, false, 0},
+		// 700,000 tokens take 29 s at 24,000 a second: more than a decode's 256 tokens at 100 ms (the last rule).
+		{"a late split that spares the decoder a prefill longer than its decodes", end{ttft: time.Second, tpot: 70 * time.Millisecond, running: 10, cost: 1},
+			end{ttft: 6 * time.Second, tpot: 40 * time.Millisecond, running: 10, cost: 1}, &both, true, 700000},
+		{"no stall: sooner split", end{ttft: 3 * time.Second, leg: 100 * time.Millisecond, cost: 1},
+			end{ttft: 500 * time.Millisecond, cost: 1}, &both, true, 0},
+		{"no stall: the decode leg waits out the decoder's queue", end{ttft: 3 * time.Second, leg: 4 * time.Second, cost: 1},
+			end{ttft: 500 * time.Millisecond, cost: 1}, &both, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tokens := tc.tokens
+			if tokens == 0 {
+				tokens = 48000
+			}
+			cand := func(ep string, pool *policies.Pool, e end) scored {
+				return scored{endpoint: ep, pool: pool, prefillTPS: 24000, running: e.running,
+					speed: policies.PoolSpeed{PrefillTokensPerSecond: 24000, CostPerHour: e.cost},
+					pred:  Prediction{set: true, TTFT: e.ttft, TPOT: e.tpot, decodeLeg: e.leg, uncached: tokens}}
+			}
+			d := &decision{p: newMixedPicker(engines{}), snap: snap, in: Input{Model: m}, slo: true,
+				targets: policies.Targets{TTFT: 5 * time.Second, TPOT: 100 * time.Millisecond}, routing: policies.Routing{SLOMargin: 0.8},
+				predicted: []scored{cand("10.0.0.1:1", &both, tc.decoder), cand("10.0.0.2:1", tc.pool, tc.pf)}}
+			if got, _ := d.worthSplitting("10.0.0.1:1", "10.0.0.2:1", tc.pool, int(tokens), dg); got != tc.wantSplit {
+				t.Errorf("split %v, want %v", got, tc.wantSplit)
+			}
+		})
 	}
 }

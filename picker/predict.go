@@ -28,6 +28,12 @@ type Prediction struct {
 	// endpoint's own model never sees.
 	rtt      time.Duration
 	uncached float64
+	// prefillShare is the share of the endpoint's time its engine is prefilling at the decision (see
+	// prefillShare), over which TPOT is predicted, and which the observed TPOT is brought back from.
+	prefillShare float64
+	// decodeLeg is the TTFT a split's decode leg would see there, its KV cache pulled: the prefill ahead and
+	// the batch's slots awaited, not its own prompt (see worthSplitting).
+	decodeLeg time.Duration
 	// sentAt is when the request was sent (SLO placement's clock), which finds it among its endpoint's recent
 	// sends once it finishes.
 	sentAt time.Time
@@ -62,11 +68,16 @@ type Prediction struct {
 // run of observations alike can extrapolate below what the hardware can do, and promise a slow class a TTFT
 // it cannot give. Without a batch size the third feature is running ÷ 32 with no prior.
 //
-// TPOT is fitted on the running batch (running ÷ 32). When the pool states its batch size, its prior is the
-// hardware's step at a full batch, S ÷ decodeTokensPerSecond, half of it fixed (reading the weights) and half
-// growing with the batch (reading each sequence's KV cache): so a replica is not packed past the TPOT target
-// before it has reported its first TPOTs. Without a batch size TPOT is predicted only after
-// minTPOTObservations.
+// TPOT is fitted on the running batch (running ÷ 32), for the decode steps alone: with chunked prefill an engine
+// runs the prefills it admits in the steps its running requests decode in, so a step lasts its decode plus its
+// prefill chunk, and where prefill already sent takes a share ρ of the engine's next seconds (prefillShare), a
+// token comes every decode step ÷ (1 − ρ). The fit learns from observed TPOT × (1 − ρ) and predicts the decode
+// step ÷ (1 − ρ): a replica with long prompts to prefill (a P/D prefiller that also decodes, a replica that drew
+// a burst) is predicted slow to decode until they are done, and one that is done is not held to what it was. When
+// the pool states its batch size, the prior is the hardware's step at a full batch, S ÷ decodeTokensPerSecond,
+// half of it fixed (reading the weights) and half growing with the batch (reading each sequence's KV cache): so a
+// replica is not packed past the TPOT target before it has reported its first TPOTs. Without a batch size TPOT is
+// predicted only after minTPOTObservations.
 const (
 	stepPrior           = 0.025 // seconds: one engine step on the GPUs of the hardware table
 	runningScale        = 32.0
@@ -85,7 +96,7 @@ type endpointModel struct {
 	// endpoint's first requests at a tail a fraction of its real one.
 	spread    float64
 	residuals float64 // how many residuals spread has seen
-	// recent are the last sends there, newest at recent[next−1] (see aheadTokens).
+	// recent are the last sends there, newest at recent[next−1] (see aheadTokens and prefillShare).
 	recent [recentSends]sentPrompt
 	next   int
 }
@@ -95,25 +106,49 @@ type endpointModel struct {
 type sentPrompt struct {
 	at, firstBy time.Time
 	uncached    float64
+	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
+	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
+	remote bool
 }
 
-// prefilled forgets the send to ep that pd predicted among those still in prefill.
+// prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend).
 func (p *predictor) prefilled(ep string, pd Prediction) {
+	p.onSend(ep, pd, func(s *sentPrompt) { s.firstBy = time.Time{} })
+}
+
+// prefilledRemotely marks the send to ep that pd predicted as a split request's booking at its decoder, whose
+// prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share.
+func (p *predictor) prefilledRemotely(ep string, pd Prediction) {
+	p.onSend(ep, pd, func(s *sentPrompt) { s.remote = true })
+}
+
+// onSend applies f to the send to ep that pd predicted, while the endpoint's recent sends still hold it.
+func (p *predictor) onSend(ep string, pd Prediction, f func(*sentPrompt)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if m := p.eps[ep]; m != nil {
-		m.forgetSend(pd)
+		if s := m.sendOf(pd); s != nil {
+			f(s)
+		}
 	}
 }
 
-// forgetSend forgets the send pd predicted among those still in prefill.
+// forgetSend takes the send pd predicted out of those still in prefill (aheadTokens): its first token is out.
+// It stays among the recent sends, whose prefill the engine ran in the steps its decodes share (prefillShare).
 func (m *endpointModel) forgetSend(pd Prediction) {
+	if s := m.sendOf(pd); s != nil {
+		s.firstBy = time.Time{}
+	}
+}
+
+// sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
+func (m *endpointModel) sendOf(pd Prediction) *sentPrompt {
 	for i := range m.recent {
 		if s := &m.recent[i]; s.at.Equal(pd.sentAt) && s.uncached == pd.uncached && !s.at.IsZero() {
-			*s = sentPrompt{}
-			return
+			return s
 		}
 	}
+	return nil
 }
 
 // recentSends is how many of an endpoint's last sends the picker remembers: more than one replica prefills
@@ -144,6 +179,59 @@ func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) floa
 		}
 	}
 	return max(float64(c.queue)*mean+sinceReading, pending)
+}
+
+// prefillWindow is the time over which the prefill share is reckoned: about a request's decode
+// (priorServiceTokens at a step of tens of milliseconds). maxPrefillShare bounds the share: an engine whose steps
+// carry a full prefill chunk still decodes in each of them.
+const (
+	prefillWindow   = 10 * time.Second
+	maxPrefillShare = 0.9
+)
+
+// prefillShare is the share of the endpoint's engine time that goes to prefilling what this gateway sent it: the
+// uncached tokens of its sends there in the last prefillWindow, at speed (tokens a second), over the window. With
+// chunked prefill a running decode shares its steps with every prefill admitted while it runs, whether that
+// prefill's first token is out or not, so the share is of the sends made, not of the prefill still ahead. When
+// all recentSends fall within the window, older ones were forgotten, and the rate is reckoned over the span of
+// those remembered. A split's booking at its decoder does not count (its prefill runs on its prefiller). Other
+// gateway replicas' sends are not seen: with N replicas sharing an endpoint the share is about 1 ÷ N of the
+// engine's, and the fit takes the rest into the decode step, as it took all of it before the share was counted.
+func (m *endpointModel) prefillShare(speed float64, now time.Time) float64 {
+	var tokens float64
+	oldest, full := now, true
+	for i := range m.recent {
+		s := &m.recent[i]
+		if s.at.IsZero() || now.Sub(s.at) > prefillWindow {
+			full = false
+			continue
+		}
+		oldest = minTime(oldest, s.at)
+		if !s.remote {
+			tokens += s.uncached
+		}
+	}
+	span := prefillWindow
+	if full {
+		span = max(now.Sub(oldest), time.Second)
+	}
+	return min(maxPrefillShare, tokens/max(speed, 1)/span.Seconds())
+}
+
+// tpotWithPrefill is the TPOT pd predicted, had the endpoint's engine tokens more to prefill at speed within
+// the prefill window: the decode step, over what the prefill share then leaves (see prefillShare).
+func tpotWithPrefill(pd Prediction, tokens, speed float64) time.Duration {
+	step := pd.TPOT.Seconds() * (1 - pd.prefillShare)
+	share := min(maxPrefillShare, pd.prefillShare+tokens/max(speed, 1)/prefillWindow.Seconds())
+	return seconds(step / (1 - share))
+}
+
+// minTime is the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // predictTTFT is the endpoint's TTFT for features x (see features), never below the prefill time x[1] at the
@@ -327,9 +415,11 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	x := features(c, (ahead+uncached)/speed)
 	pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
+	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
 	pd.tail = m.tail(c, z)
+	pd.prefillShare = m.prefillShare(speed, now)
 	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
-		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
+		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)) / (1 - pd.prefillShare))
 	}
 	pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 	c.pred = pd
@@ -384,8 +474,8 @@ func decodeShare(c *scored) float64 {
 	return full * slots / batch
 }
 
-// sent records a request sent to ep (at pd.sentAt), for ū and the prefill ahead of the next ones (aheadTokens), and
-// the decision in its model's pressure and sacrifices (see noteDecision).
+// sent records a request sent to ep (at pd.sentAt), for ū, the prefill ahead of the next ones (aheadTokens) and
+// the prefill share (prefillShare), and the decision in its model's pressure and sacrifices (see noteDecision).
 func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrificed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -400,8 +490,8 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 	}
 }
 
-// sentPrefill records a split request's prefill leg among its prefiller's sends still in prefill, as sent does
-// a whole request's (the decision itself was counted at its decoder).
+// sentPrefill records a split request's prefill leg among its prefiller's sends, in the prefill ahead and the
+// prefill share, as sent does a whole request's (the decision itself was counted at its decoder).
 func (p *predictor) sentPrefill(ep string, pd Prediction) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -422,7 +512,7 @@ func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) 
 		m.ttft.observe(pd.ttftX, ttft.Seconds())
 	}
 	if tpot > 0 {
-		m.tpot.observe(pd.tpotX, tpot.Seconds())
+		m.tpot.observe(pd.tpotX, tpot.Seconds()*(1-pd.prefillShare))
 		m.tpotSeen++
 	}
 }

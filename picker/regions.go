@@ -157,7 +157,7 @@ func nearestOnly(eligible, all []scored, buf *[]scored) ([]scored, []scored) {
 }
 
 // addRTT makes a candidate's prediction what the gateway will see: the round trip to a remote region added to
-// its TTFT (at the mean, idle and for a follow-up).
+// its TTFT (at the mean, idle, for a follow-up and for a split's decode leg).
 func (c *scored) addRTT() {
 	if c.rtt <= 0 {
 		return
@@ -165,6 +165,7 @@ func (c *scored) addRTT() {
 	c.pred.rtt = c.rtt
 	c.pred.TTFT += c.rtt
 	c.pred.idle += c.rtt
+	c.pred.decodeLeg += c.rtt
 	c.grp.followTTFT += c.rtt
 }
 

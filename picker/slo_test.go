@@ -391,3 +391,114 @@ func TestFitExtrapolatesAGuardedFeatureAtTheSteeperSlope(t *testing.T) {
 		})
 	}
 }
+
+// The prefill share is the uncached tokens of the sends to an endpoint within the last prefillWindow, their first
+// token out or not, at its prefill speed, over the window (over the span of the sends remembered when all of
+// them fall within it), at most maxPrefillShare; a split's booking at its decoder does not count.
+func TestPrefillShare(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	full := make([]sentPrompt, recentSends) // every remembered send within the window, the oldest 4 s ago
+	for i := range full {
+		full[i] = sentPrompt{at: ago(time.Duration(i+1) * 4 * time.Second / recentSends), uncached: 1000}
+	}
+	cases := []struct {
+		name  string
+		sends []sentPrompt
+		want  float64
+	}{
+		{"nothing sent", nil, 0},
+		{"two long prompts within the window", []sentPrompt{{at: ago(time.Second), uncached: 30000}, {at: ago(5 * time.Second), uncached: 20000}}, 0.5},
+		{"one past the window", []sentPrompt{{at: ago(time.Second), uncached: 30000}, {at: ago(11 * time.Second), uncached: 20000}}, 0.3},
+		{"one with its first token out", []sentPrompt{{at: ago(time.Second), firstBy: now.Add(time.Second), uncached: 30000},
+			{at: ago(2 * time.Second), firstBy: now.Add(time.Second), uncached: 20000}}, 0.5},
+		{"a split's booking at its decoder", []sentPrompt{{at: ago(time.Second), uncached: 30000}, {at: ago(2 * time.Second), uncached: 20000, remote: true}}, 0.3},
+		{"more than the engine can prefill", []sentPrompt{{at: ago(time.Second), uncached: 500000}}, maxPrefillShare},
+		// 32 sends of 1,000 tokens in 4 s at 10,000 a second: 0.8 of the engine's time, not 0.32 over 10 s.
+		{"every remembered send within the window", full, 0.8},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var m endpointModel
+			copy(m.recent[:], tc.sends)
+			if tc.name == "one with its first token out" {
+				m.forgetSend(Prediction{sentAt: ago(2 * time.Second), uncached: 20000})
+				if got := m.aheadTokens(&scored{}, 0, now); got != 30000 {
+					t.Errorf("%.0f tokens still in prefill, want the other send's 30000", got)
+				}
+			}
+			if got := m.prefillShare(10000, now); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("share %.3f, want %.3f", got, tc.want)
+			}
+		})
+	}
+}
+
+// A prefill added to an endpoint's share slows its decodes by the share it takes of the window: the decode step
+// over 1 − (the share + the prefill's).
+func TestTPOTWithPrefill(t *testing.T) {
+	pd := Prediction{TPOT: 60 * time.Millisecond, prefillShare: 0.5} // a 30 ms decode step
+	cases := []struct {
+		tokens float64
+		want   time.Duration
+	}{
+		{0, 60 * time.Millisecond},
+		{25000, 120 * time.Millisecond}, // 2.5 s of a 10 s window at 10,000 tokens a second: 30 ms ÷ 0.25
+		{1e9, 300 * time.Millisecond},   // bounded at maxPrefillShare: 30 ms ÷ 0.1
+	}
+	for _, tc := range cases {
+		if got := tpotWithPrefill(pd, tc.tokens, 10000); got < tc.want-time.Microsecond || got > tc.want+time.Microsecond {
+			t.Errorf("%.0f tokens more: TPOT %v, want %v", tc.tokens, got, tc.want)
+		}
+	}
+}
+
+// A replica with long prompts to prefill decodes slowly until they are done (chunked prefill: its steps carry
+// the prefill): SLO placement predicts its TPOT over 1 − the prefill share, and learns its decode step from
+// the TPOTs observed at the share their requests were sent at.
+func TestTPOTPredictionCountsThePrefillShare(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	now := time.Unix(1000, 0)
+	p := newMixedPicker(idleEngines(nil))
+	p.Now = func() time.Time { return now }
+	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
+	tpots := func() map[string]time.Duration {
+		d, err := p.Pick(snap, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]time.Duration{}
+		for _, s := range d.Scores {
+			out[s.Endpoint] = s.TPOT
+		}
+		return out
+	}
+	before := tpots()
+	// 10.0.0.1 (an H200, 24,000 tokens a second) has 120,000 uncached tokens sent in the last 10 s still to
+	// prefill: half of its next 10 s.
+	p.pred.mu.Lock()
+	for i := range 4 {
+		p.pred.model("10.0.0.1:1", 0, 0, 0).recent[i] = sentPrompt{at: now.Add(-time.Duration(i+1) * time.Second), uncached: 30000}
+	}
+	p.pred.mu.Unlock()
+	after := tpots()
+	if got, want := after["10.0.0.1:1"], 2*before["10.0.0.1:1"]; got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Errorf("10.0.0.1 prefilling half its time: predicted TPOT %v, want twice its %v", got, before["10.0.0.1:1"])
+	}
+	if before["10.0.0.1:1"] <= 0 {
+		t.Fatalf("no TPOT predicted for 10.0.0.1: %v", before)
+	}
+	if d := after["10.0.0.2:1"] - before["10.0.0.2:1"]; d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("its twin 10.0.0.2 moved from %v to %v", before["10.0.0.2:1"], after["10.0.0.2:1"])
+	}
+	// Requests sent at that share decode at 60 ms a token: the decode step learnt is 30 ms, and once the prompts
+	// have left the window the endpoint is predicted at it.
+	d := Decision{Endpoints: []string{"10.0.0.1:1"}, Predicted: Prediction{set: true, prefillShare: 0.5, tpotX: [fitDims]float64{1, 0}}}
+	for range 200 {
+		p.ObserveTiming(m.Name, d, 0, 60*time.Millisecond)
+	}
+	now = now.Add(time.Minute)
+	if got := tpots()["10.0.0.1:1"]; got < 29*time.Millisecond || got > 31*time.Millisecond {
+		t.Errorf("learnt from 60 ms TPOTs at a prefill share of 0.5, then idle: predicted %v, want about 30ms", got)
+	}
+}
