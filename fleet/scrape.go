@@ -24,7 +24,11 @@ type EngineMetrics struct {
 	// Version is the engine version the metrics report (the version label of <dialect>:build_info), "" when
 	// the engine exports none; a rollout's compatibility gate compares it.
 	Version string
-	At      time.Time
+	// PromptTokens and CachedPromptTokens are the engine's counters of prompt tokens it prefilled and of those
+	// its prefix cache already held, since it started (0 when not exported): their growth between readings is
+	// the prefill it computed, every gateway replica's requests counted, where one replica sees only its own.
+	PromptTokens, CachedPromptTokens float64
+	At                               time.Time
 }
 
 // ParseFamilies reads a Prometheus text exposition with prometheus/common.

@@ -24,7 +24,7 @@ func TestDialects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.BlockSize != 16 || v.NumBlocks != 512 || v.Running != 0 || v.Waiting != 0 || v.KVUtil != 0 {
+	if v.BlockSize != 16 || v.NumBlocks != 512 || v.Running != 0 || v.Waiting != 0 || v.KVUtil != 0 || v.PromptTokens != 58 || v.CachedPromptTokens != 16 {
 		t.Errorf("vllm fixture: %+v", v)
 	}
 	tests := []struct {
@@ -39,6 +39,11 @@ func TestDialects(t *testing.T) {
 			EngineMetrics{KVUtil: 0.75, LoRAs: []string{"sql-lora", "chat-lora"}}},
 		{"vllm", "# TYPE vllm:build_info gauge\nvllm:build_info{version=\"0.11.0\"} 1\n", EngineMetrics{Version: "0.11.0"}},
 		{"sglang", "sglang:build_info{version=\"0.5.2\"} 1\n", EngineMetrics{Version: "0.5.2"}},
+		// Counters summed over the engine's models.
+		{"sglang", "# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name=\"a\"} 700\nsglang:prompt_tokens_total{model_name=\"b\"} 300\n# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name=\"a\"} 400\n",
+			EngineMetrics{PromptTokens: 1000, CachedPromptTokens: 400}},
+		{"vllm", "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} 5000\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} 1024\n",
+			EngineMetrics{PromptTokens: 5000, CachedPromptTokens: 1024}},
 	}
 	for _, tc := range tests {
 		got, err := Parse(strings.NewReader(tc.text), MustDialect(tc.engine))
@@ -47,7 +52,7 @@ func TestDialects(t *testing.T) {
 		}
 		if got.Running != tc.want.Running || got.Waiting != tc.want.Waiting || got.KVUtil != tc.want.KVUtil ||
 			got.BlockSize != tc.want.BlockSize || got.NumBlocks != tc.want.NumBlocks || strings.Join(got.LoRAs, ",") != strings.Join(tc.want.LoRAs, ",") ||
-			got.Version != tc.want.Version {
+			got.Version != tc.want.Version || got.PromptTokens != tc.want.PromptTokens || got.CachedPromptTokens != tc.want.CachedPromptTokens {
 			t.Errorf("%s: got %+v, want %+v", tc.engine, got, tc.want)
 		}
 	}

@@ -281,6 +281,13 @@ func (e *engine) snapshot() engineSnapshot {
 	return s
 }
 
+// promptCounters are the engine's prompt-token counters: admitted to prefill, and held by the prefix cache.
+func (e *engine) promptCounters() (prompt, cached int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.promptTokens, e.cacheHits
+}
+
 // busyTime is the simulated time the engine has spent stepping: what a fleet that scales to its load pays
 // GPU-hours for.
 func (e *engine) busyTime() time.Duration {

@@ -62,6 +62,9 @@ type reading struct {
 	LoRAs     []string `json:"loras,omitempty"`
 	Version   string   `json:"version,omitempty"`
 	Failed    bool     `json:"failed,omitempty"`
+	// The engine's prompt-token counters (fleet.EngineMetrics): bounded as totals, not checked against each other.
+	PromptTokens       float64 `json:"promptTokens,omitempty"`
+	CachedPromptTokens float64 `json:"cachedPromptTokens,omitempty"`
 	// AgeMS is how old the reading was when it was published: the receiver dates it by its own clock, so
 	// that clocks that disagree between hosts cannot make a reading look fresher than it is.
 	AgeMS float64 `json:"ageMs"`
@@ -74,7 +77,7 @@ func encode(origin string, rs []fleet.Reading, now time.Time) ([]byte, error) {
 		e := r.Metrics
 		m.Readings = append(m.Readings, reading{Addr: r.Addr, Running: e.Running, Waiting: e.Waiting, KVUtil: e.KVUtil,
 			BlockSize: e.BlockSize, NumBlocks: e.NumBlocks, LoRAs: e.LoRAs, Version: e.Version, Failed: r.Failed,
-			AgeMS: age(now, e.At, r.Failed)})
+			PromptTokens: e.PromptTokens, CachedPromptTokens: e.CachedPromptTokens, AgeMS: age(now, e.At, r.Failed)})
 	}
 	return json.Marshal(m)
 }
@@ -102,6 +105,7 @@ func decode(b []byte, now time.Time) (string, []fleet.Reading, error) {
 		}
 		out = append(out, fleet.Reading{Addr: r.Addr, Metrics: fleet.EngineMetrics{Running: r.Running, Waiting: r.Waiting,
 			KVUtil: r.KVUtil, BlockSize: r.BlockSize, NumBlocks: r.NumBlocks, LoRAs: r.LoRAs, Version: r.Version,
+			PromptTokens: r.PromptTokens, CachedPromptTokens: r.CachedPromptTokens,
 			At: now.Add(-time.Duration(r.AgeMS * float64(time.Millisecond)))}})
 	}
 	return m.Origin, out, nil
@@ -114,6 +118,8 @@ func (r *reading) check() error {
 		return errors.New("address")
 	case !count(r.Running) || !count(r.Waiting):
 		return errors.New("running or waiting")
+	case !tokenCount(r.PromptTokens) || !tokenCount(r.CachedPromptTokens):
+		return errors.New("prompt-token counters")
 	case !(r.KVUtil >= 0 && r.KVUtil <= 1):
 		return errors.New("KV utilisation outside 0..1")
 	case r.BlockSize < 0 || r.BlockSize > 1<<20 || r.NumBlocks < 0 || r.NumBlocks > 1<<31-1:
@@ -133,6 +139,10 @@ func (r *reading) check() error {
 
 // count is a finite non-negative number of requests.
 func count(v float64) bool { return v >= 0 && v <= 1e9 && !math.IsInf(v, 0) }
+
+// tokenCount says whether an engine's token counter is one: a count since the engine started, under 2^53, where a
+// float64 still counts single tokens.
+func tokenCount(v float64) bool { return v >= 0 && v <= 1<<53 }
 
 // age is a reading's age in milliseconds when published (0 for a failed one, which has no time).
 func age(now, at time.Time, failed bool) float64 {

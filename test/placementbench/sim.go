@@ -173,8 +173,9 @@ func (f *fleetState) scrape() {
 	f.mu.Lock()
 	for _, r := range f.replicas {
 		running, waiting, kv := r.eng.Load()
+		prompt, cached := r.eng.PromptCounters()
 		r.reading = fleet.EngineMetrics{Running: float64(running), Waiting: float64(waiting), KVUtil: kv, BlockSize: blockSize,
-			NumBlocks: r.class.numGPUBlocks, At: now}
+			NumBlocks: r.class.numGPUBlocks, PromptTokens: float64(prompt), CachedPromptTokens: float64(cached), At: now}
 	}
 	f.mu.Unlock()
 	if f.onRound != nil {
