@@ -79,6 +79,20 @@ func sum(fams map[string]*dto.MetricFamily, names ...string) float64 {
 	return 0
 }
 
+// tokenCounter is a token counter's sum over its series, 0 when the engine exports none or a value no counter
+// of tokens takes (negative, not finite, 2^53 or more, where a float64 no longer counts single tokens): the
+// relay's wire and the picker trust it as such.
+func tokenCounter(fams map[string]*dto.MetricFamily, name string) float64 {
+	v := sum(fams, name)
+	if !(v >= 0 && v <= maxTokenCount) {
+		return 0
+	}
+	return v
+}
+
+// maxTokenCount is the largest token count a float64 holds to the token: 2^53 − 1.
+const maxTokenCount = 1<<53 - 1
+
 // Value is a sample's value, whatever its type (gauge, counter, untyped): engines and gateways export the
 // same facts under different types.
 func Value(m *dto.Metric) float64 {

@@ -16,8 +16,8 @@ func (sglang) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 		Running:            sum(f, "sglang:num_running_reqs"),
 		Waiting:            sum(f, "sglang:num_queue_reqs"),
 		KVUtil:             sum(f, "sglang:token_usage"),
-		PromptTokens:       sum(f, "sglang:prompt_tokens_total"),
-		CachedPromptTokens: sum(f, "sglang:cached_tokens_total"),
+		PromptTokens:       tokenCounter(f, "sglang:prompt_tokens_total"),
+		CachedPromptTokens: tokenCounter(f, "sglang:cached_tokens_total"),
 	}
 	if m, ok := first(f, "sglang:cache_config_info"); ok {
 		em.BlockSize, _ = strconv.Atoi(Label(m, "page_size"))

@@ -24,9 +24,11 @@ type EngineMetrics struct {
 	// Version is the engine version the metrics report (the version label of <dialect>:build_info), "" when
 	// the engine exports none; a rollout's compatibility gate compares it.
 	Version string
-	// PromptTokens and CachedPromptTokens are the engine's counters of prompt tokens it prefilled and of those
-	// its prefix cache already held, since it started (0 when not exported): their growth between readings is
-	// the prefill it computed, every gateway replica's requests counted, where one replica sees only its own.
+	// PromptTokens and CachedPromptTokens are the engine's counters, since it started, of the prompt tokens of
+	// its requests and of those its prefix cache (or a KV connector) already held (0 when not exported). The
+	// growth of the first less the second's between readings is the prefill it computed, every gateway
+	// replica's requests counted, where one replica sees only its own; engines count the two at different
+	// moments of a request, so a consumer floors that difference at 0.
 	PromptTokens, CachedPromptTokens float64
 	At                               time.Time
 }

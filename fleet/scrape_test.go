@@ -42,8 +42,11 @@ func TestDialects(t *testing.T) {
 		// Counters summed over the engine's models.
 		{"sglang", "# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name=\"a\"} 700\nsglang:prompt_tokens_total{model_name=\"b\"} 300\n# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name=\"a\"} 400\n",
 			EngineMetrics{PromptTokens: 1000, CachedPromptTokens: 400}},
-		{"vllm", "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} 5000\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} 1024\n",
-			EngineMetrics{PromptTokens: 5000, CachedPromptTokens: 1024}},
+		{"vllm", "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} 5000\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} 1024\n# TYPE vllm:external_prefix_cache_hits_total counter\nvllm:external_prefix_cache_hits_total{model_name=\"m\"} 2048\n",
+			EngineMetrics{PromptTokens: 5000, CachedPromptTokens: 3072}},
+		// Not a count of tokens: 0, as when not exported.
+		{"vllm", "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} +Inf\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} 1e17\n",
+			EngineMetrics{}},
 	}
 	for _, tc := range tests {
 		got, err := Parse(strings.NewReader(tc.text), MustDialect(tc.engine))

@@ -281,7 +281,8 @@ func (e *engine) snapshot() engineSnapshot {
 	return s
 }
 
-// promptCounters are the engine's prompt-token counters: admitted to prefill, and held by the prefix cache.
+// promptCounters are the engine's prompt-token counters: admitted to prefill, and held by the prefix cache. Apart
+// from snapshot, which empties the TTFTs /metrics has not reported yet.
 func (e *engine) promptCounters() (prompt, cached int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -52,6 +52,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"an age over a minute", `{"origin":"x","readings":[{"addr":"a","ageMs":600000}]}`},
 		{"a negative prompt-token counter", `{"origin":"x","readings":[{"addr":"a","promptTokens":-1,"ageMs":0}]}`},
 		{"a cached-token counter past 2^53", `{"origin":"x","readings":[{"addr":"a","cachedPromptTokens":1e300,"ageMs":0}]}`},
+		{"a prompt-token counter just past 2^53", `{"origin":"x","readings":[{"addr":"a","promptTokens":9007199254740994,"ageMs":0}]}`},
 		{"a huge block count", `{"origin":"x","readings":[{"addr":"a","numBlocks":99999999999,"ageMs":0}]}`},
 		{"a long address", `{"origin":"x","readings":[{"addr":"` + strings.Repeat("a", 300) + `","ageMs":0}]}`},
 		{"too large", `{"origin":"` + strings.Repeat("x", MaxMessageBytes) + `"}`},
@@ -71,7 +72,7 @@ func FuzzDecode(f *testing.F) {
 	msg, _ := encode("o", []fleet.Reading{{Addr: "a:1", Metrics: fleet.EngineMetrics{Running: 1, KVUtil: 0.5, At: now}}}, now)
 	f.Add(msg)
 	f.Add([]byte(`{"origin":"x","readings":[{"addr":"a","running":1e308,"ageMs":0}]}`))
-	f.Add([]byte(`{"origin":"x","readings":[{"addr":"a","promptTokens":9007199254740993,"cachedPromptTokens":5,"ageMs":0}]}`))
+	f.Add([]byte(`{"origin":"x","readings":[{"addr":"a","promptTokens":1e16,"cachedPromptTokens":5,"ageMs":0}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, rs, err := decode(b, now)
 		if err != nil {
@@ -80,7 +81,7 @@ func FuzzDecode(f *testing.F) {
 		for _, r := range rs {
 			m := r.Metrics
 			if r.Addr == "" || m.Running < 0 || m.Waiting < 0 || m.KVUtil < 0 || m.KVUtil > 1 || m.At.After(now) || now.Sub(m.At) > maxAge ||
-				m.PromptTokens < 0 || m.PromptTokens > 1<<53 || m.CachedPromptTokens < 0 || m.CachedPromptTokens > 1<<53 {
+				m.PromptTokens < 0 || m.PromptTokens >= 1<<53 || m.CachedPromptTokens < 0 || m.CachedPromptTokens >= 1<<53 {
 				t.Fatalf("accepted %+v", r)
 			}
 		}
