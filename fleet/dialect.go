@@ -84,14 +84,15 @@ func sum(fams map[string]*dto.MetricFamily, names ...string) float64 {
 // relay's wire and the picker trust it as such.
 func tokenCounter(fams map[string]*dto.MetricFamily, name string) float64 {
 	v := sum(fams, name)
-	if !(v >= 0 && v <= maxTokenCount) {
+	if !(v >= 0 && v <= MaxTokenCount) {
 		return 0
 	}
 	return v
 }
 
-// maxTokenCount is the largest token count a float64 holds to the token: 2^53 − 1.
-const maxTokenCount = 1<<53 - 1
+// MaxTokenCount is the largest token count a float64 holds to the token, 2^53 − 1: the bound on an engine's
+// token counters wherever they are read (here and on the relay's wire).
+const MaxTokenCount = 1<<53 - 1
 
 // Value is a sample's value, whatever its type (gauge, counter, untyped): engines and gateways export the
 // same facts under different types.

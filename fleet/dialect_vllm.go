@@ -20,7 +20,7 @@ func (vllm) Read(f map[string]*dto.MetricFamily) EngineMetrics {
 		KVUtil:       sum(f, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 		PromptTokens: tokenCounter(f, "vllm:prompt_tokens_total"),
 		// A KV cache pulled through a connector (a P/D decoder's, an offload tier's) counts as external hits.
-		CachedPromptTokens: min(tokenCounter(f, "vllm:prefix_cache_hits_total")+tokenCounter(f, "vllm:external_prefix_cache_hits_total"), maxTokenCount),
+		CachedPromptTokens: min(tokenCounter(f, "vllm:prefix_cache_hits_total")+tokenCounter(f, "vllm:external_prefix_cache_hits_total"), MaxTokenCount),
 	}
 	if m, ok := first(f, "vllm:cache_config_info"); ok {
 		em.BlockSize, _ = strconv.Atoi(Label(m, "block_size"))

@@ -199,8 +199,9 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	if dg.Split == policies.SplitPastThreshold {
 		return true, ttft
 	}
+	running := d.runningOf(decoder, c)
 	if pf != nil && c.pred.TPOT > 0 {
-		onDecoder := d.stallHarm(c, c.pred.uncached, d.runningOf(decoder, c))
+		onDecoder := d.stallHarm(c, c.pred.uncached, running)
 		onPrefiller := 0.0
 		if prefillPool.Role != policies.RolePrefill {
 			onPrefiller = d.stallHarm(pf, pf.pred.uncached, d.runningOf(prefiller, pf))
@@ -215,7 +216,6 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 	if split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
 		return true, ttft
 	}
-	running := d.runningOf(decoder, c)
 	tpot := d.targets.TPOT.Seconds()
 	if running < 1 || tpot <= 0 {
 		return false, 0

@@ -113,7 +113,7 @@ type sentPrompt struct {
 
 // prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend).
 func (p *predictor) prefilled(ep string, pd Prediction) {
-	p.onSend(ep, pd, func(s *sentPrompt) { s.firstBy = time.Time{} })
+	p.onSend(ep, pd, (*sentPrompt).prefilled)
 }
 
 // prefilledRemotely marks the send to ep that pd predicted as a split request's booking at its decoder, whose
@@ -137,9 +137,12 @@ func (p *predictor) onSend(ep string, pd Prediction, f func(*sentPrompt)) {
 // It stays among the recent sends, whose prefill the engine ran in the steps its decodes share (prefillShare).
 func (m *endpointModel) forgetSend(pd Prediction) {
 	if s := m.sendOf(pd); s != nil {
-		s.firstBy = time.Time{}
+		s.prefilled()
 	}
 }
+
+// prefilled marks the send's first token out: it leaves the prefill ahead (aheadTokens), not the share.
+func (s *sentPrompt) prefilled() { s.firstBy = time.Time{} }
 
 // sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
 func (m *endpointModel) sendOf(pd Prediction) *sentPrompt {

@@ -140,9 +140,9 @@ func (r *reading) check() error {
 // count is a finite non-negative number of requests.
 func count(v float64) bool { return v >= 0 && v <= 1e9 && !math.IsInf(v, 0) }
 
-// tokenCount says whether an engine's token counter is one: a count since the engine started, under 2^53, where a
-// float64 still counts single tokens.
-func tokenCount(v float64) bool { return v >= 0 && v < 1<<53 }
+// tokenCount says whether an engine's token counter is one: a count since the engine started, within
+// fleet.MaxTokenCount.
+func tokenCount(v float64) bool { return v >= 0 && v <= fleet.MaxTokenCount }
 
 // age is a reading's age in milliseconds when published (0 for a failed one, which has no time).
 func age(now, at time.Time, failed bool) float64 {
