@@ -30,6 +30,9 @@ const (
 type leases struct {
 	mu    sync.Mutex
 	byKey map[string]*lease
+	// answered is closed (and cleared) when a top-up is answered, for the requests waiting on one; nil while
+	// nobody waits.
+	answered chan struct{}
 }
 
 type lease struct {
@@ -157,6 +160,9 @@ func (ls *leases) restore(now time.Time, t *Ticket) {
 	for i := range t.entries {
 		e := &t.entries[i]
 		if l := ls.lookup(now, t.Tenant, e, e.covered); l != nil {
+			if e.extra > 0 {
+				ls.answer()
+			}
 			l.asked = max(0, l.asked-e.extra)
 			if e.covered && e.kind == KindConcurrency {
 				l.free = append(l.free, slot{e.member, e.memberExp})
@@ -178,6 +184,9 @@ func (ls *leases) grant(now time.Time, tenant, id string, entries []entry, grant
 		var g int64
 		if i < len(granted) {
 			g = granted[i]
+		}
+		if e.extra > 0 {
+			ls.answer()
 		}
 		l := ls.lookup(now, tenant, e, g > 0)
 		if l == nil {
@@ -290,16 +299,38 @@ func (ls *leases) sweep(now time.Time, all bool) []handBack {
 }
 
 // holds reports whether the lease of the entry a rejection names now holds enough for the request, which a
-// Redis rejection can mean when a concurrent top-up for this gateway took the limit's last units.
-func (ls *leases) holds(now time.Time, t *Ticket, rej *Rejection) bool {
+// Redis rejection can mean when a concurrent top-up for this gateway took the limit's last units. While it
+// does not and a top-up is on its way to that lease, it also returns a channel closed when the next top-up
+// is answered.
+func (ls *leases) holds(now time.Time, t *Ticket, rej *Rejection) (enough bool, answered <-chan struct{}) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	for i := range t.entries {
 		e := &t.entries[i]
-		if e.kind == rej.Kind && e.scope == rej.Scope {
-			l := ls.lookup(now, t.Tenant, e, false)
-			return l != nil && l.have() >= max(1, e.amount)
+		if e.kind != rej.Kind || e.scope != rej.Scope {
+			continue
 		}
+		l := ls.lookup(now, t.Tenant, e, false)
+		switch {
+		case l == nil:
+			return false, nil
+		case l.have() >= max(1, e.amount):
+			return true, nil
+		case l.asked == 0:
+			return false, nil
+		}
+		if ls.answered == nil {
+			ls.answered = make(chan struct{})
+		}
+		return false, ls.answered
 	}
-	return false
+	return false, nil
+}
+
+// answer wakes the requests waiting for a top-up; the caller holds mu.
+func (ls *leases) answer() {
+	if ls.answered != nil {
+		close(ls.answered)
+		ls.answered = nil
+	}
 }

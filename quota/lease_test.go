@@ -179,3 +179,62 @@ func TestLeaseExhaustedFallsBackToRedis(t *testing.T) {
 		t.Errorf("admitted %d of 150 under 100 requests/s, want exactly 100 from one gateway", admitted)
 	}
 }
+
+// A request Redis rejects while a top-up is on its way to this gateway's lease waits for that top-up (at most
+// the Redis timeout): the top-up may hold the limit's last units, and rejecting without it admits fewer than
+// the limit until the next request comes. Without an answer it is rejected once the timeout passes.
+func TestRejectionAwaitsTopUpOnItsWay(t *testing.T) {
+	for _, answered := range []bool{true, false} {
+		t.Run(map[bool]string{true: "answered", false: "never answered"}[answered], func(t *testing.T) {
+			srv := redistest.Start(t)
+			snap, tn, m := policy(t, "requestsPerSecond: 100", "redisTimeout: 300ms")
+			c := &clock{now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
+			l := newLimiter(t, srv.Addr, false, c)
+			for range 200 { // the window's limit used up, and the lease with it
+				if _, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1)); err != nil {
+					t.Fatal(err)
+				} else if rej != nil {
+					break
+				}
+			}
+			key, lease := onlyLease(t, l)
+			l.leases.mu.Lock()
+			lease.asked = 1 // a top-up Redis counted and has not answered yet
+			l.leases.mu.Unlock()
+
+			done := make(chan *Rejection)
+			go func() {
+				_, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1))
+				if err != nil {
+					t.Error(err)
+				}
+				done <- rej
+			}()
+			wait.For(t, "the rejected request waiting for the top-up", func() bool {
+				l.leases.mu.Lock()
+				defer l.leases.mu.Unlock()
+				return l.leases.answered != nil
+			})
+			if answered {
+				topUp := []entry{{kind: KindRequests, key: key, covered: true, extra: 1}}
+				l.leases.grant(c.Now(), tn.Name, "refill", topUp, []int64{1})
+			}
+			if rej := <-done; (rej == nil) != answered {
+				t.Fatalf("rejection %v, want admitted only when the top-up is answered", rej)
+			}
+		})
+	}
+}
+
+func onlyLease(t *testing.T, l *Limiter) (string, *lease) {
+	t.Helper()
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	if len(l.leases.byKey) != 1 {
+		t.Fatalf("%d leases, want 1", len(l.leases.byKey))
+	}
+	for key, lease := range l.leases.byKey {
+		return key, lease
+	}
+	return "", nil
+}

@@ -254,8 +254,8 @@ func mayHaveRun(err error) bool {
 
 // admitShared admits against the shared quotas: from this gateway's leases when they cover every entry,
 // otherwise through Redis (which also tops the leases up). A rejection by Redis is retried once when the
-// leases received what the request needs in the meantime: a concurrent top-up may have taken the last of a
-// limit for this very gateway.
+// leases receive what the request needs, in the meantime or from a top-up on its way (awaitTopUp): a
+// concurrent top-up may have taken the last of a limit for this very gateway.
 func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replicas int) (*Rejection, error) {
 	for attempt := 0; ; attempt++ {
 		all, refill := l.leases.cover(r.Now, t, r.Snapshot.LeaseFraction(), replicas)
@@ -278,7 +278,7 @@ func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replica
 		if err != nil || rej != nil {
 			l.leases.restore(r.Now, t)
 		}
-		if rej != nil && attempt == 0 && l.leases.holds(r.Now, t, rej) {
+		if rej != nil && attempt == 0 && l.awaitTopUp(ctx, r, t, rej) {
 			continue
 		}
 		if err == nil && rej == nil {
@@ -286,6 +286,25 @@ func (l *Limiter) admitShared(ctx context.Context, r Request, t *Ticket, replica
 			l.leases.grant(r.Now, t.Tenant, t.ID, t.entries, granted)
 		}
 		return rej, err
+	}
+}
+
+// awaitTopUp reports whether the lease of the entry a rejection names holds what the request needs, once the
+// top-ups on their way to it are answered (for at most the Redis timeout). Such a top-up may hold the limit's
+// last units for this very gateway: rejecting without it would admit fewer than the limit.
+func (l *Limiter) awaitTopUp(ctx context.Context, r Request, t *Ticket, rej *Rejection) bool {
+	cctx, cancel := context.WithTimeout(ctx, r.Snapshot.RedisTimeout())
+	defer cancel()
+	for {
+		enough, answered := l.leases.holds(r.Now, t, rej)
+		if enough || answered == nil {
+			return enough
+		}
+		select {
+		case <-answered:
+		case <-cctx.Done():
+			return false
+		}
 	}
 }
 
