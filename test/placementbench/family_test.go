@@ -113,3 +113,35 @@ func TestMisstatedSpeedsAreOnlyStated(t *testing.T) {
 		t.Error("misstating changed the simulated hardware")
 	}
 }
+
+// Gateway replicas (-gateways) take requests in turn and learn each other's placements over the sim's bus: a
+// run is reproducible, accounts for every request, and keeps about one replica's prefix-cache hits, where
+// replicas deciding alone would each place every group afresh.
+func TestGatewayReplicasSharePlacements(t *testing.T) {
+	sc := newPDScenario(pdBase, 8, "affinity") // 80 % of chat on eight groups' shared prefixes at a time
+	work := sc.pd.workload(20*time.Second, 1)
+	cachedShare := func(gateways int) float64 {
+		sc.gateways = gateways
+		first := newGateway(sc, rowAggregated, 0, 1).run(work, 30*time.Second)
+		if again := newGateway(sc, rowAggregated, 0, 1).run(work, 30*time.Second); !slices.Equal(first, again) {
+			t.Errorf("%d replicas: two runs of one scenario and seed differ", gateways)
+		}
+		var cached, prompt, served int
+		for _, o := range first {
+			if o.served {
+				served++
+				cached += o.cached
+				prompt += o.prompt
+			}
+		}
+		if served != len(work) {
+			t.Errorf("%d replicas served %d of %d", gateways, served, len(work))
+		}
+		return float64(cached) / float64(max(1, prompt))
+	}
+	one, four := cachedShare(1), cachedShare(4)
+	t.Logf("prompt tokens cached: one replica %.3f, four %.3f", one, four)
+	if four < one-0.02 {
+		t.Errorf("four replicas sharing placements cached %.3f of prompt tokens, one %.3f", four, one)
+	}
+}

@@ -57,8 +57,7 @@ type gateway struct {
 	snap     *policies.Snapshot
 	model    *policies.Model
 	tenant   *policies.Tenant
-	inflight *fleet.InFlight
-	picker   picker.Picker
+	replicas []gatewayReplica // request i is decided by replicas[i mod n] (-gateways)
 	queue    *admission.Queue
 	classOf  map[string]int
 	rr       atomic.Uint64
@@ -78,7 +77,7 @@ type gateway struct {
 func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gateway {
 	sm := &sim{}
 	fl, endpoints := newFleet(sc, sm)
-	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, inflight: &fleet.InFlight{}, classOf: map[string]int{},
+	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, classOf: map[string]int{},
 		lagMean: lag, lagRNG: rand.New(rand.NewPCG(seed, uint64(sc.id)))}
 	placement := policies.PlacementSLO
 	if row == rowAffinity || row == rowLeast || row == rowRR {
@@ -100,15 +99,25 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 			g.eps = append(g.eps, e)
 		}
 	}
-	switch row {
-	case rowLeast:
-		g.picker = &picker.LeastInFlight{InFlight: g.inflight}
-	case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill:
-		a := picker.NewAffinity(g.inflight, fl)
-		a.ChurnEvery = -1
-		a.Now = g.sim.Now // the sim's readings are stamped in simulated time
-		a.PolicyChanged(snap)
-		g.picker = a
+	g.replicas = make([]gatewayReplica, max(1, sc.gateways))
+	bus := &placementBus{sim: sm}
+	for k := range g.replicas {
+		r := &g.replicas[k]
+		r.inflight = &fleet.InFlight{}
+		switch row {
+		case rowLeast:
+			r.picker = &picker.LeastInFlight{InFlight: r.inflight}
+		case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill:
+			a := picker.NewAffinity(r.inflight, fl)
+			a.ChurnEvery = -1
+			a.Now = g.sim.Now // the sim's readings are stamped in simulated time
+			if len(g.replicas) > 1 {
+				// Replicas share their placements, as infergate serve's do over Redis (share.go in picker).
+				a.Placements, a.ChurnEvery = bus.join(a), picker.DefaultChurnEvery
+			}
+			a.PolicyChanged(snap)
+			r.picker = a
+		}
 	}
 	if row == rowQueue {
 		g.queue = admission.New(sm, nil)
@@ -116,6 +125,15 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	}
 	return g
 }
+
+// gatewayReplica is one gateway replica: its picker and its own count of requests in flight.
+type gatewayReplica struct {
+	picker   picker.Picker
+	inflight *fleet.InFlight
+}
+
+// rep is the replica that decides request i: a load balancer in front of the replicas takes them in turn.
+func (g *gateway) rep(i int) *gatewayReplica { return &g.replicas[i%len(g.replicas)] }
 
 // run plays the workload and returns every request's outcome.
 func (g *gateway) run(work []request, d time.Duration) []outcome {
@@ -139,21 +157,21 @@ func (g *gateway) arrive(i int, r *request) {
 		g.queued(i, r)
 	default:
 		req := parsed(r, g.sc.model)
-		d, err := g.pick(req, picker.Input{})
+		d, err := g.pick(i, req, picker.Input{})
 		req.Release()
 		if err != nil {
 			return // no endpoint: not served
 		}
-		g.inflight.Start(d.Target(g.sc.model))
+		g.rep(i).inflight.Start(d.Target(g.sc.model))
 		g.send(i, r, d.Endpoints[0], &d)
 	}
 }
 
 // pick asks the row's picker, timing the decision on the machine's clock.
-func (g *gateway) pick(req *openai.Request, in picker.Input) (picker.Decision, error) {
+func (g *gateway) pick(i int, req *openai.Request, in picker.Input) (picker.Decision, error) {
 	in.Model, in.Tenant, in.Request = g.model, g.tenant, req
 	start := time.Now()
-	d, err := g.picker.Pick(g.snap, in)
+	d, err := g.rep(i).picker.Pick(g.snap, in)
 	took := time.Since(start)
 	g.decideMu.Lock()
 	g.decide = append(g.decide, took)
@@ -169,12 +187,12 @@ func (g *gateway) queued(i int, r *request) {
 	in := picker.Input{Queueing: true}
 	if g.queue.Len(g.sc.model) == 0 {
 		req := parsed(r, g.sc.model)
-		d, err := g.pick(req, in)
+		d, err := g.pick(i, req, in)
 		req.Release()
 		var nc *picker.NoCapacity
 		switch {
 		case err == nil:
-			g.inflight.Start(d.Target(g.sc.model))
+			g.rep(i).inflight.Start(d.Target(g.sc.model))
 			g.send(i, r, d.Endpoints[0], &d)
 			return
 		case !errors.As(err, &nc) || !nc.Saturated:
@@ -187,11 +205,11 @@ func (g *gateway) queued(i int, r *request) {
 		Deadline: arrived.Add(g.sc.ttft),
 		Try: func() admission.TryResult {
 			in.Waited = g.sim.Now().Sub(arrived)
-			d, err := g.pick(req, in)
+			d, err := g.pick(i, req, in)
 			if err != nil {
 				return admission.NoRoom
 			}
-			g.inflight.Start(d.Target(g.sc.model))
+			g.rep(i).inflight.Start(d.Target(g.sc.model))
 			g.send(i, r, d.Endpoints[0], &d)
 			return admission.Placed
 		}}
@@ -246,7 +264,7 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 	}
 	first := func() {
 		if d != nil { // the first token's chunk passes the gateway: the picker's own prefill count forgets it
-			g.sim.after(g.lag(), func() { g.picker.Prefilled(dec) })
+			g.sim.after(g.lag(), func() { g.rep(i).picker.Prefilled(dec) })
 		}
 	}
 	if dec.Prefill != "" {
@@ -255,7 +273,7 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 	}
 	g.fleet.submit(addr, tokens, r.output, first, func(q *fleetsim.Sequence, err error) {
 		if d != nil {
-			g.inflight.Done(dec.Target(g.sc.model))
+			g.rep(i).inflight.Done(dec.Target(g.sc.model))
 		}
 		if err != nil {
 			return // refused by the engine (longer than its KV cache): not served
@@ -270,8 +288,8 @@ func (g *gateway) forward(i int, r *request, addr string, d *picker.Decision) {
 		o.long, o.arrived = r.long, r.at
 		g.out[i] = o
 		if d != nil {
-			g.picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
-			g.picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent)+g.lag(), o.tpot)
+			g.rep(i).picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
+			g.rep(i).picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent)+g.lag(), o.tpot)
 		}
 		if g.queue != nil {
 			g.queue.Kick(g.sc.model)

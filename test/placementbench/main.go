@@ -41,6 +41,7 @@ func main() {
 	pick := flag.Int("scenario", -1, "run only this scenario of the family (with -v: its rows' class shares)")
 	misstate := flag.Float64("misstate", 1, "an operator's wrong speeds: the policy states every other class's prefill and decode speeds this many times their real ones, the rest this many times slower")
 	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
+	gateways := flag.Int("gateways", 1, "gateway replicas sharing each fleet, taking requests in turn and sharing their placements; the queue row runs only with one")
 	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
 	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
 	pdPlacements := flag.String("pd-placements", "slo,affinity", "the P/D bench's routing.placement for every row, one table each")
@@ -49,12 +50,12 @@ func main() {
 	if *pd {
 		start := time.Now()
 		for pl := range strings.SplitSeq(*pdPlacements, ",") {
-			runPD(strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration)
+			runPD(strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration, *gateways)
 		}
 		if *pdFleets > 0 {
 			fleets := pdFamily(*pdFleets, *familySeed)
 			for pl := range strings.SplitSeq(*pdPlacements, ",") {
-				runPDFamily(fleets, strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration, *parallel)
+				runPDFamily(fleets, strings.TrimSpace(pl), parseRates(*pdRates), *seeds, *duration, *parallel, *gateways)
 			}
 		}
 		fmt.Printf("\nRan in %s.\n", time.Since(start).Round(time.Second))
@@ -67,7 +68,7 @@ func main() {
 	family := make([]scenario, *n)
 	for i := range family {
 		family[i] = generate(i, *familySeed)
-		family[i].lag, family[i].misstate = *lag, *misstate
+		family[i].lag, family[i].misstate, family[i].gateways = *lag, *misstate, *gateways
 	}
 	if *pick >= 0 && *pick < *n {
 		family = family[*pick : *pick+1]
@@ -75,6 +76,9 @@ func main() {
 	fmt.Printf("Family: %d scenarios (seed %d) × %d arrival seeds, %s of simulated time each", *n, *familySeed, *seeds, *duration)
 	if *lag > 0 {
 		fmt.Printf("; a starved gateway, its own delays %s on average", *lag)
+	}
+	if *gateways > 1 {
+		fmt.Printf("; %d gateway replicas sharing placements", *gateways)
 	}
 	if *misstate != 1 {
 		fmt.Printf("; the policy states the classes' speeds %g× and 1/%g× their real ones in turn", *misstate, *misstate)
@@ -87,6 +91,9 @@ func main() {
 	}
 	selected := make([]string, 0, len(rows))
 	for _, r := range rows {
+		if r == rowQueue && *gateways > 1 {
+			continue // one admission queue per replica is not simulated
+		}
 		if r == rowRR || r == rowAffinity || loadgen.Selected(*only, r, rowRR) {
 			selected = append(selected, r)
 		}

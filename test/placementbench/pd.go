@@ -184,7 +184,7 @@ func (p *pdScenario) duringBurst(t time.Duration) bool {
 // reported are the prefill leg's, as llm-d's sidecar rewrites them.
 func (g *gateway) split(i int, r *request, addr string, dec picker.Decision, tokens []string, sent time.Time) {
 	arrived := epoch.Add(r.at)
-	done := func() { g.inflight.Done(dec.Target(g.sc.model)) }
+	done := func() { g.rep(i).inflight.Done(dec.Target(g.sc.model)) }
 	g.fleet.submit(dec.Prefill, tokens, 1, func() {}, func(pq *fleetsim.Sequence, err error) {
 		if err != nil {
 			done()
@@ -196,7 +196,7 @@ func (g *gateway) split(i int, r *request, addr string, dec picker.Decision, tok
 		prefillCached := pq.Cached()
 		g.sim.after(transfer, func() {
 			g.fleet.byAddr[addr].eng.ImportKV(tokens)
-			g.fleet.submit(addr, tokens, r.output, func() { g.picker.Prefilled(dec) }, func(q *fleetsim.Sequence, err error) {
+			g.fleet.submit(addr, tokens, r.output, func() { g.rep(i).picker.Prefilled(dec) }, func(q *fleetsim.Sequence, err error) {
 				done()
 				if err != nil {
 					return
@@ -208,8 +208,8 @@ func (g *gateway) split(i int, r *request, addr string, dec picker.Decision, tok
 				}
 				o.good = o.ttft <= g.sc.ttftFor(r) && o.tpot <= g.sc.tpot
 				g.out[i] = o
-				g.picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
-				g.picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent), o.tpot)
+				g.rep(i).picker.Observe(dec, openai.Usage{PromptTokens: int64(o.prompt), CachedTokens: int64(o.cached), CachedReported: true})
+				g.rep(i).picker.ObserveTiming(g.sc.model, dec, q.FirstToken().Sub(sent), o.tpot)
 			})
 		})
 	})

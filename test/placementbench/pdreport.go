@@ -67,10 +67,11 @@ func measure(sc *scenario, out []outcome, d time.Duration, fleetUSDPerHour float
 type pdResults map[float64]map[string][]pdRun
 
 // simulatePD sweeps the chat rate on fleet f: at each, each of rows runs on the same arrivals of each seed.
-func simulatePD(f pdFleet, placement string, rows []string, rates []float64, seeds int, d time.Duration) pdResults {
+func simulatePD(f pdFleet, placement string, rows []string, rates []float64, seeds int, d time.Duration, gateways int) pdResults {
 	results := pdResults{}
 	for _, rate := range rates {
 		sc := newPDScenario(f, rate, placement)
+		sc.gateways = gateways
 		fleetUSD := 0.0
 		for _, c := range sc.classes {
 			fleetUSD += float64(c.replicas) * c.price
@@ -89,12 +90,12 @@ func simulatePD(f pdFleet, placement string, rows []string, rates []float64, see
 }
 
 // runPD prints the sweep on the base fleet, row by row, and issue #38's targets.
-func runPD(placement string, rates []float64, seeds int, d time.Duration) {
+func runPD(placement string, rates []float64, seeds int, d time.Duration, gateways int) {
 	fmt.Printf("P/D bench, routing.placement %s: a 70B model (FP8 KV, 160 KiB a token) on %s ($3.50/h and $2.20/h), the same fleet in every row.\n", placement, pdBase)
 	fmt.Printf("Workload: shared-prefix chat at the rate shown (TTFT ≤ 1 s, TPOT ≤ 80 ms) and, every 15 s, a burst of 2-5 prompts of 8-32K tokens (TTFT ≤ 6 s, TPOT ≤ 80 ms); %d arrival seeds × %s of simulated time; median over seeds (worst in brackets).\n\n", seeds, d)
 	fmt.Println("| chat req/s | row | goodput req/s | within target | chat TPOT p95 during bursts | TTFT p95 | long prompts' TTFT p95 | $ per 1M output tokens | split |")
 	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-	results := simulatePD(pdBase, placement, pdRows, rates, seeds, d)
+	results := simulatePD(pdBase, placement, pdRows, rates, seeds, d, gateways)
 	for _, rate := range rates {
 		for _, row := range pdRows {
 			rs := results[rate][row]
@@ -116,14 +117,14 @@ func runPD(placement string, rates []float64, seeds int, d time.Duration) {
 // its goodput over the whole sweep against aggregated serving's and the fixed split's (the H200s prefill, the
 // L40S pairs decode, whatever their ratio), and the rates where it served fewer requests in time than either,
 // with the one-sided Fisher p of each shortfall.
-func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int, d time.Duration, parallel int) {
+func runPDFamily(fleets []pdFleet, placement string, rates []float64, seeds int, d time.Duration, parallel, gateways int) {
 	fmt.Printf("P/D bench over a family of %d fleets, routing.placement %s: the workload above at every rate, %d arrival seeds each.\n\n", len(fleets), placement, seeds)
 	fmt.Println("| fleet | per-request ÷ aggregated | ÷ fixed split | behind at (p < 0.05 in bold) | ≥ both at every load |")
 	fmt.Println("|---|---:|---:|---|---|")
 	all := make([]pdResults, len(fleets))
 	// The rows the per-request choice is held to (perRequestBehind); the prefill-only row is the base tables'.
 	rows := []string{rowAggregated, rowDisaggregated, rowPerRequest}
-	inParallel(len(fleets), parallel, func(i int) { all[i] = simulatePD(fleets[i], placement, rows, rates, seeds, d) })
+	inParallel(len(fleets), parallel, func(i int) { all[i] = simulatePD(fleets[i], placement, rows, rates, seeds, d, gateways) })
 	met, significant, cells := 0, 0, 0
 	for i, f := range fleets {
 		results := all[i]
