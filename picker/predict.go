@@ -99,6 +99,8 @@ type endpointModel struct {
 	// recent are the last sends there, newest at recent[next−1] (see aheadTokens and prefillShare).
 	recent [recentSends]sentPrompt
 	next   int
+	// engine are the engine's token counters, for the prefill other gateway replicas brought it (engineshare.go).
+	engine engineCounts
 }
 
 // sentPrompt is one request this gateway sent an endpoint: when, its uncached tokens, and when its first
@@ -109,26 +111,28 @@ type sentPrompt struct {
 	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
 	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
 	remote bool
+	// counted: its tokens are among this gateway's own prefilled ones (engineCounts.prefilledOwn).
+	counted bool
 }
 
 // prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend).
 func (p *predictor) prefilled(ep string, pd Prediction) {
-	p.onSend(ep, pd, (*sentPrompt).prefilled)
+	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) { m.prefilled(s) })
 }
 
 // prefilledRemotely marks the send to ep that pd predicted as a split request's booking at its decoder, whose
 // prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share.
 func (p *predictor) prefilledRemotely(ep string, pd Prediction) {
-	p.onSend(ep, pd, func(s *sentPrompt) { s.remote = true })
+	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) { m.engine.sentRemote(s) })
 }
 
 // onSend applies f to the send to ep that pd predicted, while the endpoint's recent sends still hold it.
-func (p *predictor) onSend(ep string, pd Prediction, f func(*sentPrompt)) {
+func (p *predictor) onSend(ep string, pd Prediction, f func(*endpointModel, *sentPrompt)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if m := p.eps[ep]; m != nil {
 		if s := m.sendOf(pd); s != nil {
-			f(s)
+			f(m, s)
 		}
 	}
 }
@@ -137,12 +141,24 @@ func (p *predictor) onSend(ep string, pd Prediction, f func(*sentPrompt)) {
 // It stays among the recent sends, whose prefill the engine ran in the steps its decodes share (prefillShare).
 func (m *endpointModel) forgetSend(pd Prediction) {
 	if s := m.sendOf(pd); s != nil {
-		s.prefilled()
+		m.prefilled(s)
 	}
 }
 
-// prefilled marks the send's first token out: it leaves the prefill ahead (aheadTokens), not the share.
-func (s *sentPrompt) prefilled() { s.firstBy = time.Time{} }
+// prefilled marks the send's first token out: it leaves the prefill ahead (aheadTokens), not the share, and its
+// tokens count among this gateway's own that the engine's counters hold (engineCounts).
+func (m *endpointModel) prefilled(s *sentPrompt) {
+	s.firstBy = time.Time{}
+	m.engine.prefilledOwn(s)
+}
+
+// remember adds a send to the recent ones, in place of the oldest.
+func (m *endpointModel) remember(s sentPrompt) {
+	m.engine.prefilledOwn(&m.recent[m.next])
+	m.recent[m.next] = s
+	m.engine.sentOwn(&s)
+	m.next = (m.next + 1) % recentSends
+}
 
 // sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
 func (m *endpointModel) sendOf(pd Prediction) *sentPrompt {
@@ -198,8 +214,8 @@ const (
 // prefill's first token is out or not, so the share is of the sends made, not of the prefill still ahead. When
 // all recentSends fall within the window, older ones were forgotten, and the rate is reckoned over the span of
 // those remembered. A split's booking at its decoder does not count (its prefill runs on its prefiller). Other
-// gateway replicas' sends are not seen: with N replicas sharing an endpoint the share is about 1 ÷ N of the
-// engine's, and the fit takes the rest into the decode step, as it took all of it before the share was counted.
+// gateway replicas' sends are not among them: their prefill comes from the engine's token counters
+// (engineshare.go), and predictLocked adds it.
 func (m *endpointModel) prefillShare(speed float64, now time.Time) float64 {
 	var tokens float64
 	oldest, full := now, true
@@ -420,7 +436,8 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
 	pd.tail = m.tail(c, z)
-	pd.prefillShare = m.prefillShare(speed, now)
+	m.engine.note(c)
+	pd.prefillShare = min(maxPrefillShare, m.prefillShare(speed, now)+m.engine.othersRate(now)/speed)
 	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
 		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)) / (1 - pd.prefillShare))
 	}
@@ -484,8 +501,7 @@ func (p *predictor) sent(ep string, pd Prediction, model string, busy, sacrifice
 	defer p.mu.Unlock()
 	p.noteDecisionLocked(model, busy, sacrificed)
 	m := p.model(ep, 0, 0, 0)
-	m.recent[m.next] = sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached}
-	m.next = (m.next + 1) % recentSends
+	m.remember(sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached})
 	if m.uncached == 0 {
 		m.uncached = max(pd.uncached, 1)
 	} else {
@@ -499,8 +515,7 @@ func (p *predictor) sentPrefill(ep string, pd Prediction) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.model(ep, 0, 0, 0)
-	m.recent[m.next] = sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached}
-	m.next = (m.next + 1) % recentSends
+	m.remember(sentPrompt{at: pd.sentAt, firstBy: pd.sentAt.Add(pd.TTFT + pd.tail), uncached: pd.uncached})
 }
 
 // observe fits an endpoint's model to one request's measured timing (tpot 0: not measured), and forgets it

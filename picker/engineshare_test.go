@@ -1,0 +1,84 @@
+package picker
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/policies"
+)
+
+// Other gateway replicas' prefill at an endpoint shows in its engine's token counters, not in this gateway's
+// sends: the prompt tokens the engine computed between its readings, less this gateway's own prefilled in
+// between, join the prefill share TPOT is predicted over.
+func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	const ep = "10.0.0.1:1" // an H200: 24,000 tokens a second
+	t0 := time.Unix(1000, 0)
+	counted := func(at time.Time, prompt, cached float64) fleet.EngineMetrics {
+		return fleet.EngineMetrics{At: at, PromptTokens: prompt, CachedPromptTokens: cached}
+	}
+	for _, tc := range []struct {
+		name          string
+		first, second fleet.EngineMetrics // the endpoint's readings
+		own           float64             // this gateway's tokens sent there between the readings
+		inPrefill     bool                // and their first tokens not yet out
+		now           time.Time           // of the second decision
+		want          float64             // its predicted TPOT ÷ an idle endpoint's
+	}{
+		// 120,000 tokens computed in 10 s: half of the next 10 s prefilling, a token every two decode steps.
+		{"others' prefill", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000), 0,
+			false, t0.Add(10 * time.Second), 2},
+		{"this gateway's own, counted once", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
+			120000, false, t0.Add(10 * time.Second), 2},
+		// The engine counted them as it admitted them: they are not another replica's.
+		{"this gateway's own, still in prefill", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
+			120000, true, t0.Add(10 * time.Second), 2},
+		{"no counters", counted(t0, 0, 0), counted(t0.Add(10*time.Second), 0, 0), 0, false, t0.Add(10 * time.Second), 1},
+		{"counters gone back: an engine restarted", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 120000, 0),
+			0, false, t0.Add(10 * time.Second), 1},
+		{"readings less than a second apart", counted(t0, 500000, 100000), counted(t0.Add(500*time.Millisecond), 512000, 100000),
+			0, false, t0.Add(500 * time.Millisecond), 1},
+		{"the newest reading older than the window", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
+			0, false, t0.Add(21 * time.Second), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := idleEngines(nil)
+			p := newMixedPicker(eng)
+			now := t0
+			p.Now = func() time.Time { return now }
+			in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
+			tpot := func() time.Duration {
+				d, err := p.Pick(snap, in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range d.Scores {
+					if s.Endpoint == ep {
+						return s.TPOT
+					}
+				}
+				t.Fatalf("no score for %s: %v", ep, d.Scores)
+				return 0
+			}
+			idle := tpot()
+			eng[ep] = tc.first
+			if got := tpot(); got != idle {
+				t.Fatalf("one reading moved TPOT from %v to %v", idle, got)
+			}
+			// This gateway's own sends, 30,000 tokens each.
+			for i := range int(tc.own / 30000) {
+				pd := Prediction{set: true, sentAt: t0.Add(time.Duration(i+1) * time.Second), uncached: 30000, TTFT: time.Minute}
+				p.pred.sent(ep, pd, m.Name, false, false)
+				if !tc.inPrefill {
+					p.pred.prefilled(ep, pd)
+				}
+			}
+			eng[ep], now = tc.second, tc.now
+			if got, want := tpot(), time.Duration(tc.want*float64(idle)); math.Abs(float64(got-want)) > float64(time.Millisecond) {
+				t.Errorf("predicted TPOT %v, want %v (%g × idle %v)", got, want, tc.want, idle)
+			}
+		})
+	}
+}
