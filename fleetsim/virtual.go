@@ -74,8 +74,9 @@ func (v *VirtualEngine) Load() (running, waiting int, kvUsage float64) {
 	return snap.running, snap.waiting, snap.kvUsage
 }
 
-// PromptCounters are what the engine's /metrics would report of its prompt tokens: those admitted to prefill,
-// and those of them its prefix cache held (vllm:prompt_tokens_total, vllm:prefix_cache_hits_total).
+// PromptCounters are what the engine's /metrics would report of its prompt tokens, as vllm:prompt_tokens_total
+// and vllm:prefix_cache_hits_total do: those admitted to prefill, and those of them its prefix cache held. Both
+// count at admission; vLLM counts the first at the request's first token.
 func (v *VirtualEngine) PromptCounters() (prompt, cached int64) { return v.e.promptCounters() }
 
 // BusyTime is the simulated time the engine has spent in steps.

@@ -26,10 +26,10 @@ type scored struct {
 	since      float64   // what this gateway sent it since that reading, less what finished (SLO placement)
 	readAt     time.Time // when the engine's reading was taken (SLO placement)
 	kvUtil     float64   // the engine's KV cache usage, 0..1 (SLO placement)
-	// computed is the engine's prompt tokens less those its cache held, since it started, when it counts them
-	// (counted; SLO placement, engineshare.go).
-	computed float64
-	counted  bool
+	// prompt and cached are the engine's counters of prompt tokens and of those its cache held, since it
+	// started, when it keeps both (counted; SLO placement, engineshare.go).
+	prompt, cached float64
+	counted        bool
 	// kvAwaited is how many running sequences must finish before the engine's KV cache holds the request
 	// (SLO placement; see kvAwaited).
 	kvAwaited float64
@@ -142,7 +142,8 @@ func (p *Affinity) newScored(pool *policies.Pool, speed policies.PoolSpeed, ep s
 // read, its KV cache's usage, and this gateway's sends since.
 func (c *scored) readForSLO(m fleet.EngineMetrics, since int64) {
 	c.running, c.since, c.readAt, c.kvUtil = m.Running, float64(since), m.At, m.KVUtil
-	c.computed, c.counted = m.PromptTokens-m.CachedPromptTokens, m.PromptTokens > 0
+	// An engine without a cache counter (or without hits yet) would read every prompt token as computed.
+	c.prompt, c.cached, c.counted = m.PromptTokens, m.CachedPromptTokens, m.PromptTokens > 0 && m.CachedPromptTokens > 0
 }
 
 // overflow decides for a model none of whose endpoints can take a request: its managed fallback if the policy

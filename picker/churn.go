@@ -63,7 +63,7 @@ func (p *Affinity) noteChurn(endpoint string, blocks int) {
 		every = DefaultChurnEvery
 	}
 	c := &p.churn
-	now := time.Now()
+	now := p.now() // the picker's clock, simulated in the benches
 	if c.now != nil {
 		now = c.now()
 	}

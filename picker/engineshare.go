@@ -9,20 +9,25 @@ import "time"
 // readings, less this gateway's own among them, are the other replicas' (and whatever this gateway's cache
 // predictions missed). An engine counts a prompt somewhere between its admission and its first token, so of
 // this gateway's own, those counted between the readings are at most the ones sent by the second less those
-// whose first token was out by the first. That is what is taken off: a long prompt of its own in prefill at a
-// reading, which the engine counted already, never reads as another replica's. The difference is floored at 0:
-// this gateway's own are counted in the share already.
+// whose first token was out by the first. That is what is taken off: the uncached tokens of a long prompt of its
+// own in prefill at a reading, which the engine counted already, do not read as another replica's. (An engine
+// that counts a prompt's tokens at its first token and its cache hits on admission, as vLLM does, can show the
+// cached part of such a prompt for one window.) The difference is floored at 0: this gateway's own are counted
+// in the share already.
 
 // engineReadings is how many of an endpoint's readings with token counters the picker keeps: a prefill window's
 // worth at a scrape every second or two.
 const engineReadings = 16
 
 // engineCount is an engine's counters at one reading, and this gateway's own tokens sent there and prefilled
-// when the picker first saw that reading.
+// by then.
 type engineCount struct {
-	at              time.Time
-	computed        float64 // the engine's prompt tokens less those its cache held, since it started
-	sent, prefilled float64 // engineCounts.ownSent, ownPrefilled
+	at             time.Time
+	prompt, cached float64 // the engine's counters, since it started
+	// sent and prefilled are this gateway's own (engineCounts.ownSent when the reading was first seen, and
+	// ownPrefilled when the one before it was: no later than the reading was taken, so that a first token that
+	// came after it is not taken off).
+	sent, prefilled float64
 }
 
 // engineCounts are an endpoint's recent readings with counters, newest at at[next−1], and this gateway's own
@@ -34,10 +39,13 @@ type engineCounts struct {
 	// excepted); ownPrefilled those of the sends whose first token is out, or that left the recent sends before
 	// it was seen (their prefill long done by then, or the request failed).
 	ownSent, ownPrefilled float64
+	// notedPrefilled is ownPrefilled when the last reading was noted.
+	notedPrefilled float64
 }
 
-// note records reading c of the endpoint, once, when it carries token counters. Counters that went back (an
-// engine restarted) start the record afresh.
+// note records reading c of the endpoint, once, when it carries both token counters. A counter that went back
+// (an engine restarted) starts the record afresh; the difference of the two may go back as it is, since engines
+// count a prompt's tokens and its cache hits at different moments.
 func (e *engineCounts) note(c *scored) {
 	if !c.counted {
 		return
@@ -46,15 +54,16 @@ func (e *engineCounts) note(c *scored) {
 	if !last.at.IsZero() && !c.readAt.After(last.at) {
 		return
 	}
-	if !last.at.IsZero() && c.computed < last.computed {
+	if !last.at.IsZero() && (c.prompt < last.prompt || c.cached < last.cached) {
 		e.at = [engineReadings]engineCount{}
 	}
-	e.at[e.next] = engineCount{at: c.readAt, computed: c.computed, sent: e.ownSent, prefilled: e.ownPrefilled}
+	e.at[e.next] = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.ownSent, prefilled: e.notedPrefilled}
 	e.next = (e.next + 1) % engineReadings
+	e.notedPrefilled = e.ownPrefilled
 }
 
-// othersRate is the prefill other gateway replicas brought the engine, in tokens a second: over the readings of
-// the last prefillWindow up to the newest (if that is not older than the window), the engine's computed tokens
+// othersRate is the prefill other gateway replicas brought the engine, in tokens a second: over the readings
+// within prefillWindow of the newest (if that is not older than the window), the engine's computed tokens
 // less the most of this gateway's own it can have counted, floored at 0. It is 0 until the readings span a
 // second.
 func (e *engineCounts) othersRate(now time.Time) float64 {
@@ -72,7 +81,8 @@ func (e *engineCounts) othersRate(now time.Time) float64 {
 	if span < 1 {
 		return 0
 	}
-	return max(0, (newest.computed-oldest.computed)-(newest.sent-oldest.prefilled)) / span
+	computed := (newest.prompt - oldest.prompt) - (newest.cached - oldest.cached)
+	return max(0, computed-(newest.sent-oldest.prefilled)) / span
 }
 
 // sentOwn counts a send's tokens among this gateway's own sent there.

@@ -24,24 +24,33 @@ func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
 		first, second fleet.EngineMetrics // the endpoint's readings
 		own           float64             // this gateway's tokens sent there between the readings
 		inPrefill     bool                // and their first tokens not yet out
+		remote        bool                // or split requests' bookings there, prefilled elsewhere
+		early         bool                // or sent before the first reading, first tokens out between the two
 		now           time.Time           // of the second decision
 		want          float64             // its predicted TPOT ÷ an idle endpoint's
 	}{
 		// 120,000 tokens computed in 10 s: half of the next 10 s prefilling, a token every two decode steps.
 		{"others' prefill", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000), 0,
-			false, t0.Add(10 * time.Second), 2},
+			false, false, false, t0.Add(10 * time.Second), 2},
 		{"this gateway's own, counted once", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
-			120000, false, t0.Add(10 * time.Second), 2},
+			120000, false, false, false, t0.Add(10 * time.Second), 2},
 		// The engine counted them as it admitted them: they are not another replica's.
 		{"this gateway's own, still in prefill", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
-			120000, true, t0.Add(10 * time.Second), 2},
-		{"no counters", counted(t0, 0, 0), counted(t0.Add(10*time.Second), 0, 0), 0, false, t0.Add(10 * time.Second), 1},
-		{"counters gone back: an engine restarted", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 120000, 0),
-			0, false, t0.Add(10 * time.Second), 1},
+			120000, true, false, false, t0.Add(10 * time.Second), 2},
+		{"no counters", counted(t0, 0, 0), counted(t0.Add(10*time.Second), 0, 0), 0, false, false, false, t0.Add(10 * time.Second), 1},
+		// Bookings of split requests: the engine pulled their KV cache (cache hits); what it computed is others'.
+		{"split requests' bookings are not this gateway's prefill", counted(t0, 500000, 100000),
+			counted(t0.Add(10*time.Second), 700000, 180000), 120000, false, true, false, t0.Add(10 * time.Second), 2},
+		// An engine that counts a prompt at its first token: this gateway's own, sent before the first reading.
+		// They left the share's window; the engine's count is theirs, not another replica's.
+		{"this gateway's own, sent before the first reading", counted(t0, 500000, 100000),
+			counted(t0.Add(10*time.Second), 700000, 180000), 120000, false, false, true, t0.Add(10 * time.Second), 1},
+		{"counters gone back: an engine restarted", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 120000, 10000),
+			0, false, false, false, t0.Add(10 * time.Second), 1},
 		{"readings less than a second apart", counted(t0, 500000, 100000), counted(t0.Add(500*time.Millisecond), 512000, 100000),
-			0, false, t0.Add(500 * time.Millisecond), 1},
+			0, false, false, false, t0.Add(500 * time.Millisecond), 1},
 		{"the newest reading older than the window", counted(t0, 500000, 100000), counted(t0.Add(10*time.Second), 700000, 180000),
-			0, false, t0.Add(21 * time.Second), 1},
+			0, false, false, false, t0.Add(21 * time.Second), 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := idleEngines(nil)
@@ -63,15 +72,35 @@ func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
 				return 0
 			}
 			idle := tpot()
+			// This gateway's own sends, 30,000 tokens each.
+			var sends []Prediction
+			for i := range int(tc.own / 30000) {
+				at := t0.Add(time.Duration(i+1) * time.Second)
+				if tc.early {
+					at = t0.Add(-time.Duration(i+1) * time.Second)
+				}
+				sends = append(sends, Prediction{set: true, sentAt: at, uncached: 30000, TTFT: time.Minute})
+			}
+			send := func() {
+				for _, pd := range sends {
+					p.pred.sent(ep, pd, m.Name, false, false)
+					if tc.remote {
+						p.pred.prefilledRemotely(ep, pd)
+					}
+				}
+			}
+			if tc.early {
+				send()
+			}
 			eng[ep] = tc.first
-			if got := tpot(); got != idle {
+			if got := tpot(); got != idle && !tc.early {
 				t.Fatalf("one reading moved TPOT from %v to %v", idle, got)
 			}
-			// This gateway's own sends, 30,000 tokens each.
-			for i := range int(tc.own / 30000) {
-				pd := Prediction{set: true, sentAt: t0.Add(time.Duration(i+1) * time.Second), uncached: 30000, TTFT: time.Minute}
-				p.pred.sent(ep, pd, m.Name, false, false)
-				if !tc.inPrefill {
+			if !tc.early {
+				send()
+			}
+			for _, pd := range sends {
+				if !tc.inPrefill && !tc.remote {
 					p.pred.prefilled(ep, pd)
 				}
 			}
