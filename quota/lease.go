@@ -159,10 +159,10 @@ func (ls *leases) restore(now time.Time, t *Ticket) {
 	defer ls.mu.Unlock()
 	for i := range t.entries {
 		e := &t.entries[i]
+		if e.extra > 0 {
+			ls.answer()
+		}
 		if l := ls.lookup(now, t.Tenant, e, e.covered); l != nil {
-			if e.extra > 0 {
-				ls.answer()
-			}
 			l.asked = max(0, l.asked-e.extra)
 			if e.covered && e.kind == KindConcurrency {
 				l.free = append(l.free, slot{e.member, e.memberExp})

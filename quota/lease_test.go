@@ -203,6 +203,7 @@ func TestRejectionAwaitsTopUpOnItsWay(t *testing.T) {
 			l.leases.mu.Unlock()
 
 			done := make(chan *Rejection)
+			start := time.Now()
 			go func() {
 				_, rej, err := l.Admit(context.Background(), req(snap, tn, m, 1))
 				if err != nil {
@@ -222,10 +223,14 @@ func TestRejectionAwaitsTopUpOnItsWay(t *testing.T) {
 			if rej := <-done; (rej == nil) != answered {
 				t.Fatalf("rejection %v, want admitted only when the top-up is answered", rej)
 			}
+			if waited := time.Since(start); !answered && waited < 300*time.Millisecond {
+				t.Errorf("rejected after %v, before the Redis timeout (300ms) a top-up on its way had to answer in", waited)
+			}
 		})
 	}
 }
 
+// onlyLease is the limiter's one lease and its key.
 func onlyLease(t *testing.T, l *Limiter) (string, *lease) {
 	t.Helper()
 	l.leases.mu.Lock()
