@@ -115,13 +115,13 @@ func TestMisstatedSpeedsAreOnlyStated(t *testing.T) {
 }
 
 // Gateway replicas (-gateways) take requests in turn and learn each other's placements over the sim's bus: a
-// run is reproducible, accounts for every request, and keeps about one replica's prefix-cache hits, where
-// replicas deciding alone would each place every group afresh.
+// run is reproducible, accounts for every request, and keeps about one replica's prefix-cache hits, more than
+// replicas that decide apart (without Redis), each placing every group afresh.
 func TestGatewayReplicasSharePlacements(t *testing.T) {
 	sc := newPDScenario(pdBase, 8, "affinity") // 80 % of chat on eight groups' shared prefixes at a time
 	work := sc.pd.workload(20*time.Second, 1)
-	cachedShare := func(gateways int) float64 {
-		sc.gateways = gateways
+	cachedShare := func(gateways int, apart bool) float64 {
+		sc.gateways, sc.apart = gateways, apart
 		first := newGateway(sc, rowAggregated, 0, 1).run(work, 30*time.Second)
 		if again := newGateway(sc, rowAggregated, 0, 1).run(work, 30*time.Second); !slices.Equal(first, again) {
 			t.Errorf("%d replicas: two runs of one scenario and seed differ", gateways)
@@ -139,9 +139,9 @@ func TestGatewayReplicasSharePlacements(t *testing.T) {
 		}
 		return float64(cached) / float64(max(1, prompt))
 	}
-	one, four := cachedShare(1), cachedShare(4)
-	t.Logf("prompt tokens cached: one replica %.3f, four %.3f", one, four)
-	if four < one-0.02 {
-		t.Errorf("four replicas sharing placements cached %.3f of prompt tokens, one %.3f", four, one)
+	one, four, apart := cachedShare(1, false), cachedShare(4, false), cachedShare(4, true)
+	t.Logf("prompt tokens cached: one replica %.3f, four sharing %.3f, four apart %.3f", one, four, apart)
+	if four < one-0.02 || four <= apart {
+		t.Errorf("four replicas sharing placements cached %.3f of prompt tokens, one %.3f, four apart %.3f", four, one, apart)
 	}
 }

@@ -111,7 +111,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 			a := picker.NewAffinity(r.inflight, fl)
 			a.ChurnEvery = -1
 			a.Now = g.sim.Now // the sim's readings are stamped in simulated time
-			if len(g.replicas) > 1 {
+			if len(g.replicas) > 1 && !sc.apart {
 				// Replicas share their placements, as infergate serve's do over Redis (share.go in picker).
 				a.Placements, a.ChurnEvery = bus.join(a), picker.DefaultChurnEvery
 			}

@@ -23,6 +23,7 @@ func (b *placementBus) join(a *picker.Affinity) picker.Placements {
 	return busEnd{b: b, from: a}
 }
 
+// busEnd is one replica's end of the bus: what it publishes reaches every member but itself.
 type busEnd struct {
 	b    *placementBus
 	from *picker.Affinity
