@@ -41,6 +41,9 @@ type engineCounts struct {
 	ownSent, ownPrefilled float64
 	// notedPrefilled is ownPrefilled when the last reading was noted.
 	notedPrefilled float64
+	// rate is othersRate's figure as of the newest reading, reckoned when it was noted: it changes with readings
+	// only, and decisions read it for every candidate.
+	rate float64
 }
 
 // note records reading c of the endpoint, once, when it carries both token counters. A counter that went back
@@ -60,17 +63,24 @@ func (e *engineCounts) note(c *scored) {
 	e.at[e.next] = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.ownSent, prefilled: e.notedPrefilled}
 	e.next = (e.next + 1) % engineReadings
 	e.notedPrefilled = e.ownPrefilled
+	e.rate = e.reckon()
 }
 
-// othersRate is the prefill other gateway replicas brought the engine, in tokens a second: over the readings
-// within prefillWindow of the newest (if that is not older than the window), the engine's computed tokens
-// less the most of this gateway's own it can have counted, floored at 0. It is 0 until the readings span a
-// second.
+// othersRate is the prefill other gateway replicas brought the engine, in tokens a second (reckon), while the
+// newest reading is not older than prefillWindow.
 func (e *engineCounts) othersRate(now time.Time) float64 {
 	newest := e.at[(e.next+engineReadings-1)%engineReadings]
 	if newest.at.IsZero() || now.Sub(newest.at) > prefillWindow {
 		return 0
 	}
+	return e.rate
+}
+
+// reckon is the others' rate over the readings within prefillWindow of the newest: the engine's computed tokens
+// less the most of this gateway's own it can have counted, floored at 0. It is 0 until the readings span a
+// second.
+func (e *engineCounts) reckon() float64 {
+	newest := e.at[(e.next+engineReadings-1)%engineReadings]
 	oldest := newest
 	for _, r := range e.at {
 		if !r.at.IsZero() && r.at.Before(oldest.at) && newest.at.Sub(r.at) <= prefillWindow {

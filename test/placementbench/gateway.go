@@ -17,6 +17,7 @@ import (
 	"github.com/infergate/infergate/openai"
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
+	"github.com/infergate/infergate/test/placementbus"
 )
 
 // The rows: every scenario runs each.
@@ -100,7 +101,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 		}
 	}
 	g.replicas = make([]gatewayReplica, max(1, sc.gateways))
-	bus := &placementBus{sim: sm}
+	bus := &placementbus.Bus{After: func(d time.Duration, f func()) { sm.after(d, f) }, Delay: shareDelay}
 	for k := range g.replicas {
 		r := &g.replicas[k]
 		r.inflight = &fleet.InFlight{}
@@ -113,7 +114,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 			a.Now = g.sim.Now // the sim's readings are stamped in simulated time
 			if len(g.replicas) > 1 && !sc.apart {
 				// Replicas share their placements, as infergate serve's do over Redis (share.go in picker).
-				a.Placements, a.ChurnEvery = bus.join(a), picker.DefaultChurnEvery
+				a.Placements, a.ChurnEvery = bus.Join(a), picker.DefaultChurnEvery
 			}
 			a.PolicyChanged(snap)
 			r.picker = a
@@ -125,6 +126,10 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 	}
 	return g
 }
+
+// shareDelay is how long a placement takes to reach the other gateway replicas (Redis pub/sub), in the sim's
+// time.
+const shareDelay = 5 * time.Millisecond
 
 // gatewayReplica is one gateway replica: its picker and its own count of requests in flight.
 type gatewayReplica struct {

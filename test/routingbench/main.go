@@ -30,6 +30,7 @@ import (
 	"github.com/infergate/infergate/picker"
 	"github.com/infergate/infergate/policies"
 	"github.com/infergate/infergate/test/loadgen"
+	"github.com/infergate/infergate/test/placementbus"
 )
 
 // timeScale is real time per simulated time (-timescale): 0.05 runs twenty times faster than the modelled
@@ -87,49 +88,6 @@ func (p *pickerRouter) pick(r *request) (string, func(), func(outcome)) {
 			p.pickers[i].ObserveTiming(p.model.Name, d, o.ttft, o.tpot)
 		}
 	}
-}
-
-// bus carries placements between the benchmark's gateway replicas as Redis pub/sub carries them between real
-// ones (the placements package): asynchronously, delay after they were published, to every other replica.
-type bus struct {
-	delay   time.Duration // real time
-	members []*picker.Affinity
-}
-
-// join adds a replica and returns its end of the bus.
-func (b *bus) join(a *picker.Affinity) picker.Placements {
-	b.members = append(b.members, a)
-	return busEnd{b: b, from: a}
-}
-
-type busEnd struct {
-	b    *bus
-	from *picker.Affinity
-}
-
-// PublishChurn sends a whole churn report as one message, as the placements package does.
-func (e busEnd) PublishChurn(blocks map[string]int) {
-	published.Add(1)
-	time.AfterFunc(e.b.delay, func() {
-		for _, m := range e.b.members {
-			if m != e.from {
-				for ep, n := range blocks {
-					m.Learn(picker.Placement{Endpoint: ep, Churn: n})
-				}
-			}
-		}
-	})
-}
-
-func (e busEnd) Publish(pl picker.Placement) {
-	published.Add(1)
-	time.AfterFunc(e.b.delay, func() {
-		for _, m := range e.b.members {
-			if m != e.from {
-				m.Learn(pl)
-			}
-		}
-	})
 }
 
 // predictions sorts the pickers' decisions by what the index expected against what the engine had cached
@@ -395,12 +353,13 @@ spec:
 	// infergate serve's replicas do over Redis.
 	gatewaysOf := func(snap *policies.Snapshot, model *policies.Model, n int, shared bool) *pickerRouter {
 		r := &pickerRouter{snap: snap, model: model}
-		b := &bus{delay: time.Duration(float64(*shareDelay) * timeScale)}
+		b := &placementbus.Bus{Delay: time.Duration(float64(*shareDelay) * timeScale), Published: &published,
+			After: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
 		for range n {
 			in := &fleet.InFlight{}
 			a := newAffinity(in, false)
 			if shared {
-				a.Placements = b.join(a)
+				a.Placements = b.Join(a)
 				a.ChurnEvery = time.Duration(float64(picker.DefaultChurnEvery) * timeScale) // simulated time, as the delay
 			}
 			r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, a)
