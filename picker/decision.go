@@ -110,6 +110,7 @@ func (d *decision) run() (Decision, error) {
 	}
 	if err == nil {
 		d.disaggregate(&dec)
+		d.publishPrefill(&dec)
 	}
 	return dec, err
 }

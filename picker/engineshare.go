@@ -13,33 +13,36 @@ import "time"
 // own in prefill at a reading, which the engine counted already, do not read as another replica's. (An engine
 // that counts a prompt's tokens at its first token and its cache hits on admission, as vLLM does, can show the
 // cached part of such a prompt for one window.) The difference is floored at 0: this gateway's own are counted
-// in the share already.
+// in the share already. The long prompts other replicas published (Placement.Prefill, otherprefill.go) are
+// counted in the share as they arrive, and taken off the counters as this gateway's own are: "known" below is
+// both, and the counters tell only the rest.
 
 // engineReadings is how many of an endpoint's readings with token counters the picker keeps: a prefill window's
 // worth at a scrape every second or two.
 const engineReadings = 16
 
-// engineCount is an engine's counters at one reading, and this gateway's own tokens sent there and prefilled
-// by then.
+// engineCount is an engine's counters at one reading, and the known tokens (this gateway's own and the others'
+// published) sent there and prefilled by then.
 type engineCount struct {
 	at             time.Time
 	prompt, cached float64 // the engine's counters, since it started
-	// sent and prefilled are this gateway's own (engineCounts.ownSent when the reading was first seen, and
-	// ownPrefilled when the one before it was: no later than the reading was taken, so that a first token that
+	// sent and prefilled are the known tokens (engineCounts.knownSent when the reading was first seen, and
+	// knownPrefilled when the one before it was: no later than the reading was taken, so that a first token that
 	// came after it is not taken off).
 	sent, prefilled float64
 }
 
-// engineCounts are an endpoint's recent readings with counters, newest at at[next−1], and this gateway's own
-// tokens there.
+// engineCounts are an endpoint's recent readings with counters, newest at at[next−1], and the known tokens
+// there.
 type engineCounts struct {
 	at   [engineReadings]engineCount
 	next int
-	// ownSent sums the uncached tokens of this gateway's sends there (a split's booking at its decoder
-	// excepted); ownPrefilled those of the sends whose first token is out, or that left the recent sends before
-	// it was seen (their prefill long done by then, or the request failed).
-	ownSent, ownPrefilled float64
-	// notedPrefilled is ownPrefilled when the last reading was noted.
+	// knownSent sums the uncached tokens of this gateway's sends there (a split's booking at its decoder
+	// excepted) and of the long prompts other replicas published; knownPrefilled those whose first token is out
+	// (a published one's: due by a reading), or that left their ring before it was seen (their prefill long
+	// done by then, or the request failed).
+	knownSent, knownPrefilled float64
+	// notedPrefilled is knownPrefilled when the last reading was noted.
 	notedPrefilled float64
 	// rate is othersRate's figure as of the newest reading, reckoned when it was noted: it changes with readings
 	// only, and decisions read it for every candidate.
@@ -50,20 +53,23 @@ type engineCounts struct {
 // (an engine restarted) starts the record afresh; the difference of the two may go back as it is, since engines
 // count a prompt's tokens and its cache hits at different moments.
 func (e *engineCounts) note(c *scored) {
-	if !c.counted {
+	if !e.fresh(c) {
 		return
 	}
 	last := &e.at[(e.next+engineReadings-1)%engineReadings]
-	if !last.at.IsZero() && !c.readAt.After(last.at) {
-		return
-	}
 	if !last.at.IsZero() && (c.prompt < last.prompt || c.cached < last.cached) {
 		e.at = [engineReadings]engineCount{}
 	}
-	e.at[e.next] = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.ownSent, prefilled: e.notedPrefilled}
+	e.at[e.next] = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.knownSent, prefilled: e.notedPrefilled}
 	e.next = (e.next + 1) % engineReadings
-	e.notedPrefilled = e.ownPrefilled
+	e.notedPrefilled = e.knownPrefilled
 	e.rate = e.reckon()
+}
+
+// fresh says whether reading c carries both token counters and is newer than the last one noted.
+func (e *engineCounts) fresh(c *scored) bool {
+	last := e.at[(e.next+engineReadings-1)%engineReadings]
+	return c.counted && (last.at.IsZero() || c.readAt.After(last.at))
 }
 
 // othersRate is the prefill other gateway replicas brought the engine, in tokens a second (reckon), while the
@@ -77,7 +83,7 @@ func (e *engineCounts) othersRate(now time.Time) float64 {
 }
 
 // reckon is the others' rate over the readings within prefillWindow of the newest: the engine's computed tokens
-// less the most of this gateway's own it can have counted, floored at 0. It is 0 until the readings span a
+// less the most of the known ones it can have counted, floored at 0. It is 0 until the readings span a
 // second.
 func (e *engineCounts) reckon() float64 {
 	newest := e.at[(e.next+engineReadings-1)%engineReadings]
@@ -95,30 +101,31 @@ func (e *engineCounts) reckon() float64 {
 	return max(0, computed-(newest.sent-oldest.prefilled)) / span
 }
 
-// sentOwn counts a send's tokens among this gateway's own sent there.
-func (e *engineCounts) sentOwn(s *sentPrompt) { e.ownSent += s.uncached }
+// sentKnown counts a send's tokens (this gateway's or a published one) among the known ones sent there.
+func (e *engineCounts) sentKnown(s *sentPrompt) { e.knownSent += s.uncached }
 
-// sentRemote takes a split's booking at its decoder out of this gateway's own sent there: its prefill runs on
-// its prefiller.
+// sentRemote takes a split's booking at its decoder out of the known tokens sent there: its prefill runs on its
+// prefiller.
 func (e *engineCounts) sentRemote(s *sentPrompt) {
 	if s.remote {
 		return
 	}
 	s.remote = true
-	e.ownSent -= s.uncached
+	e.knownSent -= s.uncached
 	if s.counted {
-		e.ownPrefilled -= s.uncached
+		e.knownPrefilled -= s.uncached
 	}
 }
 
-// prefilledOwn counts a send's tokens among this gateway's own prefilled there, once: when its first token is
-// out, or when it leaves the recent sends unseen. A split's booking at its decoder prefilled nothing there.
-func (e *engineCounts) prefilledOwn(s *sentPrompt) {
+// prefilledKnown counts a send's tokens among the known ones prefilled there, once: when its first token is out
+// (or, published, due by a reading), or when it leaves its ring unseen. A split's booking at its decoder
+// prefilled nothing there.
+func (e *engineCounts) prefilledKnown(s *sentPrompt) {
 	if s.at.IsZero() || s.counted {
 		return
 	}
 	s.counted = true
 	if !s.remote {
-		e.ownPrefilled += s.uncached
+		e.knownPrefilled += s.uncached
 	}
 }

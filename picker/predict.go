@@ -101,6 +101,10 @@ type endpointModel struct {
 	next   int
 	// engine are the engine's token counters, for the prefill other gateway replicas brought it (engineshare.go).
 	engine engineCounts
+	// others are the long prompts other gateway replicas published they sent there, newest at
+	// others[othersNext−1] (otherprefill.go).
+	others     [recentSends]sentPrompt
+	othersNext int
 }
 
 // sentPrompt is one request this gateway sent an endpoint: when, its uncached tokens, and when its first
@@ -111,7 +115,7 @@ type sentPrompt struct {
 	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
 	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
 	remote bool
-	// counted: its tokens are among this gateway's own prefilled ones (engineCounts.prefilledOwn).
+	// counted: its tokens are among this gateway's own prefilled ones (engineCounts.prefilledKnown).
 	counted bool
 }
 
@@ -149,14 +153,14 @@ func (m *endpointModel) forgetSend(pd Prediction) {
 // tokens count among this gateway's own that the engine's counters hold (engineCounts).
 func (m *endpointModel) prefilled(s *sentPrompt) {
 	s.firstBy = time.Time{}
-	m.engine.prefilledOwn(s)
+	m.engine.prefilledKnown(s)
 }
 
 // remember adds a send to the recent ones, in place of the oldest.
 func (m *endpointModel) remember(s sentPrompt) {
-	m.engine.prefilledOwn(&m.recent[m.next])
+	m.engine.prefilledKnown(&m.recent[m.next])
 	m.recent[m.next] = s
-	m.engine.sentOwn(&s)
+	m.engine.sentKnown(&s)
 	m.next = (m.next + 1) % recentSends
 }
 
@@ -177,27 +181,35 @@ const recentSends = 32
 // aheadTokens are the prompt tokens the engine has to prefill before a new request's. The engine's reading
 // says how many wait (counted at ū each), but not how much of its running batch is still in prefill, and a
 // request sent since the reading is in neither; this gateway knows its own: every send whose first token is
-// not yet due (at the tail of its prediction), at what it left uncached. The prefill ahead is the larger of the
-// reading's waiting plus the sends since it, and this gateway's sends still in prefill: the first holds other
-// gateways' requests, the second the prefills the reading hid. Sends since the reading count whether or not
+// not yet due (at the tail of its prediction), at what it left uncached, and the long prompts other replicas
+// published (otherprefill.go). The prefill ahead is the larger of the reading's waiting plus the sends since
+// it, and the sends still in prefill: the first holds other gateways' short requests, the second the prefills
+// the reading hid. Sends since the reading count whether or not
 // others finished since: a finished request leaves the running batch, not the prefill queue. A burst of new
 // groups' first prompts, each uncached, lands on one replica between two readings; counting them at ū —
 // mostly cached follow-ups — or netting them against finished requests predicts a prefill queue a fraction of
 // what it is. A split request counts at its decoder too, though its prefill runs on its prefiller
 // (predictSplit, disaggregate.go says why).
 func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) float64 {
-	var sinceReading, pending float64
-	for i := range m.recent {
-		s := &m.recent[i]
+	sinceReading, pending := inPrefill(&m.recent, c.readAt, now)
+	othersSince, othersPending := inPrefill(&m.others, c.readAt, now)
+	return max(float64(c.queue)*mean+sinceReading+othersSince, pending+othersPending)
+}
+
+// inPrefill sums the uncached tokens of the sends whose first token is not yet due: all of them (pending), and
+// those sent after readAt.
+func inPrefill(sends *[recentSends]sentPrompt, readAt, now time.Time) (sinceReading, pending float64) {
+	for i := range sends {
+		s := &sends[i]
 		if s.at.IsZero() || !now.Before(s.firstBy) {
 			continue
 		}
 		pending += s.uncached
-		if s.at.After(c.readAt) {
+		if s.at.After(readAt) {
 			sinceReading += s.uncached
 		}
 	}
-	return max(float64(c.queue)*mean+sinceReading, pending)
+	return sinceReading, pending
 }
 
 // prefillWindow is the time over which the prefill share is reckoned: about a request's decode
@@ -208,19 +220,25 @@ const (
 	maxPrefillShare = 0.9
 )
 
-// prefillShare is the share of the endpoint's engine time that goes to prefilling what this gateway sent it: the
-// uncached tokens of its sends there in the last prefillWindow, at speed (tokens a second), over the window. With
-// chunked prefill a running decode shares its steps with every prefill admitted while it runs, whether that
-// prefill's first token is out or not, so the share is of the sends made, not of the prefill still ahead. When
-// all recentSends fall within the window, older ones were forgotten, and the rate is reckoned over the span of
-// those remembered. A split's booking at its decoder does not count (its prefill runs on its prefiller). Other
-// gateway replicas' sends are not among them: their prefill comes from the engine's token counters
-// (engineshare.go), and predictLocked adds it.
+// prefillShare is the share of the endpoint's engine time that goes to prefilling what this gateway sent it, and
+// the long prompts other replicas published they sent it (otherprefill.go): the uncached tokens of those sends in
+// the last prefillWindow, at speed (tokens a second), over the window. With chunked prefill a running decode
+// shares its steps with every prefill admitted while it runs, whether that prefill's first token is out or not,
+// so the share is of the sends made, not of the prefill still ahead. When all recentSends of a ring fall within
+// the window, older ones were forgotten, and its rate is reckoned over the span of those remembered. A split's
+// booking at its decoder does not count (its prefill runs on its prefiller). The other replicas' unpublished
+// sends are not among them: their prefill comes from the engine's token counters (engineshare.go), and
+// predictLocked adds it.
 func (m *endpointModel) prefillShare(speed float64, now time.Time) float64 {
+	return min(maxPrefillShare, sentShare(&m.recent, speed, now)+sentShare(&m.others, speed, now))
+}
+
+// sentShare is prefillShare's figure for one ring of sends.
+func sentShare(sends *[recentSends]sentPrompt, speed float64, now time.Time) float64 {
 	var tokens float64
 	oldest, full := now, true
-	for i := range m.recent {
-		s := &m.recent[i]
+	for i := range sends {
+		s := &sends[i]
 		if s.at.IsZero() || now.Sub(s.at) > prefillWindow {
 			full = false
 			continue
@@ -436,7 +454,10 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
 	pd.tail = m.tail(c, z)
-	m.engine.note(c)
+	if m.engine.fresh(c) {
+		m.settleOthers(c.readAt)
+		m.engine.note(c)
+	}
 	pd.prefillShare = min(maxPrefillShare, m.prefillShare(speed, now)+m.engine.othersRate(now)/speed)
 	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
 		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)) / (1 - pd.prefillShare))

@@ -3,6 +3,7 @@ package picker
 import (
 	"math"
 	"sync/atomic"
+	"time"
 )
 
 // Placement is a gateway replica's news that it started a prompt on an endpoint where its index did not hold
@@ -28,6 +29,11 @@ type Placement struct {
 	// age the endpoint's index by as many blocks (Index.Churn): the engine evicts by everyone's traffic, and
 	// an index that saw only its own replica's would keep groups the engine has dropped.
 	Churn int
+	// Prefill, set instead of Hashes, reports a long prompt this replica sent the endpoint: its uncached
+	// tokens; Due is how long after sending its first token was due. Receivers count it in the endpoint's
+	// prefill ahead and prefill share until then (otherprefill.go).
+	Prefill int
+	Due     time.Duration
 }
 
 // Placements carries this replica's placements to the others (the placements package does it over Redis
@@ -44,15 +50,20 @@ const MaxSharedBlocks = 256
 // more KV cache than an 8-GPU node holds for any model).
 const MaxLearntCapacity = 1 << 21
 
-// Learn credits another replica's placement to this replica's index (or forgets what it reports forgotten).
+// Learn credits another replica's placement to this replica's index (or forgets what it reports forgotten, or
+// counts the long prompt it reports sent).
 // It reports false, and learns nothing, for an endpoint the policy does not list (once PolicyChanged has run)
 // or a placement without blocks.
 func (p *Affinity) Learn(pl Placement) bool {
-	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0) {
+	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0 && pl.Prefill <= 0) || pl.Due < 0 {
 		return false
 	}
 	if live := p.live.Load(); live != nil && !(*live)[pl.Endpoint] {
 		return false
+	}
+	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
+		p.pred.learnPrefill(pl.Endpoint, float64(min(pl.Prefill, MaxPublishedPrefill)), min(pl.Due, MaxPrefillDue), p.now())
+		return true
 	}
 	if len(pl.Hashes) == 0 {
 		p.Index.Churn(pl.Endpoint, min(pl.Churn, MaxLearntCapacity))

@@ -136,6 +136,8 @@ func (b *Bus) receive(msg []byte, learn func(picker.Placement) bool) {
 			b.metrics.received.WithLabelValues("forgotten").Inc()
 		case pl.Churn > 0:
 			b.metrics.received.WithLabelValues("churn").Inc()
+		case pl.Prefill > 0:
+			b.metrics.received.WithLabelValues("prefill").Inc()
 		default:
 			b.metrics.received.WithLabelValues("learnt").Inc()
 		}

@@ -256,6 +256,21 @@ func TestChurnOverRedis(t *testing.T) {
 	}
 }
 
+// A long prompt sent travels as its own kind of message and is counted as such; one to an endpoint the policy
+// does not list is not learnt.
+func TestLongPromptsOverRedis(t *testing.T) {
+	_, _, _, a, b := twoReplicas(t)
+	a.bus.Publish(picker.Placement{Endpoint: "10.0.0.2:1", Prefill: 30000, Due: 2 * time.Second})
+	a.bus.Publish(picker.Placement{Endpoint: "192.0.2.9:1", Prefill: 30000, Due: 2 * time.Second})
+	heard := func(result string) float64 { return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues(result)) }
+	if !wait.Until(10*time.Second, func() bool { return heard("prefill") == 1 && heard("unknown_endpoint") == 1 }) {
+		t.Fatalf("heard %v long prompts and %v for unknown endpoints, want 1 and 1", heard("prefill"), heard("unknown_endpoint"))
+	}
+	if heard("learnt") != 0 || heard("malformed") != 0 {
+		t.Errorf("long prompts counted as %v placements learnt and %v malformed, want 0", heard("learnt"), heard("malformed"))
+	}
+}
+
 // With a message key, only what a replica sealed with it is learnt: a placement any Redis client publishes
 // (unsigned, sealed with another key, or a sealed one replayed after MaxMessageAge) is dropped and counted,
 // and the conversation stays where it is.

@@ -14,11 +14,11 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "infergate_placements_published_total",
-			Help: "Messages this gateway published to the other replicas: placements (new conversation groups or copies, groups renewed as they faded, evictions found) and churn reports."}),
+			Help: "Messages this gateway published to the other replicas: placements (new conversation groups or copies, groups renewed as they faded, evictions found), long prompts sent and churn reports."}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_placements_dropped_total",
 			Help: "Placements this gateway could not publish, by reason (queue_full, redis)."}, []string{"reason"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_placements_received_total",
-			Help: "Placement messages this gateway heard, by result (learnt, forgotten, churn: one per endpoint of a churn report; own, unknown_endpoint, malformed; with a message key: unsigned, forged, stale)."}, []string{"result"}),
+			Help: "Placement messages this gateway heard, by result (learnt, forgotten, prefill, churn: one per endpoint of a churn report; own, unknown_endpoint, malformed; with a message key: unsigned, forged, stale)."}, []string{"result"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.published, m.dropped, m.received)

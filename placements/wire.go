@@ -1,7 +1,9 @@
 // Package placements shares the picker's placements between gateway replicas over Redis pub/sub: each replica
 // publishes where it started a conversation group (or found one evicted), and every other replica credits it
-// to its own prefix index (picker.Affinity.Learn). Messages flow only when a group gets a new copy, not per
-// request, so the cost grows with the traffic's new groups and never adds a round trip to a decision.
+// to its own prefix index (picker.Affinity.Learn); under SLO placement it also publishes the long prompts it
+// sends, which the others count in the endpoint's prefill ahead. Messages flow only when a group gets a new
+// copy or a prompt takes long to prefill, not per request, so the cost grows with the traffic's new groups and
+// the fleet's prefill, and never adds a round trip to a decision.
 package placements
 
 import (
@@ -9,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/infergate/infergate/picker"
 )
@@ -31,6 +34,9 @@ const (
 	// flagChurn marks a churn report: endpoints and block counts (picker.Placement.Churn) in place of one
 	// endpoint's hashes.
 	flagChurn = 2
+	// flagPrefill marks a long prompt sent (picker.Placement.Prefill): its uncached tokens and due time in
+	// milliseconds in place of the capacity and hashes.
+	flagPrefill = 4
 )
 
 // MaxChurnEntries bounds the endpoints of one churn report; a replica with more sends several.
@@ -42,8 +48,12 @@ type Origin [OriginBytes]byte
 // ErrMalformed is any message that is not a placement this version can read.
 var ErrMalformed = errors.New("malformed placement message")
 
-// Encode writes a placement: version, flags, origin, capacity, endpoint, block hashes (little-endian).
+// Encode writes a placement: version, flags, origin, capacity, endpoint, block hashes (little-endian); or, for
+// a long prompt sent (Prefill set, no hashes), version, flags, origin, tokens, due milliseconds, endpoint.
 func Encode(origin Origin, pl picker.Placement) []byte {
+	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
+		return encodePrefill(origin, pl)
+	}
 	hashes := pl.Hashes[:min(len(pl.Hashes), picker.MaxSharedBlocks)]
 	ep := pl.Endpoint[:min(len(pl.Endpoint), MaxEndpointBytes)]
 	b := make([]byte, 0, 2+OriginBytes+3*binary.MaxVarintLen64+len(ep)+8*len(hashes))
@@ -63,8 +73,20 @@ func Encode(origin Origin, pl picker.Placement) []byte {
 	return b
 }
 
+// encodePrefill writes a long prompt sent (see Encode).
+func encodePrefill(origin Origin, pl picker.Placement) []byte {
+	ep := pl.Endpoint[:min(len(pl.Endpoint), MaxEndpointBytes)]
+	b := make([]byte, 0, 2+OriginBytes+3*binary.MaxVarintLen64+len(ep))
+	b = append(b, wireVersion, flagPrefill)
+	b = append(b, origin[:]...)
+	b = binary.AppendUvarint(b, uint64(min(pl.Prefill, picker.MaxPublishedPrefill)))
+	b = binary.AppendUvarint(b, uint64(min(max(0, pl.Due), picker.MaxPrefillDue).Milliseconds()))
+	b = binary.AppendUvarint(b, uint64(len(ep)))
+	return append(b, ep...)
+}
+
 // Decode reads a message Encode wrote. Every length is bounded before anything is allocated, and the
-// message must end where its hashes do.
+// message must end where its hashes (or its endpoint, for a long prompt sent) do.
 func Decode(b []byte) (Origin, picker.Placement, error) {
 	var origin Origin
 	var pl picker.Placement
@@ -73,6 +95,9 @@ func Decode(b []byte) (Origin, picker.Placement, error) {
 	}
 	if b[0] != wireVersion {
 		return origin, pl, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
+	}
+	if b[1] == flagPrefill {
+		return decodePrefill(b)
 	}
 	if b[1]&^flagForgotten != 0 {
 		return origin, pl, fmt.Errorf("%w: flags %#x", ErrMalformed, b[1])
@@ -98,6 +123,27 @@ func Decode(b []byte) (Origin, picker.Placement, error) {
 	for i := range pl.Hashes {
 		pl.Hashes[i] = binary.LittleEndian.Uint64(rest[8*i:])
 	}
+	return origin, pl, nil
+}
+
+// decodePrefill reads a long prompt sent (see Encode), its version and flags checked.
+func decodePrefill(b []byte) (Origin, picker.Placement, error) {
+	var origin Origin
+	var pl picker.Placement
+	copy(origin[:], b[2:2+OriginBytes])
+	tokens, rest, err := uvarint(b[2+OriginBytes:], picker.MaxPublishedPrefill)
+	if err != nil || tokens == 0 {
+		return origin, pl, fmt.Errorf("%w: prefill tokens", ErrMalformed)
+	}
+	due, rest, err := uvarint(rest, uint64(picker.MaxPrefillDue.Milliseconds()))
+	if err != nil {
+		return origin, pl, fmt.Errorf("prefill due: %w", err)
+	}
+	n, rest, err := uvarint(rest, MaxEndpointBytes)
+	if err != nil || n == 0 || uint64(len(rest)) != n {
+		return origin, pl, fmt.Errorf("%w: endpoint", ErrMalformed)
+	}
+	pl.Endpoint, pl.Prefill, pl.Due = string(rest), int(tokens), time.Duration(due)*time.Millisecond
 	return origin, pl, nil
 }
 
@@ -128,8 +174,8 @@ func EncodeChurn(origin Origin, blocks map[string]int) [][]byte {
 	return msgs
 }
 
-// DecodeMessage reads either kind of message: a placement, or a churn report as one Placement (Churn set)
-// per endpoint. Like Decode, it bounds every length before allocating.
+// DecodeMessage reads any kind of message: a placement or a long prompt sent, or a churn report as one Placement
+// (Churn set) per endpoint. Like Decode, it bounds every length before allocating.
 func DecodeMessage(b []byte) (Origin, []picker.Placement, error) {
 	if len(b) < 2 || b[1] != flagChurn {
 		origin, pl, err := Decode(b)

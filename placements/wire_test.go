@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/picker"
 )
@@ -32,6 +33,12 @@ func TestEncodeDecode(t *testing.T) {
 			picker.Placement{Endpoint: "e:1", Hashes: many[:picker.MaxSharedBlocks]}},
 		{"a negative capacity", picker.Placement{Endpoint: "e:1", Hashes: []uint64{3}, Capacity: -5},
 			picker.Placement{Endpoint: "e:1", Hashes: []uint64{3}}},
+		{"a long prompt sent", picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500*time.Millisecond + 7},
+			picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500 * time.Millisecond}},
+		{"a long prompt past the bounds", picker.Placement{Endpoint: "e:1", Prefill: 1 << 30, Due: time.Hour},
+			picker.Placement{Endpoint: "e:1", Prefill: picker.MaxPublishedPrefill, Due: picker.MaxPrefillDue}},
+		{"a long prompt due at once", picker.Placement{Endpoint: "e:1", Prefill: 9, Due: -time.Second},
+			picker.Placement{Endpoint: "e:1", Prefill: 9}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -40,7 +47,8 @@ func TestEncodeDecode(t *testing.T) {
 				t.Fatal(err)
 			}
 			if origin != testOrigin || got.Endpoint != tc.want.Endpoint || got.Capacity != tc.want.Capacity ||
-				got.Forgotten != tc.want.Forgotten || !slices.Equal(got.Hashes, tc.want.Hashes) {
+				got.Forgotten != tc.want.Forgotten || !slices.Equal(got.Hashes, tc.want.Hashes) ||
+				got.Prefill != tc.want.Prefill || got.Due != tc.want.Due {
 				t.Errorf("decoded %v %+v, want %v %+v", origin, got, testOrigin, tc.want)
 			}
 		})
@@ -70,6 +78,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"a hash count over the bound", binary.AppendUvarint(append(bytes.Clone(header), 0, 1, 'a'), picker.MaxSharedBlocks+1)},
 		{"a capacity over the bound", binary.AppendUvarint(bytes.Clone(header), picker.MaxLearntCapacity+1)},
 		{"a truncated varint", append(bytes.Clone(header), 0xff)},
+		{"a long prompt of no tokens", prefillMsg(0, 10, "e:1")},
+		{"a long prompt over the token bound", prefillMsg(picker.MaxPublishedPrefill+1, 10, "e:1")},
+		{"a long prompt due past the bound", prefillMsg(1, uint64(picker.MaxPrefillDue.Milliseconds())+1, "e:1")},
+		{"a long prompt with no endpoint", prefillMsg(1, 10, "")},
+		{"a long prompt with trailing bytes", append(prefillMsg(1, 10, "e:1"), 0)},
+		{"a long prompt truncated", prefillMsg(1, 10, "e:1")[:2+OriginBytes+2]},
+		{"a long prompt with hashes' flags", append([]byte{wireVersion, flagPrefill | flagForgotten}, prefillMsg(1, 10, "e:1")[2:]...)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,25 +95,35 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// prefillMsg is a long prompt's message, its fields as given.
+func prefillMsg(tokens, dueMillis uint64, ep string) []byte {
+	b := append([]byte{wireVersion, flagPrefill}, testOrigin[:]...)
+	b = binary.AppendUvarint(binary.AppendUvarint(b, tokens), dueMillis)
+	return append(binary.AppendUvarint(b, uint64(len(ep))), ep...)
+}
+
 // FuzzDecode: no message crashes the decoder or makes it allocate beyond its bounds, and whatever it accepts
 // encodes back to the same bytes.
 func FuzzDecode(f *testing.F) {
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Hashes: []uint64{1, 2}, Capacity: 9}))
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Hashes: []uint64{1}, Forgotten: true}))
 	f.Add([]byte{wireVersion, 0})
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: time.Second}))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		origin, pl, err := Decode(msg)
 		if err != nil {
 			return
 		}
-		if len(pl.Hashes) > picker.MaxSharedBlocks || len(pl.Endpoint) > MaxEndpointBytes || pl.Capacity > picker.MaxLearntCapacity {
-			t.Fatalf("accepted beyond the bounds: %d hashes, %d-byte endpoint, capacity %d", len(pl.Hashes), len(pl.Endpoint), pl.Capacity)
+		if len(pl.Hashes) > picker.MaxSharedBlocks || len(pl.Endpoint) > MaxEndpointBytes || pl.Capacity > picker.MaxLearntCapacity ||
+			pl.Prefill > picker.MaxPublishedPrefill || pl.Due > picker.MaxPrefillDue || pl.Due < 0 {
+			t.Fatalf("accepted beyond the bounds: %d hashes, %d-byte endpoint, capacity %d, prefill %d due %v",
+				len(pl.Hashes), len(pl.Endpoint), pl.Capacity, pl.Prefill, pl.Due)
 		}
 		if again := Encode(origin, pl); !bytes.Equal(again, msg) {
 			// Varints have one shortest form; a longer one that decodes is still the same placement.
 			o2, pl2, err := Decode(again)
 			if err != nil || o2 != origin || pl2.Endpoint != pl.Endpoint || !slices.Equal(pl2.Hashes, pl.Hashes) ||
-				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten {
+				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten || pl2.Prefill != pl.Prefill || pl2.Due != pl.Due {
 				t.Fatalf("re-encoding %x gave %x, which decodes to %+v, %v", msg, again, pl2, err)
 			}
 		}
@@ -188,6 +213,7 @@ func FuzzDecodeMessage(f *testing.F) {
 	}
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Hashes: []uint64{1, 2}, Capacity: 9}))
 	f.Add([]byte{wireVersion, flagChurn})
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Prefill: 9000, Due: 2 * time.Second}))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		origin, pls, err := DecodeMessage(msg)
 		if err != nil {

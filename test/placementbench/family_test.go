@@ -145,3 +145,29 @@ func TestGatewayReplicasSharePlacements(t *testing.T) {
 		t.Errorf("four replicas sharing placements cached %.3f of prompt tokens, one %.3f, four apart %.3f", four, one, apart)
 	}
 }
+
+// Four replicas under SLO placement tell each other of their long prompts: on the base P/D fleet at 4 chat
+// requests a second, a replica that does not hear of another's 8-32K-token prompt in prefill on an H200 sends
+// chat requests behind it, predicted in time, that miss their TTFT. With the news they are about as many in time
+// as with one replica.
+func TestReplicasHearOfEachOthersLongPrompts(t *testing.T) {
+	sc := newPDScenario(pdBase, 4, "slo")
+	inTime := func(gateways int, silent bool) int {
+		sc.gateways, sc.silent = gateways, silent
+		good := 0
+		for seed := range uint64(3) {
+			work := sc.pd.workload(time.Minute, seed+1)
+			for _, o := range newGateway(sc, rowAggregated, 0, seed+1).run(work, 90*time.Second) {
+				if o.good {
+					good++
+				}
+			}
+		}
+		return good
+	}
+	one, heard, silent := inTime(1, false), inTime(4, false), inTime(4, true)
+	t.Logf("requests in time over 3 seeds: one replica %d, four hearing of long prompts %d, four not %d", one, heard, silent)
+	if heard <= silent || heard < one-5 {
+		t.Errorf("in time: four replicas hearing of each other's long prompts %d, not hearing %d, one replica %d", heard, silent, one)
+	}
+}

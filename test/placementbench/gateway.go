@@ -115,6 +115,9 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 			if len(g.replicas) > 1 && !sc.apart {
 				// Replicas share their placements, as infergate serve's do over Redis (share.go in picker).
 				a.Placements, a.ChurnEvery = bus.Join(a), picker.DefaultChurnEvery
+				if sc.silent {
+					a.Placements = withoutPrefill{a.Placements}
+				}
 			}
 			a.PolicyChanged(snap)
 			r.picker = a
@@ -125,6 +128,20 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 		fl.onRound = g.queue.KickAll
 	}
 	return g
+}
+
+// withoutPrefill publishes everything but the long prompts sent (scenario.silent).
+type withoutPrefill struct{ picker.Placements }
+
+func (w withoutPrefill) Publish(pl picker.Placement) {
+	if pl.Prefill == 0 {
+		w.Placements.Publish(pl)
+	}
+}
+
+// PublishChurn passes churn reports on whole (picker.ChurnPublisher).
+func (w withoutPrefill) PublishChurn(blocks map[string]int) {
+	w.Placements.(picker.ChurnPublisher).PublishChurn(blocks)
 }
 
 // shareDelay is how long a placement takes to reach the other gateway replicas (Redis pub/sub), in the sim's

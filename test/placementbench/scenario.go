@@ -64,9 +64,10 @@ type scenario struct {
 	// misstate is how wrong the policy's speeds are (-misstate; see statedSpeed), 1 or 0 for right.
 	misstate float64
 	// gateways is how many gateway replicas share the fleet (-gateways), each deciding every n-th request; 0
-	// or 1 for one. Unless apart is set, they share their placements, as they do with Redis.
-	gateways int
-	apart    bool
+	// or 1 for one. Unless apart is set, they share their placements, as they do with Redis; silent keeps the
+	// long prompts each sends to itself (a build before picker.Placement.Prefill).
+	gateways      int
+	apart, silent bool
 	// pd, set for the P/D bench (-pd), gives the scenario's policy per row and the long prompts' TTFT target.
 	pd *pdScenario
 }

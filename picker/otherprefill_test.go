@@ -1,0 +1,139 @@
+package picker
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/fleet"
+	"github.com/infergate/infergate/openai"
+	"github.com/infergate/infergate/policies"
+)
+
+// recordPlacements keeps what a picker publishes.
+type recordPlacements struct{ sent []Placement }
+
+func (r *recordPlacements) Publish(pl Placement) { r.sent = append(r.sent, pl) }
+
+// prefills are the long prompts among the placements published.
+func (r *recordPlacements) prefills() []Placement {
+	var out []Placement
+	for _, pl := range r.sent {
+		if pl.Prefill > 0 {
+			out = append(out, pl)
+		}
+	}
+	return out
+}
+
+// A replica under SLO placement publishes the long prompts it sends — a whole request's at its endpoint, a split's
+// prefill leg at its prefiller — with their uncached tokens and when their first token is due; short ones, and
+// decisions without predictions, publish nothing of the kind.
+func TestLongPromptsSentArePublished(t *testing.T) {
+	long := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens
+	for _, tc := range []struct {
+		name, policy, system string
+		want                 int // long prompts published
+		split                bool
+	}{
+		{"a long prompt, whole", sloPolicy(policies.PlacementSLO, policies.WhenSaturated), long, 1, false},
+		{"a short prompt", sloPolicy(policies.PlacementSLO, policies.WhenSaturated), "sys", 0, false},
+		{"a long prompt without SLO placement", mixedPolicy, long, 0, false},
+		{"a long prompt, split", sloDisaggPolicy, long, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, m := modelOf(t, tc.policy)
+			pro, _ := snap.TenantForKey("sk-demo-acme")
+			p, rec := newMixedPicker(idleEngines(nil)), &recordPlacements{}
+			p.Placements = rec
+			d, err := p.Pick(snap, Input{Tenant: pro, Model: m, Request: &openai.Request{Prompt: chatPrompt(t, tc.system, "?"), BodyBytes: len(tc.system)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := rec.prefills()
+			if len(got) != tc.want {
+				t.Fatalf("published %d long prompts (%+v), want %d", len(got), got, tc.want)
+			}
+			if tc.want == 0 {
+				return
+			}
+			if (d.Prefill != "") != tc.split {
+				t.Fatalf("split to %q, want split %v", d.Prefill, tc.split)
+			}
+			wantEp, pd := d.Endpoints[0], d.Predicted
+			if tc.split {
+				wantEp, pd = d.Prefill, d.prefillPred
+			}
+			if pl := got[0]; pl.Endpoint != wantEp || float64(pl.Prefill) != math.Floor(pd.uncached) || pl.Due != pd.TTFT+pd.tail || pl.Due <= 0 {
+				t.Errorf("published %+v, want %s, %.0f tokens, due %v", pl, wantEp, pd.uncached, pd.TTFT+pd.tail)
+			}
+		})
+	}
+}
+
+// Another replica's long prompt counts at the endpoint, from when it is heard of: in the prefill ahead until its
+// first token is due, and in the prefill share (TPOT) over the window; the engine's counters then take it off the
+// others' part, as they take this replica's own, so it is not counted twice.
+func TestOtherReplicasLongPromptsCount(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	const ep = "10.0.0.1:1" // an H200: 24,000 tokens a second
+	t0 := time.Unix(1000, 0)
+	eng := idleEngines(nil)
+	p := newMixedPicker(eng)
+	p.PolicyChanged(snap)
+	now := t0
+	p.Now = func() time.Time { return now }
+	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
+	predicted := func() (ttft, tpot time.Duration) {
+		t.Helper()
+		d, err := p.Pick(snap, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range d.Scores {
+			if s.Endpoint == ep {
+				return s.TTFT, s.TPOT
+			}
+		}
+		t.Fatalf("no score for %s: %v", ep, d.Scores)
+		return 0, 0
+	}
+	eng[ep] = fleet.EngineMetrics{At: t0, PromptTokens: 500000, CachedPromptTokens: 100000}
+	idleTTFT, idleTPOT := predicted()
+	if p.Learn(Placement{Endpoint: "10.9.9.9:1", Prefill: 48000, Due: 3 * time.Second}) {
+		t.Error("learnt a prompt sent to an endpoint the policy does not list")
+	}
+	if p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: -time.Second}) {
+		t.Error("learnt a prompt due before it was sent")
+	}
+	// 48,000 tokens: 2 s of prefill ahead, and 0.2 of the next 10 s.
+	if !p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second}) {
+		t.Fatal("did not learn another replica's long prompt")
+	}
+	near := func(got, want time.Duration, what string) {
+		t.Helper()
+		if math.Abs(float64(got-want)) > float64(want)/50 {
+			t.Errorf("%s: predicted %v, want %v", what, got, want)
+		}
+	}
+	ttft, tpot := predicted()
+	near(ttft-idleTTFT, 2*time.Second, "TTFT behind another replica's prompt, less idle")
+	near(tpot, time.Duration(float64(idleTPOT)/0.8), "TPOT while it prefills")
+	// Its first token is due: it leaves the prefill ahead; the engine counted it, and the counters do not count
+	// it again.
+	now = t0.Add(4 * time.Second)
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 548000, CachedPromptTokens: 100000}
+	ttft, tpot = predicted()
+	near(ttft, idleTTFT, "TTFT once it is due")
+	near(tpot, time.Duration(float64(idleTPOT)/0.8), "TPOT with the engine's counters too")
+	// Once it was due at a reading it is off the counters' books: what the engine computes later is the others'
+	// again (24,000 tokens in 2 s: half of its time).
+	now = t0.Add(16 * time.Second)
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 548000, CachedPromptTokens: 100000}
+	predicted()
+	now = t0.Add(18 * time.Second)
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 572000, CachedPromptTokens: 100000}
+	_, tpot = predicted()
+	near(tpot, 2*idleTPOT, "TPOT with others' unpublished prompts after it")
+}
