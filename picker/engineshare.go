@@ -72,8 +72,8 @@ func (e *engineCounts) fresh(c *scored) bool {
 	return c.counted && (last.at.IsZero() || c.readAt.After(last.at))
 }
 
-// othersRate is the prefill other gateway replicas brought the engine, in tokens a second (reckon), while the
-// newest reading is not older than prefillWindow.
+// othersRate is the prefill other gateway replicas brought the engine beyond the long prompts they published, in
+// tokens a second (reckon), while the newest reading is not older than prefillWindow.
 func (e *engineCounts) othersRate(now time.Time) float64 {
 	newest := e.at[(e.next+engineReadings-1)%engineReadings]
 	if newest.at.IsZero() || now.Sub(newest.at) > prefillWindow {
@@ -101,8 +101,13 @@ func (e *engineCounts) reckon() float64 {
 	return max(0, computed-(newest.sent-oldest.prefilled)) / span
 }
 
-// sentKnown counts a send's tokens (this gateway's or a published one) among the known ones sent there.
-func (e *engineCounts) sentKnown(s *sentPrompt) { e.knownSent += s.uncached }
+// sentKnown counts a send's tokens (this gateway's or a published one) among the known ones sent there; a
+// split's booking at its decoder, published, prefills nothing there.
+func (e *engineCounts) sentKnown(s *sentPrompt) {
+	if !s.remote {
+		e.knownSent += s.uncached
+	}
+}
 
 // sentRemote takes a split's booking at its decoder out of the known tokens sent there: its prefill runs on its
 // prefiller.

@@ -1,6 +1,9 @@
 package picker
 
-import "time"
+import (
+	"math/rand/v2"
+	"time"
+)
 
 // The other gateway replicas' long prompts. SLO placement predicts a request's TTFT from the prefill ahead of it
 // at the endpoint (aheadTokens): the engine's waiting requests at its last reading, and the sends since, still
@@ -9,33 +12,46 @@ import "time"
 // prefill ahead: a replica sent a chat request behind another replica's 30K-token prompt, started a moment ago
 // on an H200, predicts it served at once. So each replica publishes the long prompts it sends (Placement.Prefill:
 // the endpoint, the uncached tokens, when the first token is due), and the others count them, from when they
-// hear of them until they are due, in the prefill ahead and the prefill share, as they count their own. Only
-// prompts that take at least publishedPrefill at the endpoint's stated speed are published: the short ones are
-// what the engine's waiting count and counters already tell well enough, and the bound keeps the messages to at
-// most 1 ÷ publishedPrefill a second per endpoint prefilling, however many requests the fleet serves.
+// hear of them until they are due, in the prefill ahead and the prefill share, as they count their own. A split
+// is published at both ends, as this replica books it (predictSplit): its prefill leg at its prefiller, and its
+// booking at its decoder (Placement.Booked), which counts in the decoder's prefill ahead only. The others hold a
+// prompt until it is due at the tail of the sender's prediction (the sender releases its own at the first
+// token), and hold one that failed as long: they err towards a busy endpoint. Only prompts that take at least
+// publishedPrefill at the endpoint's stated speed are published: the engine's waiting count and counters tell
+// the short ones, and the bound keeps the messages to at most 1 ÷ publishedPrefill a second per endpoint
+// prefilling (twice that for splits), however many requests the fleet serves.
 
 // publishedPrefill is the least prefill time, at the endpoint's stated speed, of a prompt whose sending is
-// published.
+// published. Over make bench-pd's family with four replicas (BENCHMARKS.md), 250 ms published the bursts' long
+// prompts only, not chat's uncached openings on the slower class, and aggregated serving missed 40 % more
+// requests than at 100 ms; 50 ms held more short prompts to the tail of their prediction, and missed 6 % more.
 const publishedPrefill = 100 * time.Millisecond
 
-// MaxPublishedPrefill bounds the uncached tokens a published prompt may claim (16M: more than any model's
-// context), and MaxPrefillDue how long after it is heard of it may count as in prefill.
+// MaxPublishedPrefill bounds the uncached tokens a published prompt may claim (1M: the longest contexts
+// served), and MaxPrefillDue how long after it is heard of it may count: a message forged where the replicas
+// share no key (docs/security.md) makes an endpoint look busy for at most that long.
 const (
-	MaxPublishedPrefill = 1 << 24
-	MaxPrefillDue       = 10 * time.Minute
+	MaxPublishedPrefill = 1 << 20
+	MaxPrefillDue       = time.Minute
 )
 
-// publishPrefill tells the other replicas of the prompt the decision sent, when it is long: the whole request's
-// at its endpoint, or a split's prefill leg at its prefiller (a split's booking at its decoder prefills nothing
-// there).
+// publishPrefill tells the other replicas of the prompt the decision sent, when it is long: a whole request's at
+// its endpoint, or a split's prefill leg at its prefiller and its booking at its decoder.
 func (d *decision) publishPrefill(dec *Decision) {
 	if d.p.Placements == nil || !dec.Predicted.set || len(dec.Endpoints) == 0 {
 		return
 	}
-	ep, pd := dec.Endpoints[0], dec.Predicted
-	if dec.Prefill != "" {
-		ep, pd = dec.Prefill, dec.prefillPred
+	if dec.Prefill == "" {
+		d.publishSent(dec.Endpoints[0], dec.Predicted, false)
+		return
 	}
+	d.publishSent(dec.Prefill, dec.prefillPred, false)
+	d.publishSent(dec.Endpoints[0], dec.Predicted, true)
+}
+
+// publishSent publishes the send to ep that pd predicted (booked: a split's booking at its decoder), when it
+// takes at least publishedPrefill there. Each message has a random id, by which a receiver drops a replay.
+func (d *decision) publishSent(ep string, pd Prediction, booked bool) {
 	if !pd.set || pd.uncached < 1 {
 		return
 	}
@@ -43,22 +59,30 @@ func (d *decision) publishPrefill(dec *Decision) {
 	if c == nil || pd.uncached < c.speed.PrefillTokensPerSecond*publishedPrefill.Seconds() {
 		return
 	}
-	d.p.Placements.Publish(Placement{Endpoint: ep, Prefill: int(min(pd.uncached, MaxPublishedPrefill)), Due: pd.TTFT + pd.tail})
+	d.p.Placements.Publish(Placement{Endpoint: ep, Prefill: int(min(pd.uncached, MaxPublishedPrefill)),
+		Due: pd.TTFT + pd.tail, Booked: booked, ID: rand.Uint64()})
 }
 
-// learnPrefill counts another replica's long prompt, heard of at now and due in due, among the endpoint's
-// others' sends. An endpoint this replica has not predicted for yet has nothing to count it in.
-func (p *predictor) learnPrefill(ep string, uncached float64, due time.Duration, now time.Time) {
+// learnPrefill counts another replica's long prompt (id, uncached tokens; booked: a split's booking at its
+// decoder), heard of at now and due in due, among the endpoint's others' sends. It reports false for an endpoint
+// this replica has not predicted for yet, which has nothing to count it in; a replay of one it holds is dropped.
+func (p *predictor) learnPrefill(ep string, id uint64, uncached float64, due time.Duration, booked bool, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.eps[ep]
 	if m == nil {
-		return
+		return false
+	}
+	for i := range m.others {
+		if s := &m.others[i]; s.id == id && !s.at.IsZero() {
+			return true
+		}
 	}
 	m.engine.prefilledKnown(&m.others[m.othersNext])
-	m.others[m.othersNext] = sentPrompt{at: now, firstBy: now.Add(due), uncached: uncached}
+	m.others[m.othersNext] = sentPrompt{at: now, firstBy: now.Add(due), uncached: uncached, remote: booked, id: id}
 	m.engine.sentKnown(&m.others[m.othersNext])
 	m.othersNext = (m.othersNext + 1) % recentSends
+	return true
 }
 
 // settleOthers counts the others' prompts due by a reading at readAt among the known ones prefilled: their

@@ -28,10 +28,10 @@ func (r *recordPlacements) prefills() []Placement {
 }
 
 // A replica under SLO placement publishes the long prompts it sends — a whole request's at its endpoint, a split's
-// prefill leg at its prefiller — with their uncached tokens and when their first token is due; short ones, and
-// decisions without predictions, publish nothing of the kind.
+// prefill leg at its prefiller and its booking at its decoder — with their uncached tokens and when their first
+// token is due; short ones, and decisions without predictions, publish nothing of the kind.
 func TestLongPromptsSentArePublished(t *testing.T) {
-	long := strings.Repeat("A long document the model must read before it answers. ", 400) // ≈ 5.6K tokens
+	long := strings.Repeat("A long document the model must read before it answers. ", 800) // ≈ 11K tokens
 	for _, tc := range []struct {
 		name, policy, system string
 		want                 int // long prompts published
@@ -40,7 +40,7 @@ func TestLongPromptsSentArePublished(t *testing.T) {
 		{"a long prompt, whole", sloPolicy(policies.PlacementSLO, policies.WhenSaturated), long, 1, false},
 		{"a short prompt", sloPolicy(policies.PlacementSLO, policies.WhenSaturated), "sys", 0, false},
 		{"a long prompt without SLO placement", mixedPolicy, long, 0, false},
-		{"a long prompt, split", sloDisaggPolicy, long, 1, true},
+		{"a long prompt, split", sloDisaggPolicy, long, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap, m := modelOf(t, tc.policy)
@@ -61,12 +61,24 @@ func TestLongPromptsSentArePublished(t *testing.T) {
 			if (d.Prefill != "") != tc.split {
 				t.Fatalf("split to %q, want split %v", d.Prefill, tc.split)
 			}
-			wantEp, pd := d.Endpoints[0], d.Predicted
-			if tc.split {
-				wantEp, pd = d.Prefill, d.prefillPred
+			type leg struct {
+				ep     string
+				pd     Prediction
+				booked bool
 			}
-			if pl := got[0]; pl.Endpoint != wantEp || float64(pl.Prefill) != math.Floor(pd.uncached) || pl.Due != pd.TTFT+pd.tail || pl.Due <= 0 {
-				t.Errorf("published %+v, want %s, %.0f tokens, due %v", pl, wantEp, pd.uncached, pd.TTFT+pd.tail)
+			want := []leg{{d.Endpoints[0], d.Predicted, false}}
+			if tc.split {
+				want = []leg{{d.Prefill, d.prefillPred, false}, {d.Endpoints[0], d.Predicted, true}}
+			}
+			for i, w := range want {
+				pl := got[i]
+				if pl.Endpoint != w.ep || float64(pl.Prefill) != math.Floor(w.pd.uncached) || pl.Due != w.pd.TTFT+w.pd.tail ||
+					pl.Due <= 0 || pl.Booked != w.booked || pl.ID == 0 {
+					t.Errorf("published %+v, want %s, %.0f tokens, due %v, booked %v, an id", pl, w.ep, w.pd.uncached, w.pd.TTFT+w.pd.tail, w.booked)
+				}
+			}
+			if tc.split && got[0].ID == got[1].ID {
+				t.Error("both ends of a split published under one id")
 			}
 		})
 	}
@@ -101,15 +113,21 @@ func TestOtherReplicasLongPromptsCount(t *testing.T) {
 	}
 	eng[ep] = fleet.EngineMetrics{At: t0, PromptTokens: 500000, CachedPromptTokens: 100000}
 	idleTTFT, idleTPOT := predicted()
-	if p.Learn(Placement{Endpoint: "10.9.9.9:1", Prefill: 48000, Due: 3 * time.Second}) {
+	if p.Learn(Placement{Endpoint: "10.9.9.9:1", Prefill: 48000, Due: 3 * time.Second, ID: 1}) {
 		t.Error("learnt a prompt sent to an endpoint the policy does not list")
 	}
-	if p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: -time.Second}) {
+	if p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: -time.Second, ID: 2}) {
 		t.Error("learnt a prompt due before it was sent")
 	}
 	// 48,000 tokens: 2 s of prefill ahead, and 0.2 of the next 10 s.
-	if !p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second}) {
+	if !p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second, ID: 3}) {
 		t.Fatal("did not learn another replica's long prompt")
+	}
+	p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second, ID: 3}) // a replay: dropped
+	fresh := newMixedPicker(eng)
+	fresh.PolicyChanged(snap)
+	if fresh.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second, ID: 4}) {
+		t.Error("learnt a prompt sent to an endpoint this replica has not predicted for")
 	}
 	near := func(got, want time.Duration, what string) {
 		t.Helper()
@@ -136,4 +154,55 @@ func TestOtherReplicasLongPromptsCount(t *testing.T) {
 	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 572000, CachedPromptTokens: 100000}
 	_, tpot = predicted()
 	near(tpot, 2*idleTPOT, "TPOT with others' unpublished prompts after it")
+}
+
+// A split's booking at a decoder, published, counts in its prefill ahead only: the prefill runs elsewhere.
+func TestOtherReplicasBookingsCountAhead(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	const ep = "10.0.0.1:1"
+	p := newMixedPicker(idleEngines(nil))
+	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
+	score := func() Score {
+		t.Helper()
+		d, err := p.Pick(snap, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range d.Scores {
+			if s.Endpoint == ep {
+				return s
+			}
+		}
+		t.Fatalf("no score for %s", ep)
+		return Score{}
+	}
+	idle := score()
+	p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second, ID: 1, Booked: true})
+	got := score()
+	if got.TTFT-idle.TTFT < 1900*time.Millisecond || got.TPOT != idle.TPOT {
+		t.Errorf("behind a booking of 48,000 tokens: TTFT %v → %v (want 2 s more), TPOT %v → %v (want the same)",
+			idle.TTFT, got.TTFT, idle.TPOT, got.TPOT)
+	}
+	if known := p.pred.eps[ep].engine.knownSent; known != 0 {
+		t.Errorf("a booking counts %.0f tokens among those the engine prefills", known)
+	}
+}
+
+// The others' ring holds recentSends prompts per endpoint; one it drops before it was due is counted among the
+// known ones prefilled then (its prefill long done, or never begun), once.
+func TestOtherReplicasPromptsLeaveTheRing(t *testing.T) {
+	var p predictor
+	m := p.model("e", 0, 0, 0)
+	now := time.Unix(1000, 0)
+	for i := range recentSends + 1 {
+		p.learnPrefill("e", uint64(i+1), 1000, time.Hour, false, now)
+	}
+	if m.engine.knownSent != float64(recentSends+1)*1000 || m.engine.knownPrefilled != 1000 {
+		t.Errorf("known sent %.0f, prefilled %.0f; want %d and 1000", m.engine.knownSent, m.engine.knownPrefilled, (recentSends+1)*1000)
+	}
+	m.settleOthers(now.Add(2 * time.Hour))
+	m.settleOthers(now.Add(3 * time.Hour))
+	if m.engine.knownPrefilled != m.engine.knownSent {
+		t.Errorf("once all were due: known prefilled %.0f of %.0f sent", m.engine.knownPrefilled, m.engine.knownSent)
+	}
 }

@@ -107,16 +107,19 @@ type endpointModel struct {
 	othersNext int
 }
 
-// sentPrompt is one request this gateway sent an endpoint: when, its uncached tokens, and when its first
-// token was due at the tail of its prediction.
+// sentPrompt is one request this gateway (or, among an endpoint's others, another replica) sent an endpoint:
+// when (heard of, for another's), its uncached tokens, and when its first token was due at the tail of its
+// prediction.
 type sentPrompt struct {
 	at, firstBy time.Time
 	uncached    float64
 	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
 	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
 	remote bool
-	// counted: its tokens are among this gateway's own prefilled ones (engineCounts.prefilledKnown).
+	// counted: its tokens are among the known ones prefilled (engineCounts.prefilledKnown).
 	counted bool
+	// id is another replica's message id (Placement.ID), by which a replay is dropped.
+	id uint64
 }
 
 // prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend).

@@ -30,10 +30,13 @@ type Placement struct {
 	// an index that saw only its own replica's would keep groups the engine has dropped.
 	Churn int
 	// Prefill, set instead of Hashes, reports a long prompt this replica sent the endpoint: its uncached
-	// tokens; Due is how long after sending its first token was due. Receivers count it in the endpoint's
-	// prefill ahead and prefill share until then (otherprefill.go).
+	// tokens; Due is how long after sending its first token was due, ID a random number that tells a replay.
+	// Receivers count it in the endpoint's prefill ahead until then and in its prefill share (otherprefill.go);
+	// Booked, a split's booking at its decoder, in the prefill ahead only.
 	Prefill int
 	Due     time.Duration
+	ID      uint64
+	Booked  bool
 }
 
 // Placements carries this replica's placements to the others (the placements package does it over Redis
@@ -51,9 +54,9 @@ const MaxSharedBlocks = 256
 const MaxLearntCapacity = 1 << 21
 
 // Learn credits another replica's placement to this replica's index (or forgets what it reports forgotten, or
-// counts the long prompt it reports sent).
-// It reports false, and learns nothing, for an endpoint the policy does not list (once PolicyChanged has run)
-// or a placement without blocks.
+// counts the long prompt it reports sent). It reports false, and learns nothing, for an endpoint the policy does
+// not list (once PolicyChanged has run), a placement without blocks, a long prompt due before it was sent, or
+// one sent to an endpoint this replica has not predicted for yet.
 func (p *Affinity) Learn(pl Placement) bool {
 	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0 && pl.Prefill <= 0) || pl.Due < 0 {
 		return false
@@ -62,8 +65,7 @@ func (p *Affinity) Learn(pl Placement) bool {
 		return false
 	}
 	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
-		p.pred.learnPrefill(pl.Endpoint, float64(min(pl.Prefill, MaxPublishedPrefill)), min(pl.Due, MaxPrefillDue), p.now())
-		return true
+		return p.pred.learnPrefill(pl.Endpoint, pl.ID, float64(min(pl.Prefill, MaxPublishedPrefill)), min(pl.Due, MaxPrefillDue), pl.Booked, p.now())
 	}
 	if len(pl.Hashes) == 0 {
 		p.Index.Churn(pl.Endpoint, min(pl.Churn, MaxLearntCapacity))

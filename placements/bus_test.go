@@ -256,18 +256,56 @@ func TestChurnOverRedis(t *testing.T) {
 	}
 }
 
-// A long prompt sent travels as its own kind of message and is counted as such; one to an endpoint the policy
-// does not list is not learnt.
+// sloPolicy is the test policy under SLO placement, for the long prompts replicas tell each other of.
+var sloPolicy = strings.NewReplacer("spec:\n", "spec:\n  routing: {placement: slo, debugScores: true}\n  tiers: {pro: {slo: {ttft: 1s}}}\n",
+	"engine: vllm,", "engine: vllm, maxConcurrency: 16,", "{name: t, ", "{name: t, tier: pro, ").Replace(policy)
+
+// A long prompt one replica sends reaches the other over Redis as its own kind of message, counted as such, and
+// the other predicts a request sent behind it there to wait for its prefill; one to an endpoint the policy does
+// not list is not learnt.
 func TestLongPromptsOverRedis(t *testing.T) {
-	_, _, _, a, b := twoReplicas(t)
-	a.bus.Publish(picker.Placement{Endpoint: "10.0.0.2:1", Prefill: 30000, Due: 2 * time.Second})
-	a.bus.Publish(picker.Placement{Endpoint: "192.0.2.9:1", Prefill: 30000, Due: 2 * time.Second})
+	srv := redistest.Start(t)
+	snap, err := policies.Parse("p.yaml", []byte(sloPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := snap.Model("m")
+	tenant, _ := snap.TenantForKey("sk-demo-acme")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	a, b := startReplica(t, ctx, srv.Addr, snap, &wg), startReplica(t, ctx, srv.Addr, snap, &wg)
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	ttfts := func() map[string]time.Duration {
+		t.Helper()
+		d, err := b.picker.Pick(snap, picker.Input{Tenant: tenant, Model: m, Request: prompt(t, "sys", "short")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]time.Duration{}
+		for _, s := range d.Scores {
+			out[s.Endpoint] = s.TTFT
+		}
+		return out
+	}
+	// b predicts for every endpoint: it has a model to count the long prompt in.
+	before := ttfts()
+	long := strings.Repeat("A long document the model must read before it answers. ", 800) // ≈ 11K tokens
+	d, err := a.picker.Pick(snap, picker.Input{Tenant: tenant, Model: m, Request: prompt(t, long, "?")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := d.Endpoints[0]
+	a.bus.Publish(picker.Placement{Endpoint: "192.0.2.9:1", Prefill: 30000, Due: 2 * time.Second, ID: 2})
 	heard := func(result string) float64 { return testutil.ToFloat64(b.bus.metrics.received.WithLabelValues(result)) }
 	if !wait.Until(10*time.Second, func() bool { return heard("prefill") == 1 && heard("unknown_endpoint") == 1 }) {
 		t.Fatalf("heard %v long prompts and %v for unknown endpoints, want 1 and 1", heard("prefill"), heard("unknown_endpoint"))
 	}
-	if heard("learnt") != 0 || heard("malformed") != 0 {
-		t.Errorf("long prompts counted as %v placements learnt and %v malformed, want 0", heard("learnt"), heard("malformed"))
+	if heard("malformed") != 0 {
+		t.Errorf("%v long prompts counted malformed", heard("malformed"))
+	}
+	// About 11,000 tokens at 7,000 a second.
+	if after := ttfts()[ep]; after-before[ep] < 1200*time.Millisecond {
+		t.Errorf("predicted TTFT at %s %v before the other replica's long prompt, %v after; want about 1.6 s more", ep, before[ep], after)
 	}
 }
 

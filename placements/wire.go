@@ -34,9 +34,10 @@ const (
 	// flagChurn marks a churn report: endpoints and block counts (picker.Placement.Churn) in place of one
 	// endpoint's hashes.
 	flagChurn = 2
-	// flagPrefill marks a long prompt sent (picker.Placement.Prefill): its uncached tokens and due time in
-	// milliseconds in place of the capacity and hashes.
+	// flagPrefill marks a long prompt sent (picker.Placement.Prefill): its id, uncached tokens and due time in
+	// milliseconds in place of the capacity and hashes; with flagBooked, a split's booking at its decoder.
 	flagPrefill = 4
+	flagBooked  = 8
 )
 
 // MaxChurnEntries bounds the endpoints of one churn report; a replica with more sends several.
@@ -49,7 +50,8 @@ type Origin [OriginBytes]byte
 var ErrMalformed = errors.New("malformed placement message")
 
 // Encode writes a placement: version, flags, origin, capacity, endpoint, block hashes (little-endian); or, for
-// a long prompt sent (Prefill set, no hashes), version, flags, origin, tokens, due milliseconds, endpoint.
+// a long prompt sent (Prefill set, no hashes; Forgotten does not apply), version, flags, origin, id
+// (little-endian), tokens, due milliseconds, endpoint.
 func Encode(origin Origin, pl picker.Placement) []byte {
 	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
 		return encodePrefill(origin, pl)
@@ -76,9 +78,14 @@ func Encode(origin Origin, pl picker.Placement) []byte {
 // encodePrefill writes a long prompt sent (see Encode).
 func encodePrefill(origin Origin, pl picker.Placement) []byte {
 	ep := pl.Endpoint[:min(len(pl.Endpoint), MaxEndpointBytes)]
-	b := make([]byte, 0, 2+OriginBytes+3*binary.MaxVarintLen64+len(ep))
-	b = append(b, wireVersion, flagPrefill)
+	b := make([]byte, 0, 2+OriginBytes+8+3*binary.MaxVarintLen64+len(ep))
+	flags := byte(flagPrefill)
+	if pl.Booked {
+		flags |= flagBooked
+	}
+	b = append(b, wireVersion, flags)
 	b = append(b, origin[:]...)
+	b = binary.LittleEndian.AppendUint64(b, pl.ID)
 	b = binary.AppendUvarint(b, uint64(min(pl.Prefill, picker.MaxPublishedPrefill)))
 	b = binary.AppendUvarint(b, uint64(min(max(0, pl.Due), picker.MaxPrefillDue).Milliseconds()))
 	b = binary.AppendUvarint(b, uint64(len(ep)))
@@ -96,7 +103,7 @@ func Decode(b []byte) (Origin, picker.Placement, error) {
 	if b[0] != wireVersion {
 		return origin, pl, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
 	}
-	if b[1] == flagPrefill {
+	if b[1]&^flagBooked == flagPrefill {
 		return decodePrefill(b)
 	}
 	if b[1]&^flagForgotten != 0 {
@@ -131,7 +138,12 @@ func decodePrefill(b []byte) (Origin, picker.Placement, error) {
 	var origin Origin
 	var pl picker.Placement
 	copy(origin[:], b[2:2+OriginBytes])
-	tokens, rest, err := uvarint(b[2+OriginBytes:], picker.MaxPublishedPrefill)
+	rest := b[2+OriginBytes:]
+	if len(rest) < 8 {
+		return origin, pl, fmt.Errorf("%w: prefill id", ErrMalformed)
+	}
+	pl.ID, pl.Booked = binary.LittleEndian.Uint64(rest), b[1]&flagBooked != 0
+	tokens, rest, err := uvarint(rest[8:], picker.MaxPublishedPrefill)
 	if err != nil || tokens == 0 {
 		return origin, pl, fmt.Errorf("%w: prefill tokens", ErrMalformed)
 	}

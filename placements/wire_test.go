@@ -33,8 +33,10 @@ func TestEncodeDecode(t *testing.T) {
 			picker.Placement{Endpoint: "e:1", Hashes: many[:picker.MaxSharedBlocks]}},
 		{"a negative capacity", picker.Placement{Endpoint: "e:1", Hashes: []uint64{3}, Capacity: -5},
 			picker.Placement{Endpoint: "e:1", Hashes: []uint64{3}}},
-		{"a long prompt sent", picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500*time.Millisecond + 7},
-			picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500 * time.Millisecond}},
+		{"a long prompt sent", picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500*time.Millisecond + 7, ID: 1<<63 + 5},
+			picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500 * time.Millisecond, ID: 1<<63 + 5}},
+		{"a split's booking at its decoder", picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true},
+			picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true}},
 		{"a long prompt past the bounds", picker.Placement{Endpoint: "e:1", Prefill: 1 << 30, Due: time.Hour},
 			picker.Placement{Endpoint: "e:1", Prefill: picker.MaxPublishedPrefill, Due: picker.MaxPrefillDue}},
 		{"a long prompt due at once", picker.Placement{Endpoint: "e:1", Prefill: 9, Due: -time.Second},
@@ -48,7 +50,7 @@ func TestEncodeDecode(t *testing.T) {
 			}
 			if origin != testOrigin || got.Endpoint != tc.want.Endpoint || got.Capacity != tc.want.Capacity ||
 				got.Forgotten != tc.want.Forgotten || !slices.Equal(got.Hashes, tc.want.Hashes) ||
-				got.Prefill != tc.want.Prefill || got.Due != tc.want.Due {
+				got.Prefill != tc.want.Prefill || got.Due != tc.want.Due || got.ID != tc.want.ID || got.Booked != tc.want.Booked {
 				t.Errorf("decoded %v %+v, want %v %+v", origin, got, testOrigin, tc.want)
 			}
 		})
@@ -83,8 +85,10 @@ func TestDecodeRejects(t *testing.T) {
 		{"a long prompt due past the bound", prefillMsg(1, uint64(picker.MaxPrefillDue.Milliseconds())+1, "e:1")},
 		{"a long prompt with no endpoint", prefillMsg(1, 10, "")},
 		{"a long prompt with trailing bytes", append(prefillMsg(1, 10, "e:1"), 0)},
-		{"a long prompt truncated", prefillMsg(1, 10, "e:1")[:2+OriginBytes+2]},
+		{"a long prompt truncated", prefillMsg(1, 10, "e:1")[:2+OriginBytes+10]},
+		{"a long prompt short of its id", prefillMsg(1, 10, "e:1")[:2+OriginBytes+7]},
 		{"a long prompt with hashes' flags", append([]byte{wireVersion, flagPrefill | flagForgotten}, prefillMsg(1, 10, "e:1")[2:]...)},
+		{"a booking without a long prompt", append([]byte{wireVersion, flagBooked}, prefillMsg(1, 10, "e:1")[2:]...)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,9 +99,9 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
-// prefillMsg is a long prompt's message, its fields as given.
+// prefillMsg is a long prompt's message, its fields as given (id 7).
 func prefillMsg(tokens, dueMillis uint64, ep string) []byte {
-	b := append([]byte{wireVersion, flagPrefill}, testOrigin[:]...)
+	b := binary.LittleEndian.AppendUint64(append([]byte{wireVersion, flagPrefill}, testOrigin[:]...), 7)
 	b = binary.AppendUvarint(binary.AppendUvarint(b, tokens), dueMillis)
 	return append(binary.AppendUvarint(b, uint64(len(ep))), ep...)
 }
@@ -108,7 +112,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Hashes: []uint64{1, 2}, Capacity: 9}))
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Hashes: []uint64{1}, Forgotten: true}))
 	f.Add([]byte{wireVersion, 0})
-	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: time.Second}))
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: time.Second, ID: 9}))
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Prefill: 1, Due: time.Minute, ID: 1, Booked: true}))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		origin, pl, err := Decode(msg)
 		if err != nil {
@@ -123,7 +128,8 @@ func FuzzDecode(f *testing.F) {
 			// Varints have one shortest form; a longer one that decodes is still the same placement.
 			o2, pl2, err := Decode(again)
 			if err != nil || o2 != origin || pl2.Endpoint != pl.Endpoint || !slices.Equal(pl2.Hashes, pl.Hashes) ||
-				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten || pl2.Prefill != pl.Prefill || pl2.Due != pl.Due {
+				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten || pl2.Prefill != pl.Prefill || pl2.Due != pl.Due ||
+				pl2.ID != pl.ID || pl2.Booked != pl.Booked {
 				t.Fatalf("re-encoding %x gave %x, which decodes to %+v, %v", msg, again, pl2, err)
 			}
 		}
@@ -221,7 +227,8 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		blocks := map[string]int{}
 		for _, pl := range pls {
-			if len(pl.Endpoint) > MaxEndpointBytes || pl.Churn > picker.MaxLearntCapacity || len(pl.Hashes) > picker.MaxSharedBlocks {
+			if len(pl.Endpoint) > MaxEndpointBytes || pl.Churn > picker.MaxLearntCapacity || len(pl.Hashes) > picker.MaxSharedBlocks ||
+				pl.Prefill > picker.MaxPublishedPrefill || pl.Due > picker.MaxPrefillDue || pl.Due < 0 {
 				t.Fatalf("accepted beyond the bounds: %+v", pl)
 			}
 			if pl.Churn > 0 {

@@ -29,7 +29,8 @@ type forgedChannel struct {
 	message               []byte
 }
 
-// forgedChannels: a placement claiming a warm llama replica holds a made-up conversation, and a round of engine
+// forgedChannels: a placement claiming a warm llama replica holds a made-up conversation, a long prompt (the
+// longest a message may claim, due at the last moment it may be) that makes it look busy, and a round of engine
 // readings, complete as a replica's would be (one naming only some engines counts as partial: its readings are
 // stored, but the replica keeps scraping for itself), that calls that replica saturated, to drain its traffic to
 // the other.
@@ -37,11 +38,14 @@ func (s *stack) forgedChannels() []forgedChannel {
 	var origin placements.Origin
 	_, _ = rand.Read(origin[:])
 	placement := placements.Encode(origin, picker.Placement{Endpoint: s.llamaPool[0], Hashes: []uint64{1, 2, 3, 4}, Capacity: 4096})
+	longPrompt := placements.Encode(origin, picker.Placement{Endpoint: s.llamaPool[0], Prefill: picker.MaxPublishedPrefill,
+		Due: picker.MaxPrefillDue, ID: 1})
 	const reading = `{"addr":%q,"running":%d,"waiting":%d,"kvUtil":%d,"ageMs":0}`
 	round := fmt.Appendf(nil, `{"origin":"forger","readings":[`+reading+`,`+reading+`,`+reading+`,`+reading+`]}`,
 		s.llamaPool[0], 128, 512, 1, s.llamaPool[1], 0, 0, 0, s.qwenPool[0], 0, 0, 0, s.qwenPool[1], 0, 0, 0)
 	return []forgedChannel{
 		{"placements", placements.Channel, "infergate_placements_received_total", placement},
+		{"long prompts", placements.Channel, "infergate_placements_received_total", longPrompt},
 		{"engine readings", relay.Channel, "infergate_fleet_relay_messages_total", round},
 	}
 }
@@ -81,15 +85,20 @@ func (s *stack) publishForgeries(ctx context.Context) error {
 	return nil
 }
 
-// forgeriesDropped waits until infergate has counted each forgery on each channel under its result.
+// forgeriesDropped waits until infergate has counted each forgery on each channel under its result (forgeries on
+// one counter add up).
 func (s *stack) forgeriesDropped() []string {
 	var missing []string
 	channels := s.forgedChannels()
+	perMetric := map[string]float64{}
+	for _, fc := range channels {
+		perMetric[fc.metric]++
+	}
 	_ = waitFor(10*time.Second, "forgeries counted", func() bool {
 		missing = missing[:0]
 		for _, fc := range channels {
 			for _, result := range forgeries {
-				if s.metric(fc.metric, fmt.Sprintf(`result=%q`, result)) < 1 {
+				if s.metric(fc.metric, fmt.Sprintf(`result=%q`, result)) < perMetric[fc.metric] {
 					missing = append(missing, fc.what+" "+result)
 				}
 			}
