@@ -82,7 +82,8 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 	}
 }
 
-// Prefilled implements Picker: the request is forgotten among its endpoint's sends still in prefill.
+// Prefilled implements Picker: the request is forgotten among its endpoint's sends still in prefill, here and,
+// when it was published as a long prompt, at the other replicas.
 func (p *Affinity) Prefilled(d Decision) {
 	if d.Predicted.set && d.Fallback == nil && len(d.Endpoints) > 0 {
 		p.pred.prefilled(d.Endpoints[0], d.Predicted)
@@ -90,6 +91,7 @@ func (p *Affinity) Prefilled(d Decision) {
 	if d.prefillPred.set {
 		p.pred.prefilled(d.Prefill, d.prefillPred)
 	}
+	p.publishDone(&d)
 }
 
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent

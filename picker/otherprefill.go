@@ -14,12 +14,15 @@ import (
 // the endpoint, the uncached tokens, when the first token is due), and the others count them, from when they
 // hear of them until they are due, in the prefill ahead and the prefill share, as they count their own. A split
 // is published at both ends, as this replica books it (predictSplit): its prefill leg at its prefiller, and its
-// booking at its decoder (Placement.Booked), which counts in the decoder's prefill ahead only. The others hold a
-// prompt until it is due at the tail of the sender's prediction (the sender releases its own at the first
-// token), and hold one that failed as long: they err towards a busy endpoint. Only prompts that take at least
+// booking at its decoder (Placement.Booked), which counts in the decoder's prefill ahead only. When the first
+// token passes, the sender reports the prompt done (Placement.Done), and the others release it as the sender
+// releases its own; one whose first token never came (the request failed) they hold until it is due at the tail
+// of the sender's prediction. Held to that tail, short prompts made an endpoint look busy long after they were
+// done, and SLO placement moved a conversation's follow-ups off the replica that held its prefix (make
+// bench-routing, two replicas). Only prompts that take at least
 // publishedPrefill at the endpoint's stated speed are published: the engine's waiting count and counters tell
 // the short ones, and the bound keeps the messages to at most 1 ÷ publishedPrefill a second per endpoint
-// prefilling (twice that for splits), however many requests the fleet serves.
+// prefilling (twice that for splits, and as many again when done), however many requests the fleet serves.
 
 // publishedPrefill is the least prefill time, at the endpoint's stated speed, of a prompt whose sending is
 // published. Over make bench-pd's family with four replicas (BENCHMARKS.md), 250 ms published the bursts' long
@@ -42,25 +45,60 @@ func (d *decision) publishPrefill(dec *Decision) {
 		return
 	}
 	if dec.Prefill == "" {
-		d.publishSent(dec.Endpoints[0], dec.Predicted, false)
+		dec.news = d.publishSent(dec.Endpoints[0], dec.Predicted, false)
 		return
 	}
-	d.publishSent(dec.Prefill, dec.prefillPred, false)
-	d.publishSent(dec.Endpoints[0], dec.Predicted, true)
+	dec.prefillNews = d.publishSent(dec.Prefill, dec.prefillPred, false)
+	dec.news = d.publishSent(dec.Endpoints[0], dec.Predicted, true)
 }
 
 // publishSent publishes the send to ep that pd predicted (booked: a split's booking at its decoder), when it
-// takes at least publishedPrefill there. Each message has a random id, by which a receiver drops a replay.
-func (d *decision) publishSent(ep string, pd Prediction, booked bool) {
+// takes at least publishedPrefill there, and returns the message's id (0: not published). The id is random: a
+// receiver drops a replay by it, and the done message names the prompt by it.
+func (d *decision) publishSent(ep string, pd Prediction, booked bool) uint64 {
 	if !pd.set || pd.uncached < 1 {
-		return
+		return 0
 	}
 	c := d.candidate(ep)
 	if c == nil || pd.uncached < c.speed.PrefillTokensPerSecond*publishedPrefill.Seconds() {
+		return 0
+	}
+	id := rand.Uint64() | 1 // never 0
+	d.p.Placements.Publish(Placement{Endpoint: ep, Prefill: int(min(pd.uncached, MaxPublishedPrefill)),
+		Due: pd.TTFT + pd.tail, Booked: booked, ID: id})
+	return id
+}
+
+// publishDone tells the other replicas that the long prompts a decision published have their first token out.
+func (p *Affinity) publishDone(d *Decision) {
+	if p.Placements == nil {
 		return
 	}
-	d.p.Placements.Publish(Placement{Endpoint: ep, Prefill: int(min(pd.uncached, MaxPublishedPrefill)),
-		Due: pd.TTFT + pd.tail, Booked: booked, ID: rand.Uint64()})
+	if d.news != 0 && len(d.Endpoints) > 0 {
+		p.Placements.Publish(Placement{Endpoint: d.Endpoints[0], ID: d.news, Done: true})
+	}
+	if d.prefillNews != 0 {
+		p.Placements.Publish(Placement{Endpoint: d.Prefill, ID: d.prefillNews, Done: true})
+	}
+}
+
+// learnDone releases another replica's long prompt of that id at ep, if it holds it: its first token is out. It
+// reports false for an endpoint this replica has not predicted for.
+func (p *predictor) learnDone(ep string, id uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.eps[ep]
+	if m == nil {
+		return false
+	}
+	for i := range m.others {
+		if s := &m.others[i]; s.id == id && !s.at.IsZero() && !s.counted {
+			s.firstBy = time.Time{}
+			m.engine.prefilledKnown(s)
+			break
+		}
+	}
+	return true
 }
 
 // learnPrefill counts another replica's long prompt (id, uncached tokens; booked: a split's booking at its

@@ -2,6 +2,7 @@ package picker
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,22 @@ func TestLongPromptsSentArePublished(t *testing.T) {
 			if tc.split && got[0].ID == got[1].ID {
 				t.Error("both ends of a split published under one id")
 			}
+			// The first token reports each done, by its id, where it was sent.
+			p.Prefilled(d)
+			var done []Placement
+			for _, pl := range rec.sent {
+				if pl.Done {
+					done = append(done, pl)
+				}
+			}
+			if len(done) != len(got) {
+				t.Fatalf("%d long prompts reported done (%+v), want %d", len(done), done, len(got))
+			}
+			for _, sent := range got {
+				if !slices.ContainsFunc(done, func(pl Placement) bool { return pl.ID == sent.ID && pl.Endpoint == sent.Endpoint }) {
+					t.Errorf("%+v not reported done (done: %+v)", sent, done)
+				}
+			}
 		})
 	}
 }
@@ -138,20 +155,31 @@ func TestOtherReplicasLongPromptsCount(t *testing.T) {
 	ttft, tpot := predicted()
 	near(ttft-idleTTFT, 2*time.Second, "TTFT behind another replica's prompt, less idle")
 	near(tpot, time.Duration(float64(idleTPOT)/0.8), "TPOT while it prefills")
-	// Its first token is due: it leaves the prefill ahead; the engine counted it, and the counters do not count
-	// it again.
+	// Another, reported done: it leaves the prefill ahead at once, and stays in the share.
+	p.Learn(Placement{Endpoint: ep, Prefill: 24000, Due: 3 * time.Second, ID: 5})
+	if ttft, _ = predicted(); ttft-idleTTFT < 2900*time.Millisecond {
+		t.Errorf("behind two long prompts, TTFT %v over idle, want 3 s", ttft-idleTTFT)
+	}
+	if !p.Learn(Placement{Endpoint: ep, ID: 5, Done: true}) {
+		t.Error("a long prompt done at an endpoint it predicts for was not learnt")
+	}
+	ttft, tpot = predicted()
+	near(ttft-idleTTFT, 2*time.Second, "TTFT once the second is done")
+	near(tpot, time.Duration(float64(idleTPOT)/0.7), "TPOT while both count in the share")
+	// The first one's first token is due: it leaves the prefill ahead; the engine counted both, and the
+	// counters do not count them again.
 	now = t0.Add(4 * time.Second)
-	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 548000, CachedPromptTokens: 100000}
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 572000, CachedPromptTokens: 100000}
 	ttft, tpot = predicted()
 	near(ttft, idleTTFT, "TTFT once it is due")
-	near(tpot, time.Duration(float64(idleTPOT)/0.8), "TPOT with the engine's counters too")
+	near(tpot, time.Duration(float64(idleTPOT)/0.7), "TPOT with the engine's counters too")
 	// Once it was due at a reading it is off the counters' books: what the engine computes later is the others'
 	// again (24,000 tokens in 2 s: half of its time).
 	now = t0.Add(16 * time.Second)
-	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 548000, CachedPromptTokens: 100000}
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 572000, CachedPromptTokens: 100000}
 	predicted()
 	now = t0.Add(18 * time.Second)
-	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 572000, CachedPromptTokens: 100000}
+	eng[ep] = fleet.EngineMetrics{At: now, PromptTokens: 596000, CachedPromptTokens: 100000}
 	_, tpot = predicted()
 	near(tpot, 2*idleTPOT, "TPOT with others' unpublished prompts after it")
 }

@@ -52,6 +52,9 @@ type Decision struct {
 	// prefillPred is SLO placement's prediction of a split request's prefill leg at Prefill, which its
 	// prefiller counts among its sends still in prefill until the first token passes.
 	prefillPred Prediction
+	// news and prefillNews are the ids of the long prompts the decision published at Endpoints[0] and at
+	// Prefill (0: none), which the first token reports done (otherprefill.go).
+	news, prefillNews uint64
 }
 
 // Score is one candidate's normalised scores (each in [0,1], one per scorer of the picker's table) and their

@@ -37,6 +37,8 @@ type Placement struct {
 	Due     time.Duration
 	ID      uint64
 	Booked  bool
+	// Done, with ID and no Prefill, reports that long prompt's first token out: receivers release it.
+	Done bool
 }
 
 // Placements carries this replica's placements to the others (the placements package does it over Redis
@@ -54,15 +56,18 @@ const MaxSharedBlocks = 256
 const MaxLearntCapacity = 1 << 21
 
 // Learn credits another replica's placement to this replica's index (or forgets what it reports forgotten, or
-// counts the long prompt it reports sent). It reports false, and learns nothing, for an endpoint the policy does
-// not list (once PolicyChanged has run), a placement without blocks, a long prompt due before it was sent, or
-// one sent to an endpoint this replica has not predicted for yet.
+// counts the long prompt it reports sent, or releases one done). It reports false, and learns nothing, for an
+// endpoint the policy does not list (once PolicyChanged has run), a placement without blocks, a long prompt due
+// before it was sent, or one sent to (or done at) an endpoint this replica has not predicted for yet.
 func (p *Affinity) Learn(pl Placement) bool {
-	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0 && pl.Prefill <= 0) || pl.Due < 0 {
+	if pl.Endpoint == "" || (len(pl.Hashes) == 0 && pl.Churn <= 0 && pl.Prefill <= 0 && !pl.Done) || pl.Due < 0 {
 		return false
 	}
 	if live := p.live.Load(); live != nil && !(*live)[pl.Endpoint] {
 		return false
+	}
+	if pl.Done && len(pl.Hashes) == 0 {
+		return p.pred.learnDone(pl.Endpoint, pl.ID)
 	}
 	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
 		return p.pred.learnPrefill(pl.Endpoint, pl.ID, float64(min(pl.Prefill, MaxPublishedPrefill)), min(pl.Due, MaxPrefillDue), pl.Booked, p.now())

@@ -138,6 +138,8 @@ func (b *Bus) receive(msg []byte, learn func(picker.Placement) bool) {
 			b.metrics.received.WithLabelValues("churn").Inc()
 		case pl.Prefill > 0:
 			b.metrics.received.WithLabelValues("prefill").Inc()
+		case pl.Done:
+			b.metrics.received.WithLabelValues("prefill_done").Inc()
 		default:
 			b.metrics.received.WithLabelValues("learnt").Inc()
 		}

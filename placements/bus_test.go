@@ -261,8 +261,8 @@ var sloPolicy = strings.NewReplacer("spec:\n", "spec:\n  routing: {placement: sl
 	"engine: vllm,", "engine: vllm, maxConcurrency: 16,", "{name: t, ", "{name: t, tier: pro, ").Replace(policy)
 
 // A long prompt one replica sends reaches the other over Redis as its own kind of message, counted as such, and
-// the other predicts a request sent behind it there to wait for its prefill; one to an endpoint the policy does
-// not list is not learnt.
+// the other predicts a request sent behind it there to wait for its prefill until it hears it done; one to an
+// endpoint the policy does not list is not learnt.
 func TestLongPromptsOverRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	snap, err := policies.Parse("p.yaml", []byte(sloPolicy))
@@ -306,6 +306,14 @@ func TestLongPromptsOverRedis(t *testing.T) {
 	// About 11,000 tokens at 7,000 a second.
 	if after := ttfts()[ep]; after-before[ep] < 1200*time.Millisecond {
 		t.Errorf("predicted TTFT at %s %v before the other replica's long prompt, %v after; want about 1.6 s more", ep, before[ep], after)
+	}
+	// Its first token passes at a: b hears it done and releases it.
+	a.picker.Prefilled(d)
+	if !wait.Until(10*time.Second, func() bool { return heard("prefill_done") == 1 }) {
+		t.Fatal("the other replica never heard the long prompt done")
+	}
+	if after := ttfts()[ep]; after-before[ep] > 300*time.Millisecond {
+		t.Errorf("predicted TTFT at %s %v before the other replica's long prompt, %v once it was done", ep, before[ep], after)
 	}
 }
 

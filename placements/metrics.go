@@ -18,7 +18,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_placements_dropped_total",
 			Help: "Placements this gateway could not publish, by reason (queue_full, redis)."}, []string{"reason"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "infergate_placements_received_total",
-			Help: "Placement messages this gateway heard, by result (learnt, forgotten, prefill, churn: one per endpoint of a churn report; own, unknown_endpoint, malformed; with a message key: unsigned, forged, stale)."}, []string{"result"}),
+			Help: "Placement messages this gateway heard, by result (learnt, forgotten, prefill, prefill_done, churn: one per endpoint of a churn report; own, unknown_endpoint, malformed; with a message key: unsigned, forged, stale)."}, []string{"result"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.published, m.dropped, m.received)

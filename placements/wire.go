@@ -38,6 +38,9 @@ const (
 	// milliseconds in place of the capacity and hashes; with flagBooked, a split's booking at its decoder.
 	flagPrefill = 4
 	flagBooked  = 8
+	// flagDone, with flagPrefill, reports a long prompt's first token out (picker.Placement.Done): its id and
+	// endpoint only.
+	flagDone = 16
 )
 
 // MaxChurnEntries bounds the endpoints of one churn report; a replica with more sends several.
@@ -51,9 +54,10 @@ var ErrMalformed = errors.New("malformed placement message")
 
 // Encode writes a placement: version, flags, origin, capacity, endpoint, block hashes (little-endian); or, for
 // a long prompt sent (Prefill set, no hashes; Forgotten does not apply), version, flags, origin, id
-// (little-endian), tokens, due milliseconds, endpoint.
+// (little-endian), tokens, due milliseconds, endpoint; for one done (Done set), version, flags, origin, id,
+// endpoint.
 func Encode(origin Origin, pl picker.Placement) []byte {
-	if pl.Prefill > 0 && len(pl.Hashes) == 0 {
+	if (pl.Prefill > 0 || pl.Done) && len(pl.Hashes) == 0 {
 		return encodePrefill(origin, pl)
 	}
 	hashes := pl.Hashes[:min(len(pl.Hashes), picker.MaxSharedBlocks)]
@@ -80,14 +84,19 @@ func encodePrefill(origin Origin, pl picker.Placement) []byte {
 	ep := pl.Endpoint[:min(len(pl.Endpoint), MaxEndpointBytes)]
 	b := make([]byte, 0, 2+OriginBytes+8+3*binary.MaxVarintLen64+len(ep))
 	flags := byte(flagPrefill)
-	if pl.Booked {
+	switch {
+	case pl.Done:
+		flags |= flagDone
+	case pl.Booked:
 		flags |= flagBooked
 	}
 	b = append(b, wireVersion, flags)
 	b = append(b, origin[:]...)
 	b = binary.LittleEndian.AppendUint64(b, pl.ID)
-	b = binary.AppendUvarint(b, uint64(min(pl.Prefill, picker.MaxPublishedPrefill)))
-	b = binary.AppendUvarint(b, uint64(min(max(0, pl.Due), picker.MaxPrefillDue).Milliseconds()))
+	if !pl.Done {
+		b = binary.AppendUvarint(b, uint64(min(pl.Prefill, picker.MaxPublishedPrefill)))
+		b = binary.AppendUvarint(b, uint64(min(max(0, pl.Due), picker.MaxPrefillDue).Milliseconds()))
+	}
 	b = binary.AppendUvarint(b, uint64(len(ep)))
 	return append(b, ep...)
 }
@@ -103,7 +112,7 @@ func Decode(b []byte) (Origin, picker.Placement, error) {
 	if b[0] != wireVersion {
 		return origin, pl, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
 	}
-	if b[1]&^flagBooked == flagPrefill {
+	if b[1]&^flagBooked == flagPrefill || b[1] == flagPrefill|flagDone {
 		return decodePrefill(b)
 	}
 	if b[1]&^flagForgotten != 0 {
@@ -142,8 +151,12 @@ func decodePrefill(b []byte) (Origin, picker.Placement, error) {
 	if len(rest) < 8 {
 		return origin, pl, fmt.Errorf("%w: prefill id", ErrMalformed)
 	}
-	pl.ID, pl.Booked = binary.LittleEndian.Uint64(rest), b[1]&flagBooked != 0
-	tokens, rest, err := uvarint(rest[8:], picker.MaxPublishedPrefill)
+	pl.ID, pl.Booked, pl.Done = binary.LittleEndian.Uint64(rest), b[1]&flagBooked != 0, b[1]&flagDone != 0
+	rest = rest[8:]
+	if pl.Done {
+		return origin, pl, readEndpoint(rest, &pl)
+	}
+	tokens, rest, err := uvarint(rest, picker.MaxPublishedPrefill)
 	if err != nil || tokens == 0 {
 		return origin, pl, fmt.Errorf("%w: prefill tokens", ErrMalformed)
 	}
@@ -151,12 +164,18 @@ func decodePrefill(b []byte) (Origin, picker.Placement, error) {
 	if err != nil {
 		return origin, pl, fmt.Errorf("prefill due: %w", err)
 	}
-	n, rest, err := uvarint(rest, MaxEndpointBytes)
+	pl.Prefill, pl.Due = int(tokens), time.Duration(due)*time.Millisecond
+	return origin, pl, readEndpoint(rest, &pl)
+}
+
+// readEndpoint reads a long prompt's endpoint, which must end the message.
+func readEndpoint(b []byte, pl *picker.Placement) error {
+	n, rest, err := uvarint(b, MaxEndpointBytes)
 	if err != nil || n == 0 || uint64(len(rest)) != n {
-		return origin, pl, fmt.Errorf("%w: endpoint", ErrMalformed)
+		return fmt.Errorf("%w: endpoint", ErrMalformed)
 	}
-	pl.Endpoint, pl.Prefill, pl.Due = string(rest), int(tokens), time.Duration(due)*time.Millisecond
-	return origin, pl, nil
+	pl.Endpoint = string(rest)
+	return nil
 }
 
 // EncodeChurn writes a replica's churn report, blocks added per endpoint, as messages of at most

@@ -35,6 +35,8 @@ func TestEncodeDecode(t *testing.T) {
 			picker.Placement{Endpoint: "e:1", Hashes: []uint64{3}}},
 		{"a long prompt sent", picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500*time.Millisecond + 7, ID: 1<<63 + 5},
 			picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: 1500 * time.Millisecond, ID: 1<<63 + 5}},
+		{"a long prompt done", picker.Placement{Endpoint: "e:1", ID: 11, Done: true, Booked: true, Prefill: 0},
+			picker.Placement{Endpoint: "e:1", ID: 11, Done: true}},
 		{"a split's booking at its decoder", picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true},
 			picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true}},
 		{"a long prompt past the bounds", picker.Placement{Endpoint: "e:1", Prefill: 1 << 30, Due: time.Hour},
@@ -50,7 +52,7 @@ func TestEncodeDecode(t *testing.T) {
 			}
 			if origin != testOrigin || got.Endpoint != tc.want.Endpoint || got.Capacity != tc.want.Capacity ||
 				got.Forgotten != tc.want.Forgotten || !slices.Equal(got.Hashes, tc.want.Hashes) ||
-				got.Prefill != tc.want.Prefill || got.Due != tc.want.Due || got.ID != tc.want.ID || got.Booked != tc.want.Booked {
+				got.Prefill != tc.want.Prefill || got.Due != tc.want.Due || got.ID != tc.want.ID || got.Booked != tc.want.Booked || got.Done != tc.want.Done {
 				t.Errorf("decoded %v %+v, want %v %+v", origin, got, testOrigin, tc.want)
 			}
 		})
@@ -88,6 +90,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"a long prompt truncated", prefillMsg(1, 10, "e:1")[:2+OriginBytes+10]},
 		{"a long prompt short of its id", prefillMsg(1, 10, "e:1")[:2+OriginBytes+7]},
 		{"a long prompt with hashes' flags", append([]byte{wireVersion, flagPrefill | flagForgotten}, prefillMsg(1, 10, "e:1")[2:]...)},
+		{"a long prompt done, with tokens", append([]byte{wireVersion, flagPrefill | flagDone}, prefillMsg(1, 10, "e:1")[2:]...)},
+		{"a long prompt done and booked", append([]byte{wireVersion, flagPrefill | flagDone | flagBooked}, Encode(testOrigin, picker.Placement{Endpoint: "e:1", ID: 1, Done: true})[2:]...)},
+		{"a long prompt done, no endpoint", Encode(testOrigin, picker.Placement{Endpoint: "e:1", ID: 1, Done: true})[:2+OriginBytes+8]},
 		{"a booking without a long prompt", append([]byte{wireVersion, flagBooked}, prefillMsg(1, 10, "e:1")[2:]...)},
 	}
 	for _, tc := range tests {
@@ -114,6 +119,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{wireVersion, 0})
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Prefill: 30000, Due: time.Second, ID: 9}))
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Prefill: 1, Due: time.Minute, ID: 1, Booked: true}))
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e:1", ID: 1, Done: true}))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		origin, pl, err := Decode(msg)
 		if err != nil {
@@ -129,7 +135,7 @@ func FuzzDecode(f *testing.F) {
 			o2, pl2, err := Decode(again)
 			if err != nil || o2 != origin || pl2.Endpoint != pl.Endpoint || !slices.Equal(pl2.Hashes, pl.Hashes) ||
 				pl2.Capacity != pl.Capacity || pl2.Forgotten != pl.Forgotten || pl2.Prefill != pl.Prefill || pl2.Due != pl.Due ||
-				pl2.ID != pl.ID || pl2.Booked != pl.Booked {
+				pl2.ID != pl.ID || pl2.Booked != pl.Booked || pl2.Done != pl.Done {
 				t.Fatalf("re-encoding %x gave %x, which decodes to %+v, %v", msg, again, pl2, err)
 			}
 		}
