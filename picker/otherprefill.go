@@ -25,9 +25,9 @@ import (
 // prefilling (twice that for splits, and as many again when done), however many requests the fleet serves.
 
 // publishedPrefill is the least prefill time, at the endpoint's stated speed, of a prompt whose sending is
-// published. Over make bench-pd's family with four replicas (BENCHMARKS.md), 250 ms published the bursts' long
-// prompts only, not chat's uncached openings on the slower class, and aggregated serving missed 40 % more
-// requests than at 100 ms; 50 ms held more short prompts to the tail of their prediction, and missed 6 % more.
+// published. Over make bench-pd's family with four replicas (BENCHMARKS.md; measured before prompts were
+// reported done), 250 ms published the bursts' long prompts only, not chat's uncached openings on the slower
+// class, and aggregated serving missed 40 % more requests than at 100 ms; 50 ms missed 6 % more.
 const publishedPrefill = 100 * time.Millisecond
 
 // MaxPublishedPrefill bounds the uncached tokens a published prompt may claim (1M: the longest contexts
