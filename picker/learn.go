@@ -83,15 +83,17 @@ func (p *Affinity) ObserveTiming(model string, d Decision, ttft, tpot time.Durat
 }
 
 // Prefilled implements Picker: the request is forgotten among its endpoint's sends still in prefill, here and,
-// when it was published as a long prompt, at the other replicas.
+// when it was published as a long prompt, at the other replicas (once: the director reports it at the first
+// token and again as the request settles, which also covers a request that failed before its first token).
 func (p *Affinity) Prefilled(d Decision) {
+	var released, prefillReleased bool
 	if d.Predicted.set && d.Fallback == nil && len(d.Endpoints) > 0 {
-		p.pred.prefilled(d.Endpoints[0], d.Predicted)
+		released = p.pred.prefilled(d.Endpoints[0], d.Predicted)
 	}
 	if d.prefillPred.set {
-		p.pred.prefilled(d.Prefill, d.prefillPred)
+		prefillReleased = p.pred.prefilled(d.Prefill, d.prefillPred)
 	}
-	p.publishDone(&d)
+	p.publishDone(&d, released, prefillReleased)
 }
 
 // noteSharing records whether a prompt matched a prefix held somewhere and returns the share of recent

@@ -15,9 +15,9 @@ import (
 // hear of them until they are due, in the prefill ahead and the prefill share, as they count their own. A split
 // is published at both ends, as this replica books it (predictSplit): its prefill leg at its prefiller, and its
 // booking at its decoder (Placement.Booked), which counts in the decoder's prefill ahead only. When the first
-// token passes, the sender reports the prompt done (Placement.Done), and the others release it as the sender
-// releases its own; one whose first token never came (the request failed) they hold until it is due at the tail
-// of the sender's prediction. Held to that tail, short prompts made an endpoint look busy long after they were
+// token passes (or the request settles without one), the sender reports the prompt done (Placement.Done), and
+// the others release it as the sender releases its own; one no such news reaches (the sender gone, the message
+// lost, the send out of the sender's recent ones) they hold until it is due at the tail of its prediction. Held to that tail, short prompts made an endpoint look busy long after they were
 // done, and SLO placement moved a conversation's follow-ups off the replica that held its prefix (make
 // bench-routing, two replicas). Only prompts that take at least
 // publishedPrefill at the endpoint's stated speed are published: the engine's waiting count and counters tell
@@ -69,15 +69,16 @@ func (d *decision) publishSent(ep string, pd Prediction, booked bool) uint64 {
 	return id
 }
 
-// publishDone tells the other replicas that the long prompts a decision published have their first token out.
-func (p *Affinity) publishDone(d *Decision) {
+// publishDone tells the other replicas that the long prompts a decision published have their first token out,
+// at the ends this replica has just released (see Prefilled).
+func (p *Affinity) publishDone(d *Decision, released, prefillReleased bool) {
 	if p.Placements == nil {
 		return
 	}
-	if d.news != 0 && len(d.Endpoints) > 0 {
+	if released && d.news != 0 && len(d.Endpoints) > 0 {
 		p.Placements.Publish(Placement{Endpoint: d.Endpoints[0], ID: d.news, Done: true})
 	}
-	if d.prefillNews != 0 {
+	if prefillReleased && d.prefillNews != 0 {
 		p.Placements.Publish(Placement{Endpoint: d.Prefill, ID: d.prefillNews, Done: true})
 	}
 }

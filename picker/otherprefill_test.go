@@ -81,7 +81,9 @@ func TestLongPromptsSentArePublished(t *testing.T) {
 			if tc.split && got[0].ID == got[1].ID {
 				t.Error("both ends of a split published under one id")
 			}
-			// The first token reports each done, by its id, where it was sent.
+			// The first token reports each done, by its id, where it was sent; the settlement that reports it
+			// again does not.
+			p.Prefilled(d)
 			p.Prefilled(d)
 			var done []Placement
 			for _, pl := range rec.sent {

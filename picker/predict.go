@@ -122,9 +122,15 @@ type sentPrompt struct {
 	id uint64
 }
 
-// prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend).
-func (p *predictor) prefilled(ep string, pd Prediction) {
-	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) { m.prefilled(s) })
+// prefilled takes the send to ep that pd predicted out of those still in prefill (see forgetSend), and reports
+// whether it was still there: the director reports a request prefilled at its first token and again as it
+// settles.
+func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
+	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) {
+		released = !s.firstBy.IsZero()
+		m.prefilled(s)
+	})
+	return released
 }
 
 // prefilledRemotely marks the send to ep that pd predicted as a split request's booking at its decoder, whose

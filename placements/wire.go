@@ -152,6 +152,9 @@ func decodePrefill(b []byte) (Origin, picker.Placement, error) {
 		return origin, pl, fmt.Errorf("%w: prefill id", ErrMalformed)
 	}
 	pl.ID, pl.Booked, pl.Done = binary.LittleEndian.Uint64(rest), b[1]&flagBooked != 0, b[1]&flagDone != 0
+	if pl.ID == 0 { // senders never use 0, and every 0 would read as a replay of the others
+		return origin, pl, fmt.Errorf("%w: prefill id 0", ErrMalformed)
+	}
 	rest = rest[8:]
 	if pl.Done {
 		return origin, pl, readEndpoint(rest, &pl)

@@ -39,10 +39,10 @@ func TestEncodeDecode(t *testing.T) {
 			picker.Placement{Endpoint: "e:1", ID: 11, Done: true}},
 		{"a split's booking at its decoder", picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true},
 			picker.Placement{Endpoint: "e:1", Prefill: 9000, Due: time.Second, ID: 3, Booked: true}},
-		{"a long prompt past the bounds", picker.Placement{Endpoint: "e:1", Prefill: 1 << 30, Due: time.Hour},
-			picker.Placement{Endpoint: "e:1", Prefill: picker.MaxPublishedPrefill, Due: picker.MaxPrefillDue}},
-		{"a long prompt due at once", picker.Placement{Endpoint: "e:1", Prefill: 9, Due: -time.Second},
-			picker.Placement{Endpoint: "e:1", Prefill: 9}},
+		{"a long prompt past the bounds", picker.Placement{Endpoint: "e:1", Prefill: 1 << 30, Due: time.Hour, ID: 1},
+			picker.Placement{Endpoint: "e:1", Prefill: picker.MaxPublishedPrefill, Due: picker.MaxPrefillDue, ID: 1}},
+		{"a long prompt due at once", picker.Placement{Endpoint: "e:1", Prefill: 9, Due: -time.Second, ID: 2},
+			picker.Placement{Endpoint: "e:1", Prefill: 9, ID: 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +88,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"a long prompt with no endpoint", prefillMsg(1, 10, "")},
 		{"a long prompt with trailing bytes", append(prefillMsg(1, 10, "e:1"), 0)},
 		{"a long prompt truncated", prefillMsg(1, 10, "e:1")[:2+OriginBytes+10]},
+		{"a long prompt of id 0", Encode(testOrigin, picker.Placement{Endpoint: "e:1", Prefill: 5, Due: time.Second})},
 		{"a long prompt short of its id", prefillMsg(1, 10, "e:1")[:2+OriginBytes+7]},
 		{"a long prompt with hashes' flags", append([]byte{wireVersion, flagPrefill | flagForgotten}, prefillMsg(1, 10, "e:1")[2:]...)},
 		{"a long prompt done, with tokens", append([]byte{wireVersion, flagPrefill | flagDone}, prefillMsg(1, 10, "e:1")[2:]...)},
