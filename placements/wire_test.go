@@ -226,7 +226,8 @@ func FuzzDecodeMessage(f *testing.F) {
 	}
 	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "10.0.0.1:8000", Hashes: []uint64{1, 2}, Capacity: 9}))
 	f.Add([]byte{wireVersion, flagChurn})
-	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Prefill: 9000, Due: 2 * time.Second}))
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", Prefill: 9000, Due: 2 * time.Second, ID: 3}))
+	f.Add(Encode(testOrigin, picker.Placement{Endpoint: "e", ID: 4, Done: true}))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		origin, pls, err := DecodeMessage(msg)
 		if err != nil {
