@@ -58,19 +58,7 @@ func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
 			now := t0
 			p.Now = func() time.Time { return now }
 			in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
-			tpot := func() time.Duration {
-				d, err := p.Pick(snap, in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, s := range d.Scores {
-					if s.Endpoint == ep {
-						return s.TPOT
-					}
-				}
-				t.Fatalf("no score for %s: %v", ep, d.Scores)
-				return 0
-			}
+			tpot := func() time.Duration { return scoreAt(t, p, snap, in, ep).TPOT }
 			idle := tpot()
 			// This gateway's own sends, 30,000 tokens each.
 			var sends []Prediction

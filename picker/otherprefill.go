@@ -92,14 +92,20 @@ func (p *predictor) learnDone(ep string, id uint64) bool {
 	if m == nil {
 		return false
 	}
-	for i := range m.others {
-		if s := &m.others[i]; s.id == id && !s.at.IsZero() && !s.counted {
-			s.firstBy = time.Time{}
-			m.engine.prefilledKnown(s)
-			break
-		}
+	if s := m.otherByID(id); s != nil && !s.counted {
+		m.prefilled(s)
 	}
 	return true
+}
+
+// otherByID is the others' prompt of that id held at the endpoint, nil when none is.
+func (m *endpointModel) otherByID(id uint64) *sentPrompt {
+	for i := range m.others {
+		if s := &m.others[i]; s.id == id && !s.at.IsZero() {
+			return s
+		}
+	}
+	return nil
 }
 
 // learnPrefill counts another replica's long prompt (id, uncached tokens; booked: a split's booking at its
@@ -112,10 +118,8 @@ func (p *predictor) learnPrefill(ep string, id uint64, uncached float64, due tim
 	if m == nil {
 		return false
 	}
-	for i := range m.others {
-		if s := &m.others[i]; s.id == id && !s.at.IsZero() {
-			return true
-		}
+	if m.otherByID(id) != nil {
+		return true
 	}
 	m.engine.prefilledKnown(&m.others[m.othersNext])
 	m.others[m.othersNext] = sentPrompt{at: now, firstBy: now.Add(due), uncached: uncached, remote: booked, id: id}

@@ -118,17 +118,8 @@ func TestOtherReplicasLongPromptsCount(t *testing.T) {
 	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
 	predicted := func() (ttft, tpot time.Duration) {
 		t.Helper()
-		d, err := p.Pick(snap, in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range d.Scores {
-			if s.Endpoint == ep {
-				return s.TTFT, s.TPOT
-			}
-		}
-		t.Fatalf("no score for %s: %v", ep, d.Scores)
-		return 0, 0
+		s := scoreAt(t, p, snap, in, ep)
+		return s.TTFT, s.TPOT
 	}
 	eng[ep] = fleet.EngineMetrics{At: t0, PromptTokens: 500000, CachedPromptTokens: 100000}
 	idleTTFT, idleTPOT := predicted()
@@ -192,20 +183,7 @@ func TestOtherReplicasBookingsCountAhead(t *testing.T) {
 	const ep = "10.0.0.1:1"
 	p := newMixedPicker(idleEngines(nil))
 	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
-	score := func() Score {
-		t.Helper()
-		d, err := p.Pick(snap, in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range d.Scores {
-			if s.Endpoint == ep {
-				return s
-			}
-		}
-		t.Fatalf("no score for %s", ep)
-		return Score{}
-	}
+	score := func() Score { t.Helper(); return scoreAt(t, p, snap, in, ep) }
 	idle := score()
 	p.Learn(Placement{Endpoint: ep, Prefill: 48000, Due: 3 * time.Second, ID: 1, Booked: true})
 	got := score()
@@ -235,4 +213,20 @@ func TestOtherReplicasPromptsLeaveTheRing(t *testing.T) {
 	if m.engine.knownPrefilled != m.engine.knownSent {
 		t.Errorf("once all were due: known prefilled %.0f of %.0f sent", m.engine.knownPrefilled, m.engine.knownSent)
 	}
+}
+
+// scoreAt picks for in and returns the decision's score of ep (the policy sets debugScores).
+func scoreAt(t *testing.T, p *Affinity, snap *policies.Snapshot, in Input, ep string) Score {
+	t.Helper()
+	d, err := p.Pick(snap, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range d.Scores {
+		if s.Endpoint == ep {
+			return s
+		}
+	}
+	t.Fatalf("no score for %s: %v", ep, d.Scores)
+	return Score{}
 }

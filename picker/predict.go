@@ -193,12 +193,11 @@ const recentSends = 32
 // not yet due (at the tail of its prediction), at what it left uncached, and the long prompts other replicas
 // published (otherprefill.go). The prefill ahead is the larger of the reading's waiting plus the sends since
 // it, and the sends still in prefill: the first holds other gateways' short requests, the second the prefills
-// the reading hid. Sends since the reading count whether or not
-// others finished since: a finished request leaves the running batch, not the prefill queue. A burst of new
-// groups' first prompts, each uncached, lands on one replica between two readings; counting them at ū —
-// mostly cached follow-ups — or netting them against finished requests predicts a prefill queue a fraction of
-// what it is. A split request counts at its decoder too, though its prefill runs on its prefiller
-// (predictSplit, disaggregate.go says why).
+// the reading hid. Sends since the reading count whether or not others finished since: a finished request
+// leaves the running batch, not the prefill queue. A burst of new groups' first prompts, each uncached, lands on
+// one replica between two readings; counting them at ū — mostly cached follow-ups — or netting them against
+// finished requests predicts a prefill queue a fraction of what it is. A split request counts at its decoder
+// too, though its prefill runs on its prefiller (predictSplit, disaggregate.go says why).
 func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) float64 {
 	sinceReading, pending := inPrefill(&m.recent, c.readAt, now)
 	othersSince, othersPending := inPrefill(&m.others, c.readAt, now)
