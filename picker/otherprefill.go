@@ -131,6 +131,9 @@ func (p *predictor) learnPrefill(ep string, id uint64, uncached float64, due tim
 // settleOthers counts the others' prompts due by a reading at readAt among the known ones prefilled: their
 // first token is expected out by then, and no other news of it comes.
 func (m *endpointModel) settleOthers(readAt time.Time) {
+	if !m.heardOthers() {
+		return
+	}
 	for i := range m.others {
 		if s := &m.others[i]; !s.counted && !s.at.IsZero() && !readAt.Before(s.firstBy) {
 			m.engine.prefilledKnown(s)

@@ -200,9 +200,16 @@ const recentSends = 32
 // too, though its prefill runs on its prefiller (predictSplit, disaggregate.go says why).
 func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) float64 {
 	sinceReading, pending := inPrefill(&m.recent, c.readAt, now)
-	othersSince, othersPending := inPrefill(&m.others, c.readAt, now)
-	return max(float64(c.queue)*mean+sinceReading+othersSince, pending+othersPending)
+	if m.heardOthers() {
+		othersSince, othersPending := inPrefill(&m.others, c.readAt, now)
+		sinceReading, pending = sinceReading+othersSince, pending+othersPending
+	}
+	return max(float64(c.queue)*mean+sinceReading, pending)
 }
+
+// heardOthers says whether another replica ever published a prompt sent here: with one replica the others' ring
+// stays empty, and a decision need not walk it for every candidate. The ring fills from its first slot.
+func (m *endpointModel) heardOthers() bool { return !m.others[0].at.IsZero() }
 
 // inPrefill sums the uncached tokens of the sends whose first token is not yet due: all of them (pending), and
 // those sent after readAt.
@@ -238,7 +245,11 @@ const (
 // sends are not among them: their prefill comes from the engine's token counters (engineshare.go), and
 // predictLocked adds it.
 func (m *endpointModel) prefillShare(speed float64, now time.Time) float64 {
-	return min(maxPrefillShare, sentShare(&m.recent, speed, now)+sentShare(&m.others, speed, now))
+	share := sentShare(&m.recent, speed, now)
+	if m.heardOthers() {
+		share += sentShare(&m.others, speed, now)
+	}
+	return min(maxPrefillShare, share)
 }
 
 // sentShare is prefillShare's figure for one ring of sends.
