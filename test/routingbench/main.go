@@ -37,6 +37,20 @@ import (
 // GPUs; results are reported in simulated time.
 var timeScale = 0.05
 
+// sloTTFT and sloTPOT are the SLO the SLO rows' policy states; every row is counted against it ("in SLO").
+const (
+	sloTTFT = 2 * time.Second
+	sloTPOT = 100 * time.Millisecond
+)
+
+// simEpoch anchors simNow.
+var simEpoch = time.Now()
+
+// simNow is the fleet's simulated time: real time since simEpoch over timeScale.
+func simNow() time.Time {
+	return simEpoch.Add(time.Duration(float64(time.Since(simEpoch)) / timeScale))
+}
+
 type request struct {
 	system, user string
 	maxTokens    int
@@ -148,6 +162,9 @@ type result struct {
 	throughput    float64 // requests per simulated second
 	success       float64
 	hit           float64
+	// inSLO is how many of the run's requests were served within the SLO the SLO rows' policy states (sloTTFT,
+	// sloTPOT), of requests.
+	inSLO, requests int
 	// placements is how many messages (placements and churn reports) the gateway replicas published per
 	// request (shared rows).
 	placements float64
@@ -210,17 +227,22 @@ func run(rt router, work []request, rate float64, seed uint64) result {
 	var ttfts []time.Duration
 	var prompt, cached int64
 	ok := 0
+	inSLO := 0
 	for _, o := range out {
 		if o.ok {
 			ok++
 			ttfts = append(ttfts, o.ttft)
 			prompt += o.prompt
 			cached += o.cached
+			if o.ttft <= sloTTFT && o.tpot <= sloTPOT {
+				inSLO++
+			}
 		}
 	}
 	pct := func(p float64) time.Duration { return loadgen.Quantile(ttfts, p) } // sorts ttfts, kept sorted
 	return result{p50: pct(.5), p95: pct(.95), p99: pct(.99), throughput: float64(ok) / elapsed.Seconds(),
-		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), ttfts: ttfts, split: hitsAndMisses(out)}
+		success: float64(ok) / float64(len(work)), hit: float64(cached) / float64(max(prompt, 1)), inSLO: inSLO, requests: len(work),
+		ttfts: ttfts, split: hitsAndMisses(out)}
 }
 
 func words(n int, seed string) string {
@@ -318,7 +340,7 @@ spec:
 	}
 	model, _ := snap.Model("m")
 	// The same policy with an SLO, as policies usually ship: the picker places by predicted TTFT, then cost.
-	sloSnap, err := policies.Parse("bench-slo.yaml", []byte(strings.Replace(policyText, "  models:", "  slo: {ttft: 2s, tpot: 100ms}\n  models:", 1)))
+	sloSnap, err := policies.Parse("bench-slo.yaml", []byte(strings.Replace(policyText, "  models:", fmt.Sprintf("  slo: {ttft: %v, tpot: %v}\n  models:", sloTTFT, sloTPOT), 1)))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -330,9 +352,13 @@ spec:
 		log.Fatal(err)
 	}
 	pfxModel, _ := pfxSnap.Model("m")
-	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms.
-	// Staleness stays in real time: a scheduling hiccup of this shared two-core machine is not a dead engine.
-	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale), StaleAfter: 250 * time.Millisecond}
+	// Engines are scraped every 100 ms of simulated time, as a real deployment scrapes every 50-100 ms. The
+	// readings and the pickers keep simulated time (simNow): SLO placement reckons its sends' prefill share, and
+	// when their first tokens are due, against the engines' speeds, so a clock 1 ÷ timeScale times slower than
+	// the fleet would see every engine that many times busier. Staleness is 250 ms of real time: a scheduling
+	// hiccup of this shared two-core machine is not a dead engine.
+	scraper := &fleet.Scraper{Interval: time.Duration(float64(100*time.Millisecond) * timeScale),
+		StaleAfter: time.Duration(float64(250*time.Millisecond) / timeScale), Now: simNow}
 	var targets []fleet.Target
 	for _, e := range eps {
 		targets = append(targets, fleet.Target{Addr: e, Dialect: fleet.MustDialect("vllm")})
@@ -343,6 +369,7 @@ spec:
 
 	newAffinity := func(inflight *fleet.InFlight, prefixOnly bool) *picker.Affinity {
 		a := picker.NewAffinity(inflight, scraper) // the configuration infergate serve ships
+		a.Now = simNow
 		a.IndexBlocks = *blocks
 		if prefixOnly {
 			a.Engines = nil // and the prefix-only policy's weights (pfxSnap)
@@ -360,7 +387,6 @@ spec:
 			a := newAffinity(in, false)
 			if shared {
 				a.Placements = b.Join(a)
-				a.ChurnEvery = time.Duration(float64(picker.DefaultChurnEvery) * timeScale) // simulated time, as the delay
 			}
 			r.inflight, r.pickers = append(r.inflight, in), append(r.pickers, a)
 		}
@@ -421,8 +447,9 @@ spec:
 		{"no shared prefix", func() []request { return noSharedPrefix(int(768 * scale)) }, 6 * scale},
 	}
 	fmt.Printf("%d l40s replicas × %d KV blocks, simulated time (time scale %.2f); TTFT and throughput in simulated time\n\n", *replicas, *blocks, timeScale)
-	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | cache-hit | p95 / RR | throughput / RR |")
-	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Printf("In SLO: served within TTFT %v and TPOT %v, the SLO of the SLO rows' policy.\n\n", sloTTFT, sloTPOT)
+	fmt.Println("| workload | policy | TTFT p50 | TTFT p95 | TTFT p99 | throughput (req/s) | success | in SLO | cache-hit | p95 / RR | throughput / RR |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	medians := map[string]map[string]result{} // workload -> policy -> medians
 	everyRun := map[string]map[string][]result{}
 	ceilings := map[string]float64{}
@@ -463,8 +490,8 @@ spec:
 			if i == 0 {
 				rr = res
 			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f%% | %.1f%% | %.2f | %.2f |\n", w.name, p.name,
-				ms(res.p50), ms(res.p95), ms(res.p99), res.throughput, 100*res.success, 100*res.hit,
+			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f%% | %.1f%% | %.1f%% | %.2f | %.2f |\n", w.name, p.name,
+				ms(res.p50), ms(res.p95), ms(res.p99), res.throughput, 100*res.success, 100*res.inSLOShare(), 100*res.hit,
 				float64(res.p95)/float64(max(rr.p95, 1)), res.throughput/max(rr.throughput, 1e-9))
 		}
 		if len(sent) > 0 {
@@ -576,6 +603,21 @@ func printTargets(m map[string]map[string]result, runs map[string]map[string][]r
 				"%.2f× (%s; medians of runs %.2f×)", pooled, interval, ratio(float64(ig.p95), float64(rr.p95)))
 		}
 	}
+	// SLO placement exists to serve more requests within their SLO: it may not serve fewer than the picker
+	// without it (pooled over the runs; a run in which SLO placement scatters a group's follow-ups over the
+	// fleet serves a tenth fewer, so the worst run is shown).
+	for _, w := range []string{moderate, nearSat, "multi-turn", noShared} {
+		if _, ok := get(w, "infergate SLO"); !ok {
+			continue
+		}
+		if _, ok := get(w, "infergate"); !ok {
+			continue
+		}
+		slo, sloWorst := pooledInSLO(runs[w]["infergate SLO"])
+		plain, plainWorst := pooledInSLO(runs[w]["infergate"])
+		check(fmt.Sprintf("infergate SLO, %s: requests in SLO ≥ infergate's less 0.5 point (pooled over %d runs)", w, len(runs[w]["infergate SLO"])),
+			slo >= plain-0.005, "%.1f%% against %.1f%% (worst runs %.1f%% and %.1f%%)", 100*slo, 100*plain, 100*sloWorst, 100*plainWorst)
+	}
 	// Two replicas within 10 % of one: the cache-hit ratio (as the two-replica consistency test measures it) and
 	// the throughput; the TTFT p95 ratio is shown beside them.
 	for _, w := range []string{moderate, nearSat, "multi-turn"} {
@@ -620,9 +662,25 @@ func medianOf(rs []result) result {
 	d := func(f func(result) time.Duration) time.Duration {
 		return time.Duration(med(func(r result) float64 { return float64(f(r)) }))
 	}
+	// The median run's in-SLO count, as a share of a run's requests (every run sends as many).
 	return result{p50: d(func(r result) time.Duration { return r.p50 }), p95: d(func(r result) time.Duration { return r.p95 }),
 		p99: d(func(r result) time.Duration { return r.p99 }), throughput: med(func(r result) float64 { return r.throughput }),
-		success: med(func(r result) float64 { return r.success }), hit: med(func(r result) float64 { return r.hit })}
+		success: med(func(r result) float64 { return r.success }), hit: med(func(r result) float64 { return r.hit }),
+		inSLO: int(med(func(r result) float64 { return float64(r.inSLO) })), requests: int(med(func(r result) float64 { return float64(r.requests) }))}
+}
+
+// inSLOShare is the share of the run's requests served within the SLO.
+func (r result) inSLOShare() float64 { return float64(r.inSLO) / float64(max(r.requests, 1)) }
+
+// pooledInSLO is the share of the runs' requests served within the SLO, all runs pooled, and the worst run's.
+func pooledInSLO(rs []result) (pooled, worst float64) {
+	var in, n int
+	worst = 1
+	for _, r := range rs {
+		in, n = in+r.inSLO, n+r.requests
+		worst = min(worst, r.inSLOShare())
+	}
+	return float64(in) / float64(max(n, 1)), worst
 }
 
 // pooledP95 is other's TTFT p95 over base's, each pooled over its runs (the median over three thirds of the
