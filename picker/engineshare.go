@@ -17,9 +17,14 @@ import "time"
 // counted in the share as they arrive, and taken off the counters as this gateway's own are: "known" below is
 // both, and the counters tell only the rest.
 
-// engineReadings is how many of an endpoint's readings with token counters the picker keeps: a prefill window's
-// worth at a scrape every second or two.
-const engineReadings = 16
+// engineReadings is how many of an endpoint's readings with token counters the picker keeps, at least
+// engineSpacing apart: a prefill window's worth whatever the scrape interval. Kept as they came, readings every
+// 100 ms spanned 1.6 s, over which one prompt this gateway's index predicted cached, and the engine prefilled
+// whole, read as another replica's prefill at six times its share of the window.
+const (
+	engineReadings = 16
+	engineSpacing  = prefillWindow / (engineReadings - 1)
+)
 
 // engineCount is an engine's counters at one reading, and the known tokens (this gateway's own and the others'
 // published) sent there and prefilled by then.
@@ -32,11 +37,12 @@ type engineCount struct {
 	sent, prefilled float64
 }
 
-// engineCounts are an endpoint's recent readings with counters, newest at at[next−1], and the known tokens
-// there.
+// engineCounts are an endpoint's recent readings with counters, newest at at[next−1] (at least engineSpacing
+// apart), the latest one, and the known tokens there.
 type engineCounts struct {
-	at   [engineReadings]engineCount
-	next int
+	at     [engineReadings]engineCount
+	next   int
+	latest engineCount
 	// knownSent sums the uncached tokens of this gateway's sends there (a split's booking at its decoder
 	// excepted) and of the long prompts other replicas published; knownPrefilled those whose first token is out
 	// (a published one's: due by a reading), or that left their ring before it was seen (their prefill long
@@ -56,37 +62,37 @@ func (e *engineCounts) note(c *scored) {
 	if !e.fresh(c) {
 		return
 	}
-	last := &e.at[(e.next+engineReadings-1)%engineReadings]
-	if !last.at.IsZero() && (c.prompt < last.prompt || c.cached < last.cached) {
-		e.at = [engineReadings]engineCount{}
+	if !e.latest.at.IsZero() && (c.prompt < e.latest.prompt || c.cached < e.latest.cached) {
+		e.at, e.latest = [engineReadings]engineCount{}, engineCount{}
 	}
-	e.at[e.next] = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.knownSent, prefilled: e.notedPrefilled}
-	e.next = (e.next + 1) % engineReadings
+	e.latest = engineCount{at: c.readAt, prompt: c.prompt, cached: c.cached, sent: e.knownSent, prefilled: e.notedPrefilled}
+	if last := e.at[(e.next+engineReadings-1)%engineReadings]; last.at.IsZero() || e.latest.at.Sub(last.at) >= engineSpacing {
+		e.at[e.next] = e.latest
+		e.next = (e.next + 1) % engineReadings
+	}
 	e.notedPrefilled = e.knownPrefilled
 	e.rate = e.reckon()
 }
 
 // fresh says whether reading c carries both token counters and is newer than the last one noted.
 func (e *engineCounts) fresh(c *scored) bool {
-	last := e.at[(e.next+engineReadings-1)%engineReadings]
-	return c.counted && (last.at.IsZero() || c.readAt.After(last.at))
+	return c.counted && (e.latest.at.IsZero() || c.readAt.After(e.latest.at))
 }
 
 // othersRate is the prefill other gateway replicas brought the engine beyond the long prompts they published, in
 // tokens a second (reckon), while the newest reading is not older than prefillWindow.
 func (e *engineCounts) othersRate(now time.Time) float64 {
-	newest := e.at[(e.next+engineReadings-1)%engineReadings]
-	if newest.at.IsZero() || now.Sub(newest.at) > prefillWindow {
+	if e.latest.at.IsZero() || now.Sub(e.latest.at) > prefillWindow {
 		return 0
 	}
 	return e.rate
 }
 
-// reckon is the others' rate over the readings within prefillWindow of the newest: the engine's computed tokens
-// less the most of the known ones it can have counted, floored at 0. It is 0 until the readings span a
-// second.
+// reckon is the others' rate from the oldest reading kept within prefillWindow of the latest to the latest: the
+// engine's computed tokens less the most of the known ones it can have counted, floored at 0. It is 0 until the
+// readings span a second.
 func (e *engineCounts) reckon() float64 {
-	newest := e.at[(e.next+engineReadings-1)%engineReadings]
+	newest := e.latest
 	oldest := newest
 	for _, r := range e.at {
 		if !r.at.IsZero() && r.at.Before(oldest.at) && newest.at.Sub(r.at) <= prefillWindow {

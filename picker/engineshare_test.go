@@ -99,3 +99,26 @@ func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
 		})
 	}
 }
+
+// The others' prefill is reckoned over the prefill window however often the engine is read: a scrape every 100 ms
+// keeps sixteen readings spanning it, not the last 1.6 s, over which one long prompt reads as a rate six times
+// its share of the window.
+func TestOthersRateSpansTheWindowAtAnyScrapeInterval(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, every := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, time.Second, 2 * time.Second} {
+		var e engineCounts
+		prompt := 1e6
+		var at time.Time
+		for i := 0; at.Sub(t0) < 30*time.Second; i++ {
+			at = t0.Add(time.Duration(i) * every)
+			if at.Sub(t0) == 30*time.Second {
+				prompt += 14000 // one long prompt, in the last reading
+			}
+			e.note(&scored{readAt: at, prompt: prompt, cached: 1, counted: true})
+		}
+		// 14,000 tokens over the window: the oldest reading kept within it is 9.33-10 s back (engineSpacing).
+		if got := e.othersRate(at); got < 1400 || got > 14000/(prefillWindow-max(every, engineSpacing)).Seconds() {
+			t.Errorf("reading every %v: others' rate %.0f tokens/s, want 1,400-1,500", every, got)
+		}
+	}
+}
