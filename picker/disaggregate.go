@@ -244,14 +244,15 @@ func (d *decision) runningOf(ep string, c *scored) float64 {
 }
 
 // stallHarm is how far prefilling tokens more on candidate c pushes its running decodes past the TPOT target's
-// margin: each of running decodes is predicted at c's TPOT with the prefill added to its prefill share
-// (tpotWithPrefill), and counts by how much more it is past the margin than before (0 when it stays within).
+// margin: each of running decodes is predicted at c's decode step over 1 − its prefill share, without and with
+// the prefill added to the share (tpotWithPrefill), and counts by how much more it is past the margin than
+// before (0 when it stays within).
 func (d *decision) stallHarm(c *scored, tokens, running float64) float64 {
 	limit := d.targets.TPOT.Seconds() * d.routing.SLOMargin
-	if limit <= 0 || running < 1 || c.pred.TPOT <= 0 {
+	if limit <= 0 || running < 1 || c.pred.tpotStep <= 0 {
 		return 0
 	}
-	before := c.pred.TPOT.Seconds()
+	before := tpotWithPrefill(c.pred, 0, c.speed.PrefillTokensPerSecond).Seconds()
 	after := tpotWithPrefill(c.pred, tokens, c.speed.PrefillTokensPerSecond).Seconds()
 	return running * (max(0, after-limit) - max(0, before-limit))
 }

@@ -459,7 +459,7 @@ func TestSplitWeighsTheStallAtBothEnds(t *testing.T) {
 			cand := func(ep string, pool *policies.Pool, e end) scored {
 				return scored{endpoint: ep, pool: pool, prefillTPS: 24000, running: e.running,
 					speed: policies.PoolSpeed{PrefillTokensPerSecond: 24000, CostPerHour: e.cost},
-					pred:  Prediction{set: true, TTFT: e.ttft, TPOT: e.tpot, decodeLeg: e.leg, uncached: tokens}}
+					pred:  Prediction{set: true, TTFT: e.ttft, TPOT: e.tpot, tpotStep: e.tpot, decodeLeg: e.leg, uncached: tokens}}
 			}
 			d := &decision{p: newMixedPicker(engines{}), snap: snap, in: Input{Model: m}, slo: true,
 				targets: policies.Targets{TTFT: 5 * time.Second, TPOT: 100 * time.Millisecond}, routing: policies.Routing{SLOMargin: 0.8},

@@ -13,18 +13,19 @@ const fitDims = 4
 // A guarded feature is predicted, past the largest value of it observed, at the steeper of the fitted and the
 // prior's slope: a slope learnt over a narrow range says little outside it, and the prior's comes from the
 // pool's stated speeds. The TPOT model guards its running batch: a P/D decoder that has run small batches
-// learns a flat slope there, and without the guard would take a burst's decodes as if they cost it nothing;
-// the TTFT model guards its prefill term (a decoder that only gets the short prompts splits leave it).
+// learns a flat slope there, and without the guard would take a burst's decodes as if they cost it nothing. It
+// guards its prefill share too: a replica that has decoded only beside light prefill has not shown what a heavy
+// one costs. The TTFT model guards its prefill term (a decoder that only gets the short prompts splits leave it).
 type fit struct {
-	dims  int
-	prior [fitDims]float64
-	sxx   [fitDims][fitDims]float64
-	sxy   [fitDims]float64
-	n     float64 // weighted observations
-	guard int     // the guarded feature (0: none)
-	seen  float64 // the largest value of the guarded feature observed
-	theta [fitDims]float64
-	stale bool // theta needs solving
+	dims   int
+	prior  [fitDims]float64
+	sxx    [fitDims][fitDims]float64
+	sxy    [fitDims]float64
+	n      float64 // weighted observations
+	guards [fitDims]bool
+	seen   [fitDims]float64 // the largest value of each guarded feature observed
+	theta  [fitDims]float64
+	stale  bool // theta needs solving
 }
 
 // fitDecay is each observation's weight loss per later observation: a window of about 1/(1−decay) = 200.
@@ -40,9 +41,11 @@ func newFit(prior ...float64) fit {
 	return f
 }
 
-// guarded is f with feature i guarded (see fit).
-func (f fit) guarded(i int) fit {
-	f.guard = i
+// guarded is f with features guarded (see fit); feature 0, the intercept, is never guarded.
+func (f fit) guarded(features ...int) fit {
+	for _, i := range features {
+		f.guards[i] = i > 0
+	}
 	return f
 }
 
@@ -58,13 +61,15 @@ func (f *fit) observe(x [fitDims]float64, y float64) {
 		f.sxy[i] = fitDecay*f.sxy[i] + x[i]*y
 	}
 	f.n = fitDecay*f.n + 1
-	if f.guard > 0 {
-		f.seen = max(f.seen, x[f.guard])
+	for i := range f.dims {
+		if f.guards[i] {
+			f.seen[i] = max(f.seen[i], x[i])
+		}
 	}
 	f.stale = true
 }
 
-// predict is θ·x with θ solved from the observations so far, the guarded feature past its observed range at
+// predict is θ·x with θ solved from the observations so far, each guarded feature past its observed range at
 // the steeper slope.
 func (f *fit) predict(x [fitDims]float64) float64 {
 	if f.stale {
@@ -73,9 +78,9 @@ func (f *fit) predict(x [fitDims]float64) float64 {
 	y := 0.0
 	for i := range f.dims {
 		y += f.theta[i] * x[i]
-	}
-	if g := f.guard; g > 0 && x[g] > f.seen {
-		y += (max(f.theta[g], f.prior[g]) - f.theta[g]) * (x[g] - f.seen)
+		if f.guards[i] && x[i] > f.seen[i] {
+			y += (max(f.theta[i], f.prior[i]) - f.theta[i]) * (x[i] - f.seen[i])
+		}
 	}
 	return y
 }

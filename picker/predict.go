@@ -29,8 +29,10 @@ type Prediction struct {
 	rtt      time.Duration
 	uncached float64
 	// prefillShare is the share of the endpoint's time its engine is prefilling at the decision (see
-	// prefillShare), over which TPOT is predicted, and which the observed TPOT is brought back from.
+	// prefillShare), a feature of the TPOT fit (shareTerm); tpotStep is the decode step the fit predicts there
+	// without it, which running decodes take over 1 − the share (tpotWithPrefill).
 	prefillShare float64
+	tpotStep     time.Duration
 	// decodeLeg is the TTFT a split's decode leg would see there, its KV cache pulled: the prefill ahead and
 	// the batch's slots awaited, not its own prompt (see worthSplitting).
 	decodeLeg time.Duration
@@ -68,16 +70,20 @@ type Prediction struct {
 // run of observations alike can extrapolate below what the hardware can do, and promise a slow class a TTFT
 // it cannot give. Without a batch size the third feature is running ÷ 32 with no prior.
 //
-// TPOT is fitted on the running batch (running ÷ 32), for the decode steps alone: with chunked prefill an engine
-// runs the prefills it admits in the steps its running requests decode in, so a step lasts its decode plus its
-// prefill chunk, and where prefill already sent takes a share ρ of the engine's next seconds (prefillShare), a
-// token comes every decode step ÷ (1 − ρ). The fit learns from observed TPOT × (1 − ρ) and predicts the decode
-// step ÷ (1 − ρ): a replica with long prompts to prefill (a P/D prefiller that also decodes, a replica that drew
-// a burst) is predicted slow to decode until they are done, and one that is done is not held to what it was. When
-// the pool states its batch size, the prior is the hardware's step at a full batch, S ÷ decodeTokensPerSecond,
-// half of it fixed (reading the weights) and half growing with the batch (reading each sequence's KV cache): so a
-// replica is not packed past the TPOT target before it has reported its first TPOTs. Without a batch size TPOT is
-// predicted only after minTPOTObservations.
+// TPOT is fitted on the running batch (running ÷ 32) and the prefill share ρ (prefillShare), as ρ ÷ (1 − ρ): with
+// chunked prefill an engine runs the prefills it admits in the steps its running requests decode in, so a step
+// lasts its decode plus its prefill chunk, and where prefill keeps coming at a share ρ of the engine's time a token
+// comes every decode step ÷ (1 − ρ), the step plus the step × ρ ÷ (1 − ρ). How much of that a new request pays
+// is learnt: a replica that draws bursts of long prompts keeps prefilling while the requests sent beside them
+// decode; one whose share came from a few prompts its cache missed has prefilled them before the next requests
+// decode, and held to step ÷ (1 − ρ) it was judged late while it served every TPOT in time (make bench-routing,
+// near saturation: docs/slo-placement.md). When the pool states its batch size, the prior is the hardware's step
+// at a full batch, S ÷ decodeTokensPerSecond, half of it fixed (reading the weights) and half growing with the
+// batch (reading each sequence's KV cache), and the empty batch's step on the share, all of it paid: so a replica
+// is not packed past the TPOT target before it has reported its first TPOTs. Without a batch size TPOT is
+// predicted only after minTPOTObservations. The decodes already running where a prefill is sent run in its steps
+// whatever was learnt of new requests: they take the step the fit predicts without the share ÷ (1 − ρ)
+// (tpotWithPrefill).
 const (
 	stepPrior           = 0.025 // seconds: one engine step on the GPUs of the hardware table
 	runningScale        = 32.0
@@ -274,12 +280,13 @@ func sentShare(sends *[recentSends]sentPrompt, speed float64, now time.Time) flo
 	return min(maxPrefillShare, tokens/max(speed, 1)/span.Seconds())
 }
 
-// tpotWithPrefill is the TPOT pd predicted, had the endpoint's engine tokens more to prefill at speed within
-// the prefill window: the decode step, over what the prefill share then leaves (see prefillShare).
+// tpotWithPrefill is the TPOT of the decodes running at pd's endpoint, had its engine tokens more to prefill
+// at speed within the prefill window: the decode step, over what the prefill share then leaves (see
+// prefillShare). A prefill sent there runs in the steps they decode in, whatever the fit learnt of the share at
+// which new requests were sent.
 func tpotWithPrefill(pd Prediction, tokens, speed float64) time.Duration {
-	step := pd.TPOT.Seconds() * (1 - pd.prefillShare)
 	share := min(maxPrefillShare, pd.prefillShare+tokens/max(speed, 1)/prefillWindow.Seconds())
-	return seconds(step / (1 - share))
+	return seconds(pd.tpotStep.Seconds() / (1 - share))
 }
 
 // minTime is the earlier of a and b.
@@ -357,9 +364,9 @@ func (p *predictor) model(ep string, service, fullStep, slots float64) *endpoint
 	}
 	m := p.eps[ep]
 	if m == nil {
-		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0).guarded(prefillTerm), tpot: newFit(0, 0).guarded(batchTerm)}
+		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0).guarded(prefillTerm), tpot: newFit(0, 0, 0).guarded(batchTerm, shareTerm)}
 		if fullStep > 0 && slots > 0 {
-			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots).guarded(batchTerm), true
+			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots, fullStep/2).guarded(batchTerm, shareTerm), true
 		}
 		p.eps[ep] = m
 	}
@@ -390,12 +397,19 @@ func fullStepTime(c *scored) float64 {
 	return slots / c.speed.DecodeTokensPerSecond
 }
 
-// prefillTerm and batchTerm are the TTFT features' prefill seconds and the TPOT features' running batch, the
-// terms their fits guard (see fit).
+// prefillTerm is the TTFT features' prefill seconds, batchTerm and shareTerm the TPOT features' running batch
+// and prefill share (tpotFeatures): the terms their fits guard (see fit).
 const (
 	prefillTerm = 1
 	batchTerm   = 1
+	shareTerm   = 2
 )
+
+// tpotFeatures are the TPOT fit's features for a running batch and a prefill share ρ: 1, running ÷ 32 and
+// ρ ÷ (1 − ρ), by which a decode step ÷ (1 − ρ) exceeds the step (see the model above).
+func tpotFeatures(running, share float64) [fitDims]float64 {
+	return [fitDims]float64{1, max(0, running) / runningScale, share / (1 - min(share, maxPrefillShare))}
+}
 
 // features are a candidate's TTFT features (see the model above).
 func features(c *scored, prefill float64) [fitDims]float64 {
@@ -469,7 +483,7 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	c.kvAwaited = kvAwaited(c, (uncached+outTokens)/blockTokens)
 	ahead = m.aheadTokens(c, mean, now)
 	x := features(c, (ahead+uncached)/speed)
-	pd := Prediction{ttftX: x, tpotX: [fitDims]float64{1, max(0, c.running) / runningScale}, uncached: uncached, set: true}
+	pd := Prediction{ttftX: x, uncached: uncached, set: true}
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
 	pd.tail = m.tail(c, z)
@@ -478,8 +492,10 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 		m.engine.note(c)
 	}
 	pd.prefillShare = min(maxPrefillShare, m.prefillShare(speed, now)+m.engine.othersRate(now)/speed)
+	pd.tpotX = tpotFeatures(c.running, pd.prefillShare)
 	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
-		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)) / (1 - pd.prefillShare))
+		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
+		pd.tpotStep = seconds(max(0, m.tpot.predict(tpotFeatures(c.running, 0))))
 	}
 	pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 	c.pred = pd
@@ -570,7 +586,7 @@ func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) 
 		m.ttft.observe(pd.ttftX, ttft.Seconds())
 	}
 	if tpot > 0 {
-		m.tpot.observe(pd.tpotX, tpot.Seconds()*(1-pd.prefillShare))
+		m.tpot.observe(pd.tpotX, tpot.Seconds())
 		m.tpotSeen++
 	}
 }

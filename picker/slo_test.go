@@ -437,7 +437,7 @@ func TestPrefillShare(t *testing.T) {
 // A prefill added to an endpoint's share slows its decodes by the share it takes of the window: the decode step
 // over 1 − (the share + the prefill's).
 func TestTPOTWithPrefill(t *testing.T) {
-	pd := Prediction{TPOT: 60 * time.Millisecond, prefillShare: 0.5} // a 30 ms decode step
+	pd := Prediction{tpotStep: 30 * time.Millisecond, prefillShare: 0.5}
 	cases := []struct {
 		tokens float64
 		want   time.Duration
@@ -454,8 +454,9 @@ func TestTPOTWithPrefill(t *testing.T) {
 }
 
 // A replica with long prompts to prefill decodes slowly until they are done (chunked prefill: its steps carry
-// the prefill): SLO placement predicts its TPOT over 1 − the prefill share, and learns its decode step from
-// the TPOTs observed at the share their requests were sent at.
+// the prefill): before it has shown otherwise, SLO placement predicts its TPOT over 1 − the prefill share. It
+// learns from the TPOTs observed at the share their requests were sent at how much the share costs them: all
+// of it where prefill kept coming while they decoded, nothing where it was done before they began.
 func TestTPOTPredictionCountsThePrefillShare(t *testing.T) {
 	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
 	now := time.Unix(1000, 0)
@@ -491,14 +492,39 @@ func TestTPOTPredictionCountsThePrefillShare(t *testing.T) {
 	if d := after["10.0.0.2:1"] - before["10.0.0.2:1"]; d < -time.Millisecond || d > time.Millisecond {
 		t.Errorf("its twin 10.0.0.2 moved from %v to %v", before["10.0.0.2:1"], after["10.0.0.2:1"])
 	}
-	// Requests sent at that share decode at 60 ms a token: the decode step learnt is 30 ms, and once the prompts
-	// have left the window the endpoint is predicted at it.
-	d := Decision{Endpoints: []string{"10.0.0.1:1"}, Predicted: Prediction{set: true, prefillShare: 0.5, tpotX: [fitDims]float64{1, 0}}}
-	for range 200 {
-		p.ObserveTiming(m.Name, d, 0, 60*time.Millisecond)
-	}
-	now = now.Add(time.Minute)
-	if got := tpots()["10.0.0.1:1"]; got < 29*time.Millisecond || got > 31*time.Millisecond {
-		t.Errorf("learnt from 60 ms TPOTs at a prefill share of 0.5, then idle: predicted %v, want about 30ms", got)
+	for _, tc := range []struct {
+		name             string
+		idle, share      time.Duration // TPOTs observed of requests sent at a share of 0 and of 0.5
+		wantIdle, wantAt time.Duration // then predicted idle and at a share of 0.5
+	}{
+		{"the share slows decodes", 30 * time.Millisecond, 60 * time.Millisecond, 30 * time.Millisecond, 60 * time.Millisecond},
+		{"prefill done before they decode", 40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newMixedPicker(idleEngines(nil))
+			p.Now = func() time.Time { return now }
+			if _, err := p.Pick(snap, in); err != nil { // the endpoints' models, with their priors
+				t.Fatal(err)
+			}
+			for i := range 200 {
+				share, tpot := 0.0, tc.idle
+				if i%2 == 1 {
+					share, tpot = 0.5, tc.share
+				}
+				pd := Prediction{set: true, prefillShare: share, tpotX: tpotFeatures(0, share)}
+				p.ObserveTiming(m.Name, Decision{Endpoints: []string{"10.0.0.1:1"}, Predicted: pd}, 0, tpot)
+			}
+			p.pred.mu.Lock()
+			fit := p.pred.eps["10.0.0.1:1"].tpot
+			p.pred.mu.Unlock()
+			for _, at := range []struct {
+				share float64
+				want  time.Duration
+			}{{0, tc.wantIdle}, {0.5, tc.wantAt}} {
+				if got := seconds(fit.predict(tpotFeatures(0, at.share))); got < at.want-time.Millisecond || got > at.want+time.Millisecond {
+					t.Errorf("at a share of %g: predicted %v, want %v", at.share, got, at.want)
+				}
+			}
+		})
 	}
 }
