@@ -200,7 +200,7 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 		return true, ttft
 	}
 	running := d.runningOf(decoder, c)
-	if pf != nil && c.pred.TPOT > 0 {
+	if pf != nil && c.pred.tpotStep > 0 {
 		onDecoder := d.stallHarm(c, c.pred.uncached, running)
 		onPrefiller := 0.0
 		if prefillPool.Role != policies.RolePrefill {

@@ -19,7 +19,7 @@ import "time"
 
 // engineReadings is how many of an endpoint's readings with token counters the picker keeps, at least
 // engineSpacing apart: a prefill window's worth whatever the scrape interval. Kept as they came, readings every
-// 100 ms spanned 1.6 s, over which one prompt this gateway's index predicted cached, and the engine prefilled
+// 100 ms spanned 1.5 s, over which one prompt this gateway's index predicted cached, and the engine prefilled
 // whole, read as another replica's prefill at six times its share of the window.
 const (
 	engineReadings = 16

@@ -11,11 +11,12 @@ const fitDims = 4
 // endpoint's behaviour drifts. Normal equations (Σ w x xᵀ + ρI) θ = Σ w x y + ρθ₀, solved on demand.
 //
 // A guarded feature is predicted, past the largest value of it observed, at the steeper of the fitted and the
-// prior's slope: a slope learnt over a narrow range says little outside it, and the prior's comes from the
-// pool's stated speeds. The TPOT model guards its running batch: a P/D decoder that has run small batches
-// learns a flat slope there, and without the guard would take a burst's decodes as if they cost it nothing. It
-// guards its prefill share too: a replica that has decoded only beside light prefill has not shown what a heavy
-// one costs. The TTFT model guards its prefill term (a decoder that only gets the short prompts splits leave it).
+// prior's slope: a slope learnt over a narrow range says little outside it, and the prior's comes from the pool's
+// stated speeds. The TPOT model guards its running batch: a P/D decoder that has run small batches learns a flat
+// slope there, and without the guard would take a burst's decodes as if they cost it nothing. It guards its
+// prefill share too (given a prior, from the pool's batch size): a replica that has decoded only beside light
+// prefill has not shown what a heavy one costs. The TTFT model guards its prefill term (a decoder that only gets
+// the short prompts splits leave it).
 type fit struct {
 	dims   int
 	prior  [fitDims]float64
@@ -49,10 +50,16 @@ func (f fit) guarded(features ...int) fit {
 	return f
 }
 
-// observe adds one observation; x[0] is 1 for the intercept.
+// observe adds one observation; x[0] is 1 for the intercept. One that is not finite is dropped: it would
+// poison every later prediction.
 func (f *fit) observe(x [fitDims]float64, y float64) {
-	if math.IsNaN(y) || math.IsInf(y, 0) {
+	if !finite(y) {
 		return
+	}
+	for _, v := range x {
+		if !finite(v) {
+			return
+		}
 	}
 	for i := range f.dims {
 		for j := range f.dims {
@@ -84,6 +91,9 @@ func (f *fit) predict(x [fitDims]float64) float64 {
 	}
 	return y
 }
+
+// finite says whether v is neither NaN nor infinite.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // coef is the fit's i-th coefficient, solved from the observations so far.
 func (f *fit) coef(i int) float64 {

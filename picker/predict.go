@@ -70,20 +70,22 @@ type Prediction struct {
 // run of observations alike can extrapolate below what the hardware can do, and promise a slow class a TTFT
 // it cannot give. Without a batch size the third feature is running ÷ 32 with no prior.
 //
-// TPOT is fitted on the running batch (running ÷ 32) and the prefill share ρ (prefillShare), as ρ ÷ (1 − ρ): with
-// chunked prefill an engine runs the prefills it admits in the steps its running requests decode in, so a step
-// lasts its decode plus its prefill chunk, and where prefill keeps coming at a share ρ of the engine's time a token
-// comes every decode step ÷ (1 − ρ), the step plus the step × ρ ÷ (1 − ρ). How much of that a new request pays
-// is learnt: a replica that draws bursts of long prompts keeps prefilling while the requests sent beside them
-// decode; one whose share came from a few prompts its cache missed has prefilled them before the next requests
-// decode, and held to step ÷ (1 − ρ) it was judged late while it served every TPOT in time (make bench-routing,
-// near saturation: docs/slo-placement.md). When the pool states its batch size, the prior is the hardware's step
-// at a full batch, S ÷ decodeTokensPerSecond, half of it fixed (reading the weights) and half growing with the
-// batch (reading each sequence's KV cache), and the empty batch's step on the share, all of it paid: so a replica
-// is not packed past the TPOT target before it has reported its first TPOTs. Without a batch size TPOT is
-// predicted only after minTPOTObservations. The decodes already running where a prefill is sent run in its steps
-// whatever was learnt of new requests: they take the step the fit predicts without the share ÷ (1 − ρ)
-// (tpotWithPrefill).
+// TPOT is fitted on the running batch (running ÷ 32) and the prefill share ρ (prefillShare), as ρ ÷ (1 − ρ) (see
+// tpotFeatures): with chunked prefill an engine runs the prefills it admits in the steps its running requests
+// decode in, so a step lasts its decode plus its prefill chunk, and where prefill keeps coming at a share ρ of
+// the engine's time a token comes every decode step ÷ (1 − ρ), the step plus the step × ρ ÷ (1 − ρ). How much of
+// that a new request pays is learnt: a replica that draws bursts of long prompts keeps prefilling while the
+// requests sent beside them decode; one whose share came from a few prompts its cache missed has prefilled them
+// before the next requests decode, and held to step ÷ (1 − ρ) it was judged late while it served every TPOT in
+// time (make bench-routing, near saturation: docs/slo-placement.md). A prediction is never below the step without
+// the share. When the pool states its batch size, the prior is the hardware's step at a full batch, S ÷
+// decodeTokensPerSecond, half of it fixed (reading the weights) and half growing with the batch (reading each
+// sequence's KV cache), and the same on the share, all of it paid: so a replica is not packed past the TPOT
+// target before it has reported its first TPOTs. Without a batch size TPOT is predicted only after
+// minTPOTObservations, and the share has no prior: it costs what the TPOTs show (given the step learnt as its
+// prior, make bench-routing's pools, which state none, served 6 % fewer requests in time near saturation). The
+// decodes already running where a prefill is sent run in its steps whatever was learnt of new requests: they take
+// the step the fit predicts without the share ÷ (1 − ρ) (tpotWithPrefill).
 const (
 	stepPrior           = 0.025 // seconds: one engine step on the GPUs of the hardware table
 	runningScale        = 32.0
@@ -364,9 +366,12 @@ func (p *predictor) model(ep string, service, fullStep, slots float64) *endpoint
 	}
 	m := p.eps[ep]
 	if m == nil {
-		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0).guarded(prefillTerm), tpot: newFit(0, 0, 0).guarded(batchTerm, shareTerm)}
+		m = &endpointModel{ttft: newFit(stepPrior, 1, service, 0).guarded(prefillTerm),
+			tpot: newFit(0, 0, 0, 0).guarded(batchTerm, shareTerm, shareBatchTerm)}
 		if fullStep > 0 && slots > 0 {
-			m.tpot, m.tpotPrior = newFit(fullStep/2, fullStep/2*runningScale/slots, fullStep/2).guarded(batchTerm, shareTerm), true
+			fixed, perRunning := fullStep/2, fullStep/2*runningScale/slots
+			m.tpot = newFit(fixed, perRunning, fixed, perRunning).guarded(batchTerm, shareTerm, shareBatchTerm)
+			m.tpotPrior = true
 		}
 		p.eps[ep] = m
 	}
@@ -397,18 +402,21 @@ func fullStepTime(c *scored) float64 {
 	return slots / c.speed.DecodeTokensPerSecond
 }
 
-// prefillTerm is the TTFT features' prefill seconds, batchTerm and shareTerm the TPOT features' running batch
-// and prefill share (tpotFeatures): the terms their fits guard (see fit).
+// prefillTerm is the TTFT features' prefill seconds; batchTerm, shareTerm and shareBatchTerm the TPOT features'
+// running batch, prefill share and their product (tpotFeatures): the terms their fits guard (see fit).
 const (
-	prefillTerm = 1
-	batchTerm   = 1
-	shareTerm   = 2
+	prefillTerm    = 1
+	batchTerm      = 1
+	shareTerm      = 2
+	shareBatchTerm = 3
 )
 
-// tpotFeatures are the TPOT fit's features for a running batch and a prefill share ρ: 1, running ÷ 32 and
-// ρ ÷ (1 − ρ), by which a decode step ÷ (1 − ρ) exceeds the step (see the model above).
+// tpotFeatures are the TPOT fit's features for a running batch and a prefill share ρ: 1 and running ÷ 32 (the
+// decode step), and each times ρ ÷ (1 − ρ), by which a decode step ÷ (1 − ρ) exceeds the step (see the model
+// above).
 func tpotFeatures(running, share float64) [fitDims]float64 {
-	return [fitDims]float64{1, max(0, running) / runningScale, share / (1 - min(share, maxPrefillShare))}
+	r, q := max(0, running)/runningScale, share/(1-min(share, maxPrefillShare))
+	return [fitDims]float64{1, r, q, r * q}
 }
 
 // features are a candidate's TTFT features (see the model above).
@@ -494,8 +502,9 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	pd.prefillShare = min(maxPrefillShare, m.prefillShare(speed, now)+m.engine.othersRate(now)/speed)
 	pd.tpotX = tpotFeatures(c.running, pd.prefillShare)
 	if m.tpotPrior || m.tpotSeen >= minTPOTObservations {
-		pd.TPOT = seconds(max(0, m.tpot.predict(pd.tpotX)))
+		// Never faster for the share: a slope fitted below 0 is noise.
 		pd.tpotStep = seconds(max(0, m.tpot.predict(tpotFeatures(c.running, 0))))
+		pd.TPOT = max(pd.tpotStep, seconds(m.tpot.predict(pd.tpotX)))
 	}
 	pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 	c.pred = pd

@@ -528,3 +528,52 @@ func TestTPOTPredictionCountsThePrefillShare(t *testing.T) {
 		})
 	}
 }
+
+// Before an endpoint has reported a TPOT its prior, from the pool's batch size, is the decode step over 1 − the
+// prefill share at any running batch; a share's slope fitted below 0 never predicts a busier endpoint faster;
+// without a batch size the share has no prior, and costs what the TPOTs show.
+func TestTPOTOverTheShare(t *testing.T) {
+	t.Run("prior", func(t *testing.T) {
+		var p predictor
+		m := p.model("e", 0, 0.05, 64) // a 50 ms step at a full batch of 64
+		for _, running := range []float64{0, 16, 64} {
+			step := m.tpot.predict(tpotFeatures(running, 0))
+			for _, share := range []float64{0.25, 0.5, 0.9} {
+				if got, want := m.tpot.predict(tpotFeatures(running, share)), step/(1-share); math.Abs(got-want) > 1e-9 {
+					t.Errorf("running %g, share %g: %.4f s, want the step %.4f ÷ (1 − share) = %.4f", running, share, got, step, want)
+				}
+			}
+		}
+	})
+	observe := func(p *predictor, share float64, tpot time.Duration) {
+		p.observe("e", Prediction{tpotX: tpotFeatures(8, share)}, 0, tpot)
+	}
+	t.Run("never faster for the share", func(t *testing.T) {
+		var p predictor
+		p.model("e", 0, 0.05, 64)
+		for i := range 200 { // TPOT falling as the share rises: noise
+			share := float64(i%5) / 10
+			observe(&p, share, time.Duration((40-20*share)*float64(time.Millisecond)))
+		}
+		pd := p.eps["e"]
+		step := pd.tpot.predict(tpotFeatures(8, 0))
+		c := &scored{endpoint: "e", running: 8, pool: &policies.Pool{MaxConcurrency: 64}, speed: policies.PoolSpeed{PrefillTokensPerSecond: 10000, DecodeTokensPerSecond: 1280}}
+		pd.recent[0] = sentPrompt{at: time.Unix(1000, 0), uncached: 40000} // a share of 0.4
+		p.predictLocked(c, &prompt{tokens: 100, blockTokens: 16, scale: 1}, 100, 0, time.Unix(1000, 0))
+		if c.pred.prefillShare < 0.3 || c.pred.TPOT < seconds(step) {
+			t.Errorf("share %.2f: TPOT %v, below the step %v", c.pred.prefillShare, c.pred.TPOT, seconds(step))
+		}
+	})
+	t.Run("no batch size: what the TPOTs show", func(t *testing.T) {
+		var p predictor
+		p.model("e", 0, 0, 0)
+		for i := range 200 { // 40 ms whatever the share, at shares up to 0.2
+			observe(&p, float64(i%3)/10, 40*time.Millisecond)
+		}
+		for _, share := range []float64{0.2, 0.8} {
+			if got := p.eps["e"].tpot.predict(tpotFeatures(8, share)); math.Abs(got-0.04) > 0.002 {
+				t.Errorf("at a share of %g: %.4f s, want 0.040", share, got)
+			}
+		}
+	})
+}
