@@ -243,14 +243,14 @@ func TestSplitTimingTeachesOnlyTheDecodersTPOT(t *testing.T) {
 	dec := Decision{Endpoints: []string{"10.0.1.1:1"}, Prefill: "10.0.0.1:1", Predicted: Prediction{set: true}, prefillPred: Prediction{set: true}}
 	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
 	m, pf := p.pred.model("10.0.1.1:1", 0, 0, 0), p.pred.model("10.0.0.1:1", 0, 0, 0)
-	if m.residuals != 0 || m.tpotSeen != 1 || pf.residuals != 0 || pf.ttft.n != 0 {
-		t.Errorf("after a split request: the decoder saw %v TTFT residuals and %d TPOTs, the prefiller %v fitted TTFTs; want 0, 1 and 0",
-			m.residuals, m.tpotSeen, pf.ttft.n)
+	if m.ttftSeen != 0 || m.tpotSeen != 1 || pf.ttftSeen != 0 || pf.ttft.n != 0 {
+		t.Errorf("after a split request: the decoder saw %d TTFTs and %d TPOTs, the prefiller %v fitted TTFTs; want 0, 1 and 0",
+			m.ttftSeen, m.tpotSeen, pf.ttft.n)
 	}
 	dec.Prefill, dec.prefillPred = "", Prediction{}
 	p.ObserveTiming("m", dec, 90*time.Millisecond, 40*time.Millisecond)
-	if m.residuals != 1 || m.tpotSeen != 2 {
-		t.Errorf("after a whole request: %v TTFT residuals, %d TPOTs seen; want 1 and 2", m.residuals, m.tpotSeen)
+	if m.ttftSeen != 1 || m.tpotSeen != 2 {
+		t.Errorf("after a whole request: %d TTFTs, %d TPOTs seen; want 1 and 2", m.ttftSeen, m.tpotSeen)
 	}
 }
 

@@ -96,12 +96,13 @@ const (
 // endpointModel is what the picker has learnt of one endpoint's timing.
 type endpointModel struct {
 	ttft, tpot fit
-	tpotSeen   int
-	tpotPrior  bool    // the TPOT fit has a prior from the pool's batch size and decode speed
-	uncached   float64 // ū, 0 until a request was sent
-	// spread is the mean squared TTFT residual (seconds²): their mean until there are trustWindow of them, an
-	// exponential average over about trustWindow after — not one that starts from 0, which judges a new
-	// endpoint's first requests at a tail a fraction of its real one.
+	// ttftSeen and tpotSeen count the TTFTs and TPOTs observed there.
+	ttftSeen, tpotSeen int
+	tpotPrior          bool    // the TPOT fit has a prior from the pool's batch size and decode speed
+	uncached           float64 // ū, 0 until a request was sent
+	// spread is the mean squared TTFT residual (seconds²) once the fit has settled (see Judging at the tail):
+	// their mean until there are trustWindow of them, an exponential average over about trustWindow after — not
+	// one that starts from 0, which judges a new endpoint's first requests at a tail a fraction of its real one.
 	spread    float64
 	residuals float64 // how many residuals spread has seen
 	// recent are the last sends there, newest at recent[next−1] (see aheadTokens and prefillShare).
@@ -591,8 +592,11 @@ func (p *predictor) observe(ep string, pd Prediction, ttft, tpot time.Duration) 
 	m := p.model(ep, 0, 0, 0)
 	m.forgetSend(pd)
 	if ttft > 0 {
-		m.noteResidual(ttft.Seconds() - m.ttft.predict(pd.ttftX))
+		if m.ttftSeen >= settledObservations {
+			m.noteResidual(ttft.Seconds() - m.ttft.predict(pd.ttftX))
+		}
 		m.ttft.observe(pd.ttftX, ttft.Seconds())
+		m.ttftSeen++
 	}
 	if tpot > 0 {
 		m.tpot.observe(pd.tpotX, tpot.Seconds())

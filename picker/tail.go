@@ -14,7 +14,11 @@ import (
 // the tail being z standard deviations of the endpoint's spread, z the normal quantile of calibrationBudget
 // of the tier's error budget (z ≈ 2.6 for an objective of 0.99): the larger of
 //   - the residuals of the endpoint's fit (observed − predicted TTFT), as a root mean square over about
-//     trustWindow observations: the spread the model does not explain; and
+//     trustWindow observations: the spread the model does not explain. They count from the fit's
+//     settledObservations-th observation on: before, a fit of four coefficients to a few observations says
+//     more about the prior's error and its own swings than about the endpoint (counted, a replica whose first
+//     prediction was 0.33 s off kept a tail of 0.7 s, drew no request while cheaper ones were full, so never
+//     learnt otherwise, and make bench-fleet sent requests at 0.7× capacity to the managed API); and
 //   - the wait for batch slots, when the request would find the batch full: it waits for k = running +
 //     queued + 1 − S sequences to finish, each freed after about the service time ÷ S, a near-exponential wait
 //     whose sum has a standard deviation of about √k × service ÷ S (the service time as the fit has learnt it).
@@ -23,6 +27,10 @@ import (
 // the target at it, but a request none meets at the tail is judged again at the mean, and waits only when no
 // endpoint is predicted in time even so — a stricter judgement would hold requests an endpoint would likely
 // have served in time, a laxer one packs the cheapest replica at its mean. Calibration is left out there.
+
+// settledObservations is how many TTFTs an endpoint's fit takes before its residuals are its spread: twice its
+// coefficients.
+const settledObservations = 2 * fitDims
 
 // tailZ is the standard normal quantile the tail is judged at for a tier's objective.
 func tailZ(objective float64) float64 {

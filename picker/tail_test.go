@@ -3,6 +3,7 @@ package picker
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -329,5 +330,26 @@ func TestSpreadIsTheMeanUntilTheWindowFills(t *testing.T) {
 	}
 	if math.Abs(m.spread-0.0025) > 1e-6 {
 		t.Errorf("spread %v after many residuals of 0.05 s, want about 0.0025", m.spread)
+	}
+}
+
+// An endpoint's first TTFTs are its prior's error, which the fit corrects, not its spread: a replica whose
+// prefill runs four times faster than its pool states, with TTFTs 5 ms about a line, is judged after a dozen
+// requests at what its fit still misses by (its residuals since it settled), not at the first prediction's
+// 0.24 s error (which counted gave it a spread of 0.09 s here, and in make bench-fleet kept such a replica from
+// the requests that would have taught it otherwise).
+func TestPriorErrorIsNotSpread(t *testing.T) {
+	p := &predictor{}
+	m := p.model("ep", 0, 0, 0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const requests = settledObservations + 4
+	for range requests {
+		prefill := 0.1 + 0.3*rng.Float64() // seconds at the stated speed
+		x := [fitDims]float64{1, prefill, 0, 0}
+		observed := 0.01 + prefill/4 + 0.005*rng.NormFloat64()
+		p.observe("ep", Prediction{ttftX: x}, seconds(observed), 0)
+	}
+	if sd := math.Sqrt(m.spread); sd > 0.05 || m.residuals != requests-settledObservations {
+		t.Errorf("spread %.3f s over %v residuals, want under 0.05 s over %d", sd, m.residuals, requests-settledObservations)
 	}
 }
