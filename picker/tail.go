@@ -14,11 +14,14 @@ import (
 // the tail being z standard deviations of the endpoint's spread, z the normal quantile of calibrationBudget
 // of the tier's error budget (z ≈ 2.6 for an objective of 0.99): the larger of
 //   - the residuals of the endpoint's fit (observed − predicted TTFT), as a root mean square over about
-//     trustWindow observations: the spread the model does not explain. They count from the fit's
-//     settledObservations-th observation on: before, a fit of four coefficients to a few observations says
-//     more about the prior's error and its own swings than about the endpoint (counted, a replica whose first
-//     prediction was 0.33 s off kept a tail of 0.7 s, drew no request while cheaper ones were full, so never
-//     learnt otherwise, and make bench-fleet sent requests at 0.7× capacity to the managed API); and
+//     trustWindow observations: the spread the model does not explain. The first settledObservations are
+//     mostly the prior's error and the swings of a fit of four coefficients to a few observations: the
+//     spread starts again from the settled fit's residuals, and until then an endpoint is judged at its
+//     pool's settled endpoints' spread (the same hardware, engine and model), or at its own residuals so far
+//     while none has settled. Judged at its own, a replica whose first prediction was 0.33 s off kept a tail
+//     of 0.7 s, so drew no request while cheaper ones were full and never learnt otherwise: make bench-fleet
+//     sent requests at 0.7× capacity to the managed API. Judged at none, make bench-placement served a
+//     replica's first requests past a 100 ms target; and
 //   - the wait for batch slots, when the request would find the batch full: it waits for k = running +
 //     queued + 1 − S sequences to finish, each freed after about the service time ÷ S, a near-exponential wait
 //     whose sum has a standard deviation of about √k × service ÷ S (the service time as the fit has learnt it).
@@ -28,8 +31,8 @@ import (
 // endpoint is predicted in time even so — a stricter judgement would hold requests an endpoint would likely
 // have served in time, a laxer one packs the cheapest replica at its mean. Calibration is left out there.
 
-// settledObservations is how many TTFTs an endpoint's fit takes before its residuals are its spread: twice its
-// coefficients.
+// settledObservations is how many TTFTs an endpoint's fit takes before its residuals are its spread (see
+// Judging at the tail): twice its coefficients.
 const settledObservations = 2 * fitDims
 
 // tailZ is the standard normal quantile the tail is judged at for a tier's objective.
@@ -39,9 +42,9 @@ func tailZ(objective float64) float64 {
 }
 
 // tail is how much later than its predicted TTFT a request's first token may come on c, at z standard
-// deviations (see Judging at the tail).
-func (m *endpointModel) tail(c *scored, z float64) time.Duration {
-	spread := math.Sqrt(max(0, m.spread))
+// deviations (see Judging at the tail), meanSquare being the residuals' (spreadOf).
+func (m *endpointModel) tail(c *scored, z, meanSquare float64) time.Duration {
+	spread := math.Sqrt(max(0, meanSquare))
 	if slots := float64(c.pool.MaxConcurrency); slots > 0 {
 		if k := slotsAwaited(c, slots); k > 0 {
 			spread = max(spread, max(0, m.ttft.coef(2))*math.Sqrt(k)/slots)
@@ -49,6 +52,30 @@ func (m *endpointModel) tail(c *scored, z float64) time.Duration {
 	}
 	return seconds(z * spread)
 }
+
+// spreadOf is the mean squared residual c is judged at (see Judging at the tail): its endpoint's own once its
+// fit has settled; before, the mean of its pool's settled endpoints' among cands, or its own so far while none
+// of them has settled.
+func (p *predictor) spreadOf(c *scored, cands []scored) float64 {
+	m := p.eps[c.endpoint]
+	if m.settled() {
+		return m.spread
+	}
+	sum, n := 0.0, 0
+	for i := range cands {
+		if o := p.eps[cands[i].endpoint]; cands[i].pool == c.pool && o != nil && o.settled() {
+			sum += o.spread
+			n++
+		}
+	}
+	if n == 0 {
+		return m.spread
+	}
+	return sum / float64(n)
+}
+
+// settled says the endpoint's spread is its settled fit's: it has had a residual past settledObservations.
+func (m *endpointModel) settled() bool { return m.ttftSeen > settledObservations }
 
 // noteResidual adds one observed − predicted TTFT (seconds) to the endpoint's spread.
 func (m *endpointModel) noteResidual(r float64) {

@@ -99,9 +99,8 @@ func TestFullBatchWaitIsJudgedAtItsTail(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m.spread = tc.residual * tc.residual
 			c := &scored{pool: pool, running: tc.running, queue: int64(tc.queue), since: tc.since}
-			if got := m.tail(c, z); absDuration(got-tc.want) > time.Microsecond {
+			if got := m.tail(c, z, tc.residual*tc.residual); absDuration(got-tc.want) > time.Microsecond {
 				t.Errorf("tail %v, want %v", got, tc.want)
 			}
 		})
@@ -351,5 +350,40 @@ func TestPriorErrorIsNotSpread(t *testing.T) {
 	}
 	if sd := math.Sqrt(m.spread); sd > 0.05 || m.residuals != requests-settledObservations {
 		t.Errorf("spread %.3f s over %v residuals, want under 0.05 s over %d", sd, m.residuals, requests-settledObservations)
+	}
+}
+
+// An endpoint whose fit has not settled is judged at its pool's settled spread, not at its own first residuals
+// (its prior's error) nor at another pool's; while none of its pool has settled, at its own so far.
+func TestUnsettledEndpointTakesItsPoolsSpread(t *testing.T) {
+	poolA, poolB := &policies.Pool{Name: "a"}, &policies.Pool{Name: "b"}
+	p := &predictor{}
+	endpoint := func(ep string, seen int, rms float64) {
+		m := p.model(ep, 0, 0, 0)
+		m.ttftSeen, m.spread = seen, rms*rms
+	}
+	cands := []scored{{pool: poolA, endpoint: "a1"}, {pool: poolA, endpoint: "a2"}, {pool: poolA, endpoint: "a3"},
+		{pool: poolB, endpoint: "b1"}}
+	endpoint("a1", settledObservations+20, 0.01)
+	endpoint("a2", 3, 0.3)
+	endpoint("a3", settledObservations+5, 0.03)
+	endpoint("b1", settledObservations+20, 0.2)
+	tests := []struct {
+		name string
+		c    int
+		want float64
+	}{
+		{"settled: its own", 0, 0.01 * 0.01},
+		{"unsettled: the mean of its pool's settled", 1, (0.01*0.01 + 0.03*0.03) / 2},
+	}
+	for _, tc := range tests {
+		if got := p.spreadOf(&cands[tc.c], cands); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	endpoint("a1", 2, 0.01)
+	endpoint("a3", settledObservations, 0.03) // no residual of its settled fit yet
+	if got := p.spreadOf(&cands[1], cands); math.Abs(got-0.09) > 1e-12 {
+		t.Errorf("none of its pool settled: %v, want its own 0.09 (not pool b's)", got)
 	}
 }
