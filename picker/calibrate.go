@@ -20,7 +20,8 @@ import (
 // its load would not (bench-placement: at a third of capacity round-robin served every request in time and
 // SLO placement, loosened, 99.5 %). With the admission queue, a request that
 // no endpoint meets waits, so a shrunken margin would hold requests an endpoint would have served in time:
-// there the policy's margin applies as it is (the factor still learns).
+// there the policy's margin applies as it is (the factor still learns). So it does for the candidates that hold
+// more of the prompt's prefix than others (prefixHome).
 const (
 	calibrationStep   = 0.05
 	calibrationBudget = 0.5

@@ -148,3 +148,55 @@ func TestWrongPredictionsFallBackToAffinity(t *testing.T) {
 		t.Errorf("trusted gauge %v, want 1", got)
 	}
 }
+
+// A pool's misses tighten its margin for the prompts it would start, not for a follow-up on the replica that
+// holds its prefix: moved, the follow-up would prefill whole elsewhere.
+func TestCalibrationLeavesAFollowUpAtItsPrefix(t *testing.T) {
+	snap, m := modelOf(t, sloPolicy(policies.PlacementSLO, policies.WhenSaturated))
+	p := newMixedPicker(idleEngines(nil))
+	// A shared part and a new part of about 900 tokens each: the whole prompt in time on the cheap pool (against
+	// a 500 ms target at a margin of 0.8), the new part alone too, but not at the margin the misses tighten.
+	sys := strings.Repeat("shared ", 520)
+	ask := func(i int) Input {
+		return Input{Tenant: proTenant(snap), Model: m, Request: request(t, sys, strings.Repeat(fmt.Sprintf("q%d ", i), 900))}
+	}
+	first, err := p.Pick(snap, ask(0))
+	if err != nil || first.Pool.Name != "cheap" {
+		t.Fatalf("got %v (%v), want the cheap pool", first.Pool, err)
+	}
+	for range 40 {
+		p.pred.calibrate(poolKey{"m", "cheap"}, true, 0.99)
+	}
+	d, err := p.Pick(snap, ask(1))
+	if err != nil || d.Endpoints[0] != first.Endpoints[0] {
+		t.Fatalf("after the cheap pool's misses the follow-up went to %v (%v), off its prefix on %s; scores %+v",
+			d.Endpoints, err, first.Endpoints[0], d.Scores)
+	}
+	d, err = p.Pick(snap, Input{Tenant: proTenant(snap), Model: m, Request: request(t, "another "+sys, "q")})
+	if err != nil || d.Pool.Name != "fast" {
+		t.Errorf("a prompt no replica holds went to %v (%v), want the fast pool: the cheap one's margin is tightened", d.Pool, err)
+	}
+}
+
+func TestPrefixHome(t *testing.T) {
+	tests := []struct {
+		name    string
+		matched []int
+		want    int
+	}{
+		{"none", nil, 0},
+		{"no prefix held", []int{0, 0, 0}, 0},
+		{"held everywhere alike", []int{4, 4}, 0},
+		{"one holds more", []int{4, 12, 0}, 12},
+		{"two hold the most", []int{12, 3, 12}, 12},
+	}
+	for _, tc := range tests {
+		cands := make([]scored, len(tc.matched))
+		for i, n := range tc.matched {
+			cands[i].matched = n
+		}
+		if got := prefixHome(cands); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
