@@ -179,6 +179,7 @@ func TestCalibrationLeavesAFollowUpAtItsPrefix(t *testing.T) {
 }
 
 func TestPrefixHome(t *testing.T) {
+	pr := &prompt{tokens: 1000, blockTokens: 100, scale: 1} // ten blocks
 	tests := []struct {
 		name    string
 		matched []int
@@ -187,15 +188,17 @@ func TestPrefixHome(t *testing.T) {
 		{"none", nil, 0},
 		{"no prefix held", []int{0, 0, 0}, 0},
 		{"held everywhere alike", []int{4, 4}, 0},
-		{"one holds more", []int{4, 12, 0}, 12},
-		{"two hold the most", []int{12, 3, 12}, 12},
+		{"one holds a little more: a preamble", []int{1, 0, 0}, 0},
+		{"one holds the most, another none", []int{4, 8, 0}, 8},
+		{"two hold the most", []int{8, 3, 8}, 8},
+		{"all hold most of it", []int{8, 8, 4}, 0},
 	}
 	for _, tc := range tests {
 		cands := make([]scored, len(tc.matched))
 		for i, n := range tc.matched {
 			cands[i].matched = n
 		}
-		if got := prefixHome(cands); got != tc.want {
+		if got := prefixHome(cands, pr); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}

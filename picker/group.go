@@ -87,7 +87,8 @@ func (d *decision) groupCosts(cands []scored, plan groupPlan) {
 	for i := range cands {
 		c := &cands[i]
 		follow := Prediction{TTFT: c.grp.followTTFT, TPOT: c.pred.TPOT, tail: c.pred.tail}
-		c.grp.followMeets = meets(follow, d.targets, min(1, margin*c.pred.factor), 0)
+		// The follow-ups will hold the group's prefix there: judged at the policy's margin (see prefixHome).
+		c.grp.followMeets = meets(follow, d.targets, min(1, margin), 0)
 		c.grp.costUSD = c.pred.CostUSD + plan.followUps*c.speed.CostPerHour/3600*
 			(plan.followUncached/max(c.speed.PrefillTokensPerSecond, 1)+d.out*decodeShare(c))
 	}

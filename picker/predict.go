@@ -105,7 +105,7 @@ type endpointModel struct {
 	// trustWindow after — not one that starts from 0, which judges a new endpoint's first requests at a tail a
 	// fraction of its real one.
 	spread    float64
-	residuals float64 // how many residuals spread has seen
+	residuals float64 // how many residuals spread has seen since it started again
 	// recent are the last sends there, newest at recent[next−1] (see aheadTokens and prefillShare).
 	recent [recentSends]sentPrompt
 	next   int
@@ -469,7 +469,7 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 	z := tailZ(objective)
 	for i := range cands {
 		c := &cands[i]
-		ahead := p.predictLocked(c, cands, pr, outTokens, z, now)
+		ahead := p.predictLocked(c, pr, outTokens, z, now)
 		c.pred.factor = p.factorLocked(poolKey{model, c.pool.Name})
 		if plan.followUps > 0 { // a follow-up of the group: its shared part cached
 			x := features(c, (ahead+plan.followUncached)/max(c.speed.PrefillTokensPerSecond, 1))
@@ -480,9 +480,8 @@ func (p *predictor) predictAll(model string, cands []scored, pr *prompt, outToke
 }
 
 // predictLocked fills one candidate's prediction (the model above) for a prompt of which it holds c.matched
-// blocks and an output of outTokens, with the tail at z (cands: its pool's other endpoints, whose spread an
-// unsettled endpoint takes), and returns the prefill it found ahead (tokens).
-func (p *predictor) predictLocked(c *scored, cands []scored, pr *prompt, outTokens, z float64, now time.Time) (ahead float64) {
+// blocks and an output of outTokens, with the tail at z, and returns the prefill it found ahead (tokens).
+func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, now time.Time) (ahead float64) {
 	blockTokens := pr.engineBlockTokens()
 	uncached := max(0, float64(pr.tokens)-float64(c.matched)*blockTokens)
 	m := p.model(c.endpoint, serviceTime(c), fullStepTime(c), float64(c.pool.MaxConcurrency))
@@ -497,7 +496,7 @@ func (p *predictor) predictLocked(c *scored, cands []scored, pr *prompt, outToke
 	pd := Prediction{ttftX: x, uncached: uncached, set: true}
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
-	pd.tail = m.tail(c, z, p.spreadOf(c, cands))
+	pd.tail = m.tail(c, z, p.spreadOfLocked(c))
 	if m.engine.fresh(c) {
 		m.settleOthers(c.readAt)
 		m.engine.note(c)
@@ -522,7 +521,7 @@ func (p *predictor) predictPrefill(cands []scored, pr *prompt, objective float64
 	defer p.mu.Unlock()
 	z := tailZ(objective)
 	for i := range cands {
-		p.predictLocked(&cands[i], cands, pr, 1, z, now)
+		p.predictLocked(&cands[i], pr, 1, z, now)
 	}
 }
 

@@ -171,7 +171,7 @@ func (d *decision) judge(eligible []scored) (nGood int) {
 // judgeAt marks and counts the candidates whose predictions, at the tail they carry, meet the targets.
 func (d *decision) judgeAt(eligible []scored) (nGood int) {
 	in, margin := d.in, d.routing.SLOMargin
-	home := prefixHome(eligible)
+	home := prefixHome(eligible, &d.prompt)
 	for i := range eligible {
 		c := &eligible[i]
 		factor := c.pred.factor
@@ -188,16 +188,17 @@ func (d *decision) judgeAt(eligible []scored) (nGood int) {
 	return nGood
 }
 
-// prefixHome is the most blocks of the prompt any candidate holds, when some other holds fewer (0 otherwise):
-// the candidates holding that many are judged at the policy's margin, not the calibrated one (see
-// Calibration). Calibration tightens a pool's margin where requests placed in time missed, and a tightened
-// margin moves requests to where predictions have room; but a prompt moved off the replica that holds its
-// prefix is a full prefill elsewhere, itself a likely miss and load the other replica did not plan for. One
-// pool's misses, tightened on, moved the follow-ups of every busy group off their prefix, each move a miss
-// that tightened it again (make bench-routing, near saturation, a contended gateway: factors 0.27-0.36, 84 %
-// of requests in SLO; judged at the margin, 94 %). Where every candidate holds as much, no move loses a
-// cached block and calibration applies to all.
-func prefixHome(eligible []scored) int {
+// prefixHome is the most blocks of the prompt any candidate holds, when a candidate holding the fewest would
+// prefill at least half the prompt more (0 otherwise): the candidates holding that many are judged at the
+// policy's margin, not the calibrated one (see Calibration). Calibration tightens a pool's margin where
+// requests placed in time missed, and a tightened margin moves requests to where predictions have room; but a
+// prompt moved off the replica that holds its prefix prefills it again elsewhere, itself a likely miss and load
+// the other replica did not plan for. One pool's misses, tightened on, moved the follow-ups of every busy
+// group off their prefix, each move a miss that tightened it again (make bench-routing, near saturation, a
+// contended gateway: factors 0.27-0.36, 84 % of requests in SLO; judged at the margin, 94 %). Where every
+// candidate holds about as much, a move loses little, and calibration applies to all. The factor still learns
+// from the requests so placed.
+func prefixHome(eligible []scored, pr *prompt) int {
 	if len(eligible) == 0 {
 		return 0
 	}
@@ -205,7 +206,7 @@ func prefixHome(eligible []scored) int {
 	for _, c := range eligible[1:] {
 		most, least = max(most, c.matched), min(least, c.matched)
 	}
-	if most == least {
+	if float64(most-least)*pr.engineBlockTokens() < float64(pr.tokens)/2 {
 		return 0
 	}
 	return most

@@ -559,7 +559,7 @@ func TestTPOTOverTheShare(t *testing.T) {
 		step := pd.tpot.predict(tpotFeatures(8, 0))
 		c := &scored{endpoint: "e", running: 8, pool: &policies.Pool{MaxConcurrency: 64}, speed: policies.PoolSpeed{PrefillTokensPerSecond: 10000, DecodeTokensPerSecond: 1280}}
 		pd.recent[0] = sentPrompt{at: time.Unix(1000, 0), uncached: 40000} // a share of 0.4
-		p.predictLocked(c, nil, &prompt{tokens: 100, blockTokens: 16, scale: 1}, 100, 0, time.Unix(1000, 0))
+		p.predictLocked(c, &prompt{tokens: 100, blockTokens: 16, scale: 1}, 100, 0, time.Unix(1000, 0))
 		if c.pred.prefillShare < 0.3 || c.pred.TPOT < seconds(step) {
 			t.Errorf("share %.2f: TPOT %v, below the step %v", c.pred.prefillShare, c.pred.TPOT, seconds(step))
 		}

@@ -16,9 +16,9 @@ import (
 //   - the residuals of the endpoint's fit (observed − predicted TTFT), as a root mean square over about
 //     trustWindow observations: the spread the model does not explain. The first settledObservations are
 //     mostly the prior's error and the swings of a fit of four coefficients to a few observations: the
-//     spread starts again from the settled fit's residuals, and until then an endpoint is judged at its
-//     pool's settled endpoints' spread (the same hardware, engine and model), or at its own residuals so far
-//     while none has settled. Judged at its own, a replica whose first prediction was 0.33 s off kept a tail
+//     spread starts again from the settled fit's residuals, and until it has settledObservations of those an
+//     endpoint is judged at its pool's settled endpoints' spread (the same hardware, engine and model), or at
+//     its own residuals so far while none has settled. Judged at its own, a replica whose first prediction was 0.33 s off kept a tail
 //     of 0.7 s, so drew no request while cheaper ones were full and never learnt otherwise: make bench-fleet
 //     sent requests at 0.7× capacity to the managed API. Judged at none, make bench-placement served a
 //     replica's first requests past a 100 ms target; and
@@ -53,17 +53,17 @@ func (m *endpointModel) tail(c *scored, z, meanSquare float64) time.Duration {
 	return seconds(z * spread)
 }
 
-// spreadOf is the mean squared residual c is judged at (see Judging at the tail): its endpoint's own once its
-// fit has settled; before, the mean of its pool's settled endpoints' among cands, or its own so far while none
-// of them has settled.
-func (p *predictor) spreadOf(c *scored, cands []scored) float64 {
+// spreadOfLocked is the mean squared residual c is judged at (see Judging at the tail): its endpoint's own once
+// its fit has settled; before, the mean of its pool's settled endpoints' (those over the load bound included),
+// or its own so far while none of them has settled. p.mu is held.
+func (p *predictor) spreadOfLocked(c *scored) float64 {
 	m := p.eps[c.endpoint]
 	if m.settled() {
 		return m.spread
 	}
 	sum, n := 0.0, 0
-	for i := range cands {
-		if o := p.eps[cands[i].endpoint]; cands[i].pool == c.pool && o != nil && o.settled() {
+	for _, ep := range c.pool.Endpoints {
+		if o := p.eps[ep]; o != nil && o.settled() {
 			sum += o.spread
 			n++
 		}
@@ -74,8 +74,9 @@ func (p *predictor) spreadOf(c *scored, cands []scored) float64 {
 	return sum / float64(n)
 }
 
-// settled says the endpoint's spread is its settled fit's: it has had a residual past settledObservations.
-func (m *endpointModel) settled() bool { return m.ttftSeen > settledObservations }
+// settled says the endpoint's spread is its settled fit's: settledObservations residuals since it started
+// again.
+func (m *endpointModel) settled() bool { return m.ttftSeen >= 2*settledObservations }
 
 // noteResidual adds one observed − predicted TTFT (seconds) to the endpoint's spread.
 func (m *endpointModel) noteResidual(r float64) {

@@ -353,37 +353,36 @@ func TestPriorErrorIsNotSpread(t *testing.T) {
 	}
 }
 
-// An endpoint whose fit has not settled is judged at its pool's settled spread, not at its own first residuals
-// (its prior's error) nor at another pool's; while none of its pool has settled, at its own so far.
+// An endpoint whose fit has not settled is judged at its pool's settled spread (an endpoint out of this
+// decision's candidates, over its load bound, counts), not at its own first residuals (its prior's error) nor
+// at another pool's; while none of its pool has settled, at its own so far.
 func TestUnsettledEndpointTakesItsPoolsSpread(t *testing.T) {
-	poolA, poolB := &policies.Pool{Name: "a"}, &policies.Pool{Name: "b"}
+	poolA := &policies.Pool{Name: "a", Endpoints: []string{"a1", "a2", "a3", "a4"}}
 	p := &predictor{}
 	endpoint := func(ep string, seen int, rms float64) {
 		m := p.model(ep, 0, 0, 0)
 		m.ttftSeen, m.spread = seen, rms*rms
 	}
-	cands := []scored{{pool: poolA, endpoint: "a1"}, {pool: poolA, endpoint: "a2"}, {pool: poolA, endpoint: "a3"},
-		{pool: poolB, endpoint: "b1"}}
-	endpoint("a1", settledObservations+20, 0.01)
+	endpoint("a1", 2*settledObservations+20, 0.01)
 	endpoint("a2", 3, 0.3)
-	endpoint("a3", settledObservations+5, 0.03)
-	endpoint("b1", settledObservations+20, 0.2)
+	endpoint("a3", 2*settledObservations, 0.03)   // a4 has no model yet
+	endpoint("b1", 2*settledObservations+20, 0.2) // another pool's
 	tests := []struct {
 		name string
-		c    int
+		c    scored
 		want float64
 	}{
-		{"settled: its own", 0, 0.01 * 0.01},
-		{"unsettled: the mean of its pool's settled", 1, (0.01*0.01 + 0.03*0.03) / 2},
+		{"settled: its own", scored{pool: poolA, endpoint: "a1"}, 0.01 * 0.01},
+		{"unsettled: the mean of its pool's settled", scored{pool: poolA, endpoint: "a2"}, (0.01*0.01 + 0.03*0.03) / 2},
 	}
 	for _, tc := range tests {
-		if got := p.spreadOf(&cands[tc.c], cands); math.Abs(got-tc.want) > 1e-12 {
+		if got := p.spreadOfLocked(&tc.c); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 	endpoint("a1", 2, 0.01)
-	endpoint("a3", settledObservations, 0.03) // no residual of its settled fit yet
-	if got := p.spreadOf(&cands[1], cands); math.Abs(got-0.09) > 1e-12 {
+	endpoint("a3", 2*settledObservations-1, 0.03) // seven residuals since it started again
+	if got := p.spreadOfLocked(&scored{pool: poolA, endpoint: "a2"}); math.Abs(got-0.09) > 1e-12 {
 		t.Errorf("none of its pool settled: %v, want its own 0.09 (not pool b's)", got)
 	}
 }
