@@ -21,7 +21,7 @@ import (
 // SLO placement, loosened, 99.5 %). With the admission queue, a request that
 // no endpoint meets waits, so a shrunken margin would hold requests an endpoint would have served in time:
 // there the policy's margin applies as it is (the factor still learns). So it does for the candidates that hold
-// half the prompt or more beyond another's (prefixHome).
+// the most of the prompt, half of it or more beyond another's (prefixHome).
 const (
 	calibrationStep   = 0.05
 	calibrationBudget = 0.5
