@@ -14,14 +14,14 @@ import (
 // the tail being z standard deviations of the endpoint's spread, z the normal quantile of calibrationBudget
 // of the tier's error budget (z ≈ 2.6 for an objective of 0.99): the larger of
 //   - the residuals of the endpoint's fit (observed − predicted TTFT), as a root mean square over about
-//     trustWindow observations: the spread the model does not explain. The first settledObservations are
-//     mostly the prior's error and the swings of a fit of four coefficients to a few observations: the
-//     spread starts again from the settled fit's residuals, and until it has settledObservations of those an
-//     endpoint is judged at its pool's settled endpoints' spread (the same hardware, engine and model), or at
-//     its own residuals so far while none has settled. Judged at its own, a replica whose first prediction was 0.33 s off kept a tail
-//     of 0.7 s, so drew no request while cheaper ones were full and never learnt otherwise: make bench-fleet
-//     sent requests at 0.7× capacity to the managed API. Judged at none, make bench-placement served a
-//     replica's first requests past a 100 ms target; and
+//     trustWindow observations: the spread the model does not explain. The first settledObservations are mostly
+//     the prior's error and the swings of a fit of four coefficients to a few observations: the spread starts
+//     again from the settled fit's residuals, and until it has settledObservations of those an endpoint is judged
+//     at its pool's settled endpoints' spread (the same hardware, engine and model), or at its own residuals so
+//     far while none has settled. Judged at its own, a replica whose first prediction was 0.33 s off kept a tail
+//     of 0.7 s, so drew no request while cheaper ones were full and never learnt otherwise: make bench-fleet sent
+//     requests at 0.7× capacity to the managed API. Judged at none, make bench-placement served a replica's first
+//     requests past a 100 ms target; and
 //   - the wait for batch slots, when the request would find the batch full: it waits for k = running +
 //     queued + 1 − S sequences to finish, each freed after about the service time ÷ S, a near-exponential wait
 //     whose sum has a standard deviation of about √k × service ÷ S (the service time as the fit has learnt it).
@@ -80,7 +80,7 @@ func (m *endpointModel) settled() bool { return m.ttftSeen >= 2*settledObservati
 
 // noteResidual adds one observed − predicted TTFT (seconds) to the endpoint's spread.
 func (m *endpointModel) noteResidual(r float64) {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
+	if !finite(r) {
 		return
 	}
 	m.residuals++
