@@ -77,7 +77,11 @@ type gateway struct {
 
 func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gateway {
 	sm := &sim{}
-	fl, endpoints := newFleet(sc, sm)
+	port := ":8000"
+	if row == rowAggregatedAA {
+		port = ":8001" // the same fleet, its endpoints named otherwise (rowAggregatedAA)
+	}
+	fl, endpoints := newFleet(sc, sm, port)
 	g := &gateway{sc: sc, sim: sm, fleet: fl, row: row, classOf: map[string]int{},
 		lagMean: lag, lagRNG: rand.New(rand.NewPCG(seed, uint64(sc.id)))}
 	placement := policies.PlacementSLO
@@ -108,7 +112,7 @@ func newGateway(sc *scenario, row string, lag time.Duration, seed uint64) *gatew
 		switch row {
 		case rowLeast:
 			r.picker = &picker.LeastInFlight{InFlight: r.inflight}
-		case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill:
+		case rowAffinity, rowSLO, rowQueue, rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill, rowAggregatedAA:
 			a := picker.NewAffinity(r.inflight, fl)
 			a.ChurnEvery = -1
 			a.Now = g.sim.Now // the sim's readings are stamped in simulated time

@@ -43,7 +43,7 @@ func main() {
 	lag := flag.Duration("lag", 0, "a starved gateway: the mean of its own delays (exponential) before a request reaches its engine and in each TTFT it measures, which its picker learns from")
 	gateways := flag.Int("gateways", 1, "gateway replicas sharing each fleet, taking requests in turn and sharing their placements; the queue row runs only with one")
 	pd := flag.Bool("pd", false, "run the P/D bench instead (make bench-pd): aggregated, disaggregated at a fixed ratio and the per-request choice over a sweep of chat rates")
-	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32", "the P/D bench's chat rates, requests a second")
+	pdRates := flag.String("pd-rates", "4,8,12,16,20,24,28,32,36,40", "the P/D bench's chat rates, requests a second: past the base fleet's capacity (about 30), where aggregated serving first misses its SLO")
 	pdPlacements := flag.String("pd-placements", "slo,affinity", "the P/D bench's routing.placement for every row, one table each")
 	pdFleets := flag.Int("pd-family", 0, "also run the P/D bench on this many fleets drawn from -family (H200s, L40S pairs, link), one summary table per placement")
 	flag.Parse()

@@ -23,6 +23,11 @@ const (
 	rowDisaggregated     = "disaggregated 1:2"
 	rowPerRequest        = "per-request"
 	rowPerRequestPrefill = "per-request, H200s prefill only"
+	// rowAggregatedAA is aggregated serving again on the same fleet, its endpoints named otherwise: the same
+	// policy, so what it serves in time differs from aggregated's by chance alone — ties broken on the
+	// endpoints' names, whose consequences a fleet past its capacity carries through the run. Its shortfalls
+	// against aggregated are how often the bench's judgement of a shortfall (shortfalls) calls chance real.
+	rowAggregatedAA = "aggregated A/A"
 )
 
 var pdRows = []string{rowAggregated, rowDisaggregated, rowPerRequest, rowPerRequestPrefill}
@@ -87,7 +92,7 @@ func newPDScenario(f pdFleet, chatRate float64, placement string) *scenario {
 // policyYAML is the row's policy: the two pools with their roles, and disaggregation where the row splits.
 func (p *pdScenario) policyYAML(endpoints [][]string, row string) string {
 	roles := map[string][2]string{rowAggregated: {"both", "both"}, rowDisaggregated: {"prefill", "decode"}, rowPerRequest: {"both", "decode"},
-		rowPerRequestPrefill: {"prefill", "decode"}}[row]
+		rowPerRequestPrefill: {"prefill", "decode"}, rowAggregatedAA: {"both", "both"}}[row]
 	var b strings.Builder
 	b.WriteString("apiVersion: infergate.io/v1alpha1\nkind: Policy\nspec:\n  gateway: {maxEndpointsPerDecision: 1}\n")
 	fmt.Fprintf(&b, "  routing: {placement: %s, maxWaiting: 8}\n  hardwareClasses:\n", p.placement)

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/test/loadgen"
 )
 
 // The P/D bench's rows do what their names say on a short run: aggregated splits nothing, the fixed ratio
@@ -54,5 +58,60 @@ func TestPDFamilyDrawsDistinctFleets(t *testing.T) {
 	}
 	if slices.Equal(pdFamily(12, 33), pdFamily(12, 34)) {
 		t.Error("seeds 33 and 34 drew the same family")
+	}
+}
+
+// The A/A row is aggregated serving on endpoints named otherwise: the same policy but for the names, and it
+// splits nothing.
+func TestPDAARowIsAggregatedRenamed(t *testing.T) {
+	sc := newPDScenario(pdBase, 8, "slo")
+	agg, aa := newGateway(sc, rowAggregated, 0, 1), newGateway(sc, rowAggregatedAA, 0, 1)
+	var names, renamed [][]string
+	for _, g := range []*gateway{agg, aa} {
+		var eps [][]string
+		for _, p := range g.model.Pools {
+			eps = append(eps, p.Endpoints)
+		}
+		if g == agg {
+			names = eps
+		} else {
+			renamed = eps
+		}
+	}
+	policy := sc.pd.policyYAML(names, rowAggregated)
+	if got := sc.pd.policyYAML(renamed, rowAggregatedAA); strings.ReplaceAll(got, ":8001", ":8000") != policy || got == policy {
+		t.Errorf("the A/A row's policy is not aggregated's under other names:\n%s\nagainst\n%s", got, policy)
+	}
+	d := 20 * time.Second
+	if run := measure(sc, aa.run(sc.pd.workload(d, 1), d+30*time.Second), d, 1); run.split != 0 {
+		t.Errorf("the A/A row split %.0f %% of requests", run.split*100)
+	}
+}
+
+// A shortfall is judged over the seeds, paired: a row behind in every one of five is behind beyond chance
+// (p 1/32), one behind overall by a seed's swing is not, however many requests the runs pooled.
+func TestShortfallsArePairedBySeed(t *testing.T) {
+	runs := func(goods ...int) []pdRun {
+		var rs []pdRun
+		for _, g := range goods {
+			rs = append(rs, pdRun{good: g, arrived: 10000})
+		}
+		return rs
+	}
+	results := pdResults{
+		8:  {rowPerRequest: runs(9990, 9990, 9990, 9990, 9990), rowAggregated: runs(9991, 9992, 9991, 9993, 9991)},
+		36: {rowPerRequest: runs(8000, 8300, 8000, 8300, 8000), rowAggregated: runs(8150, 8200, 8150, 8200, 8150)},
+		40: {rowPerRequest: runs(7000, 7000, 7000, 7000, 7000), rowAggregated: runs(7000, 7000, 7000, 7000, 7000)},
+	}
+	got := shortfalls([]float64{8, 36, 40}, results, rowPerRequest, rowAggregated)
+	if len(got) != 2 || got[0].rate != 8 || got[1].rate != 36 {
+		t.Fatalf("shortfalls at %+v, want at 8 and 36 req/s", got)
+	}
+	if math.Abs(got[0].p-1.0/32) > 1e-9 {
+		t.Errorf("behind in every seed: p %.3f, want 1/32", got[0].p)
+	}
+	// 250 requests behind of 50,000, which Fisher's test on the pooled requests calls beyond chance.
+	if pooledP := loadgen.FisherMore(50000-got[1].got, 50000, 50000-got[1].theirs, 50000); pooledP >= 0.05 || got[1].p < 0.05 {
+		t.Errorf("behind by the seeds' swing: p %.3f (pooled Fisher %.4f), want ≥ 0.05 (and pooled under it)", got[1].p, pooledP)
 	}
 }

@@ -130,13 +130,14 @@ type fleetState struct {
 	end      time.Duration
 }
 
-func newFleet(s *scenario, sm *sim) (*fleetState, [][]string) {
+// newFleet builds the scenario's replicas, class by class, each named 10.0.<class>.<replica><port>.
+func newFleet(s *scenario, sm *sim, port string) (*fleetState, [][]string) {
 	f := &fleetState{sim: sm, byAddr: map[string]*replica{}}
 	endpoints := make([][]string, len(s.classes))
 	for i := range s.classes {
 		c := &s.classes[i]
 		for r := range c.replicas {
-			addr := "10.0." + itoa(i) + "." + itoa(r+1) + ":8000"
+			addr := "10.0." + itoa(i) + "." + itoa(r+1) + port
 			rp := &replica{addr: addr, class: c, onFirst: map[*fleetsim.Sequence]func(){}, onDone: map[*fleetsim.Sequence]func(*fleetsim.Sequence){},
 				eng: fleetsim.NewVirtualEngine(fleetsim.EngineConfig{Hardware: c.speed, BlockSize: blockSize, NumGPUBlocks: c.numGPUBlocks,
 					MaxNumSeqs: c.maxNumSeqs})}
