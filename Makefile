@@ -83,7 +83,7 @@ bench-placement: ## placement over a generated family of fleets and workloads (2
 	$(GO) run ./test/placementbench
 
 .PHONY: bench-pd
-bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts, under SLO and affinity placement, on the base fleet and a family of 12 others (simulated time, ≈ 7 min; tables for BENCHMARKS.md)
+bench-pd: ## prefill/decode disaggregation: aggregated, split at a fixed ratio and the per-request choice, over a sweep of chat rates with long-prompt bursts, under SLO and affinity placement, on the base fleet and a family of 12 others, with an A/A row for chance (simulated time, ≈ 15 min; tables for BENCHMARKS.md)
 	$(GO) run ./test/placementbench -pd -seeds 5 -pd-family 12
 
 .PHONY: bench-rollout
