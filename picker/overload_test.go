@@ -112,39 +112,49 @@ func TestSLOPlacementPressure(t *testing.T) {
 // A fleet whose batches would decode a request past its TPOT target on every endpoint is over its capacity
 // as surely as one that would start it late: the request misses whatever its TTFT, and slows every decode of the
 // batch it joins. Once pressure says so, such requests are refused; an idle fleet, which decodes in time, serves
-// them all.
+// them all. A TPOT target no endpoint meets even alone is the model's hardware, not an overload: served.
 func TestSLOPlacementRefusesWhatOverloadWouldDecodeLate(t *testing.T) {
-	// TPOT 3.5 ms: the TPOT prior at half a batch is 4 ms on the fast pool (16 ÷ 3000 tokens a second, half of
-	// it fixed, half growing with the batch) and 10 ms on the cheap one; alone, 2.7 ms on the fast pool.
-	policy := strings.Replace(sloPolicy(policies.PlacementSLO, policies.WhenUnavailable), "tpot: 50ms", "tpot: 3500us", 1)
-	snap, m := modelOf(t, policy)
-	in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
-	halfFull := idleEngines(func(_ string, e *fleet.EngineMetrics) { e.Running = 8 })
-	p := newMixedPicker(halfFull)
-	served, refusedAt := 0, -1
-	for i := range 20 {
-		d, err := p.Pick(snap, in)
-		if err != nil {
-			var nc *NoCapacity
-			if !errors.As(err, &nc) || !nc.Saturated {
-				t.Fatalf("pick %d: %v, want a saturated NoCapacity (429)", i, err)
+	// The TPOT prior at half a batch is 4 ms on the fast pool (16 ÷ 3000 tokens a second, half of it fixed, half
+	// growing with the batch) and 10 ms on the cheap one; alone, 2.7 ms on the fast pool.
+	halfFull := func(_ string, e *fleet.EngineMetrics) { e.Running = 8 }
+	for _, tc := range []struct {
+		name    string
+		tpot    string
+		running func(string, *fleet.EngineMetrics)
+		refused bool
+	}{
+		{"half-full batches past a 3.5 ms target: refused once pressure says so", "3500us", halfFull, true},
+		{"idle batches within it: served", "3500us", nil, false},
+		{"a 2 ms target, past even alone: served", "2ms", halfFull, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := strings.Replace(sloPolicy(policies.PlacementSLO, policies.WhenUnavailable), "tpot: 50ms", "tpot: "+tc.tpot, 1)
+			snap, m := modelOf(t, policy)
+			in := Input{Tenant: proTenant(snap), Model: m, Request: request(t, "sys", "q")}
+			p := newMixedPicker(idleEngines(tc.running))
+			served, refusedAt := 0, -1
+			for i := range 2 * pressureWindow {
+				d, err := p.Pick(snap, in)
+				if err != nil {
+					var nc *NoCapacity
+					if !errors.As(err, &nc) || !nc.Saturated {
+						t.Fatalf("pick %d: %v, want a saturated NoCapacity (429)", i, err)
+					}
+					refusedAt = i
+					break
+				}
+				if d.Predicted.TTFT > 400*time.Millisecond {
+					t.Fatalf("pick %d: TTFT predicted %v: the fleet must be late in TPOT alone", i, d.Predicted.TTFT)
+				}
+				served++
 			}
-			refusedAt = i
-			break
-		}
-		if d.Predicted.TTFT > 400*time.Millisecond {
-			t.Fatalf("pick %d: TTFT predicted %v: the fleet must be late in TPOT alone", i, d.Predicted.TTFT)
-		}
-		served++
-	}
-	if served < 3 || refusedAt < 0 {
-		t.Fatalf("served %d, refused at %d: want a few served in the busy moment, then refusals", served, refusedAt)
-	}
-	idle := newMixedPicker(idleEngines(nil))
-	for i := range 2 * pressureWindow {
-		if _, err := idle.Pick(snap, in); err != nil {
-			t.Fatalf("pick %d: an idle fleet refused: %v", i, err)
-		}
+			if tc.refused && (served < 3 || refusedAt < 0) {
+				t.Fatalf("served %d, refused at %d: want a few served in the busy moment, then refusals", served, refusedAt)
+			}
+			if !tc.refused && refusedAt >= 0 {
+				t.Fatalf("refused at pick %d, want every request served", refusedAt)
+			}
+		})
 	}
 }
 

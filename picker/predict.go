@@ -19,8 +19,9 @@ type Prediction struct {
 	CostUSD float64
 
 	ttftX, tpotX [fitDims]float64
-	// idle is the TTFT the endpoint would give the request with nothing queued or running.
-	idle time.Duration
+	// idle is the TTFT the endpoint would give the request with nothing queued or running; idleTPOT its TPOT
+	// there, alone in the batch (0 while TPOT is unpredicted).
+	idle, idleTPOT time.Duration
 	// tail is how much later than TTFT the first token may come at the tail of its spread (see Judging at the
 	// tail); meets judges TTFT + tail.
 	tail time.Duration
@@ -507,6 +508,7 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 		// Never faster for the share: a slope fitted below 0 is noise.
 		pd.tpotStep = seconds(max(0, m.tpot.predict(tpotFeatures(c.running, 0))))
 		pd.TPOT = max(pd.tpotStep, seconds(m.tpot.predict(pd.tpotX)))
+		pd.idleTPOT = seconds(max(0, m.tpot.predict(tpotFeatures(0, 0))))
 	}
 	pd.CostUSD = c.speed.CostPerHour / 3600 * (uncached/speed + outTokens*decodeShare(c))
 	c.pred = pd
@@ -536,6 +538,18 @@ func anyIdleWithin(cands []scored, limit time.Duration, margin float64, calibrat
 			m = min(1, margin*c.pred.factor)
 		}
 		if c.pred.idle <= time.Duration(float64(limit)*m) {
+			return true
+		}
+	}
+	return false
+}
+
+// anyIdleDecodesWithin says whether some candidate (predicted by predictAll) would decode its request within
+// limit alone in its batch: whether a request predicted to decode late everywhere is late for the batches it
+// would join, not for a TPOT target no endpoint of the model can meet.
+func anyIdleDecodesWithin(cands []scored, limit time.Duration) bool {
+	for i := range cands {
+		if c := &cands[i]; c.pred.idleTPOT > 0 && c.pred.idleTPOT <= limit {
 			return true
 		}
 	}

@@ -260,8 +260,9 @@ func (d *decision) fastest(late, all []scored) []scored {
 
 // overloaded says the model's fleet is over its capacity: the request is predicted past its targets themselves
 // (not only the margin) on every candidate — its first token past the TTFT target, or its tokens past the TPOT
-// target (late is ranked so, see rankBySLO) — and not for its own prompt's sake (an idle endpoint would serve
-// it in time) but for their backlogs and batches; and either some endpoints are saturated (their queues at
+// target (late is ranked so, see rankBySLO) — and not for its own sake (an idle endpoint would start it in
+// time, and, when it decodes late, decode it in time alone: a TPOT target the model's hardware cannot meet is
+// no overload) but for their backlogs and batches; and either some endpoints are saturated (their queues at
 // routing.maxWaiting) or the share of recent decisions that found every endpoint too busy is past the tier's
 // error budget (1 − objective) and past minPressure (one busy moment in pressureWindow decisions is not an
 // overload). Serving the request anyway only deepens the backlogs every later request waits behind, or slows
@@ -272,7 +273,8 @@ func (d *decision) fastest(late, all []scored) []scored {
 // moment at moderate load, within the error budget, is served by the fastest as before.
 func (d *decision) overloaded(late []scored) bool {
 	limit := d.targets.TTFT - d.in.Waited
-	d.busy = len(late) > 0 && (late[0].pred.TTFT > limit || late[0].pred.decodesLate()) && anyIdleWithin(late, limit, 1, false)
+	d.busy = len(late) > 0 && anyIdleWithin(late, limit, 1, false) &&
+		(late[0].pred.TTFT > limit || late[0].pred.decodesLate() && anyIdleDecodesWithin(late, d.targets.TPOT))
 	return d.busy && (d.saturated > 0 || d.model.pressure > max(1-d.targets.Objective, minPressure))
 }
 
