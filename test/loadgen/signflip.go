@@ -19,13 +19,13 @@ func SignFlipBelow(diffs []int) float64 {
 		obs += float64(d)
 	}
 	n := len(diffs)
-	if n == 0 || allZero(diffs) {
-		return 1
-	}
 	if n > maxExactSignFlips {
 		sq := 0.0
 		for _, d := range diffs {
 			sq += float64(d) * float64(d)
+		}
+		if sq == 0 {
+			return 1 // every run alike
 		}
 		return 0.5 * math.Erfc(-obs/math.Sqrt(2*sq))
 	}
@@ -44,13 +44,4 @@ func SignFlipBelow(diffs []int) float64 {
 		}
 	}
 	return float64(atMost) / float64(int(1)<<n)
-}
-
-func allZero(diffs []int) bool {
-	for _, d := range diffs {
-		if d != 0 {
-			return false
-		}
-	}
-	return true
 }

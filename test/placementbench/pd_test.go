@@ -65,21 +65,15 @@ func TestPDFamilyDrawsDistinctFleets(t *testing.T) {
 // splits nothing.
 func TestPDAARowIsAggregatedRenamed(t *testing.T) {
 	sc := newPDScenario(pdBase, 8, "slo")
-	agg, aa := newGateway(sc, rowAggregated, 0, 1), newGateway(sc, rowAggregatedAA, 0, 1)
-	var names, renamed [][]string
-	for _, g := range []*gateway{agg, aa} {
-		var eps [][]string
+	endpoints := func(g *gateway) (eps [][]string) {
 		for _, p := range g.model.Pools {
 			eps = append(eps, p.Endpoints)
 		}
-		if g == agg {
-			names = eps
-		} else {
-			renamed = eps
-		}
+		return eps
 	}
-	policy := sc.pd.policyYAML(names, rowAggregated)
-	if got := sc.pd.policyYAML(renamed, rowAggregatedAA); strings.ReplaceAll(got, ":8001", ":8000") != policy || got == policy {
+	aa := newGateway(sc, rowAggregatedAA, 0, 1)
+	policy := sc.pd.policyYAML(endpoints(newGateway(sc, rowAggregated, 0, 1)), rowAggregated)
+	if got := sc.pd.policyYAML(endpoints(aa), rowAggregatedAA); strings.ReplaceAll(got, ":8001", ":8000") != policy || got == policy {
 		t.Errorf("the A/A row's policy is not aggregated's under other names:\n%s\nagainst\n%s", got, policy)
 	}
 	d := 20 * time.Second
