@@ -20,12 +20,8 @@ func (d *decision) disaggregate(dec *Decision) {
 	if dg == nil || dec.Fallback != nil || dec.Pool == nil || len(dec.Endpoints) == 0 || len(d.prompt.hashes) == 0 {
 		return
 	}
-	least := dg.MinUncachedTokens
-	if least == 0 {
-		least = policies.DefaultDisaggMinUncachedTokens
-	}
 	uncached := dec.EstimatedPromptTokens - dec.ExpectedCachedTokens
-	if uncached < least {
+	if uncached < minUncached(dg) {
 		return
 	}
 	if d.slo && dec.Predicted.set {
@@ -52,6 +48,30 @@ func (d *decision) disaggregate(dec *Decision) {
 			dec.Endpoints = slices.Insert(slices.Clip(dec.Endpoints), 1, engine)
 		}
 		return
+	}
+}
+
+// minUncached is the uncached prompt tokens from which a request may be split (the policy's floor).
+func minUncached(dg *policies.Disaggregation) int {
+	if dg.MinUncachedTokens == 0 {
+		return policies.DefaultDisaggMinUncachedTokens
+	}
+	return dg.MinUncachedTokens
+}
+
+// prefillsElsewhere clears what candidate c's prediction says the request's prefill would do to the decode legs
+// awaited there (Prediction.legsLate) where it would mostly not prefill there: on a replica of a decode pool,
+// which takes a request whole only when a split does not pay (weighing the legs there moved long prompts, split
+// after all, to slower decoders: make bench-pd's prefill-only row served 74.5 % of requests in time at 36 chat
+// requests a second, 77.1 % without), or when the request will be split whatever the predictions (split:
+// threshold, its uncached prompt past the floor).
+func (d *decision) prefillsElsewhere(c *scored) {
+	dg := d.in.Model.Disaggregation
+	if c.pred.legsLate == 0 || dg == nil {
+		return
+	}
+	if c.pool.Role == policies.RoleDecode || dg.Split == policies.SplitPastThreshold && c.pred.uncached >= float64(minUncached(dg)) {
+		c.pred.legsLate = 0
 	}
 }
 
@@ -110,7 +130,12 @@ func (d *decision) creditPrefiller(ep string) {
 // did not stand in for it (docs/disaggregation.md). The TTFT expected of the split is the prefiller's and the
 // transfer, or the decoder's queue (worthSplitting).
 func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
-	d.p.pred.prefilledRemotely(dec.Endpoints[0], dec.Predicted)
+	legAt := d.now.Add(ttft)
+	legBy := d.now.Add(time.Duration(float64(d.targets.TTFT-d.in.Waited) * d.routing.SLOMargin))
+	if ttft <= 0 || d.targets.TTFT <= 0 {
+		legAt, legBy = time.Time{}, time.Time{}
+	}
+	d.p.pred.prefilledRemotely(dec.Endpoints[0], dec.Predicted, legAt, legBy)
 	if ttft > 0 {
 		dec.Predicted.TTFT = ttft
 	}
@@ -134,6 +159,7 @@ func (d *decision) prefiller(role, decoder, region string) (string, *policies.Po
 	var bestPool, soonestPool *policies.Pool
 	var bestScore uint64
 	var soonestTTFT time.Duration
+	var soonestLate bool
 	for i := range d.in.Model.Pools {
 		pool := &d.in.Model.Pools[i]
 		r := pool.Role
@@ -148,8 +174,11 @@ func (d *decision) prefiller(role, decoder, region string) (string, *policies.Po
 				continue
 			}
 			if d.slo {
-				if c := d.candidate(ep); c != nil && c.pred.set && (soonest == "" || c.pred.TTFT < soonestTTFT) {
-					soonest, soonestPool, soonestTTFT = ep, pool, c.pred.TTFT
+				if c := d.candidate(ep); c != nil && c.pred.set {
+					late := c.pred.legsLate > 0
+					if soonest == "" || late != soonestLate && !late || late == soonestLate && c.pred.TTFT < soonestTTFT {
+						soonest, soonestPool, soonestTTFT, soonestLate = ep, pool, c.pred.TTFT, late
+					}
 				}
 			}
 			if s := xxh3.HashStringSeed(ep, key); best == "" || s > bestScore {
@@ -168,7 +197,8 @@ func (d *decision) prefiller(role, decoder, region string) (string, *policies.Po
 // both endpoints predicted, it weighs first what the prefill does to the running decodes where it runs
 // (stallHarm: with chunked prefill they share its steps): it is split when prefilling it whole would push the
 // decoder's decodes further past the TPOT target than the prefill leg pushes the prefiller's (none on a prefill
-// pool), and the split still meets the TTFT target; it runs whole when the split would do the more harm. Else it
+// pool), and the split still meets the TTFT target; it runs whole when the split would do the more harm. So with
+// the awaited decode legs its prefill would hold past their targets (Prediction.legsLate) at either end. Else it
 // is split when the split serves it sooner — the prefiller's TTFT and the KV transfer (kvBytesPerToken × tokens ÷
 // transferGbps), or the decoder's queue when its decode leg would wait longer for it (decodeLeg), against the
 // decoder's TTFT, by the pools' prefill speeds without predictions — or when it meets the request's targets and
@@ -212,6 +242,12 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 		if onPrefiller > onDecoder {
 			return false, 0
 		}
+	}
+	if pf != nil && pf.pred.legsLate > c.pred.legsLate {
+		return false, 0
+	}
+	if pf != nil && c.pred.legsLate > pf.pred.legsLate && d.splitInTime(pf, ttft) {
+		return true, ttft
 	}
 	if split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
 		return true, ttft

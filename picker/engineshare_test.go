@@ -73,7 +73,7 @@ func TestTPOTPredictionCountsOtherReplicasPrefill(t *testing.T) {
 				for _, pd := range sends {
 					p.pred.sent(ep, pd, m.Name, false, false)
 					if tc.remote {
-						p.pred.prefilledRemotely(ep, pd)
+						p.pred.prefilledRemotely(ep, pd, time.Time{}, time.Time{})
 					}
 				}
 			}

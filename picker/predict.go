@@ -37,6 +37,9 @@ type Prediction struct {
 	// decodeLeg is the TTFT a split's decode leg would see there, its KV cache pulled: the prefill ahead and
 	// the batch's slots awaited, not its own prompt (see worthSplitting).
 	decodeLeg time.Duration
+	// legsLate counts the split requests' decode legs awaited there that the request's prefill would hold past
+	// their first-token targets (see legsLate).
+	legsLate int
 	// sentAt is when the request was sent (SLO placement's clock), which finds it among its endpoint's recent
 	// sends once it finishes.
 	sentAt time.Time
@@ -116,6 +119,9 @@ type endpointModel struct {
 	// others[othersNext−1] (otherprefill.go).
 	others     [recentSends]sentPrompt
 	othersNext int
+	// legsBy is the latest first-token target of the split requests' decode legs booked here (legsLate): past
+	// it, none can be made late.
+	legsBy time.Time
 }
 
 // sentPrompt is one request this gateway (or, among an endpoint's others, another replica) sent an endpoint:
@@ -125,8 +131,10 @@ type sentPrompt struct {
 	at, firstBy time.Time
 	uncached    float64
 	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
-	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
-	remote bool
+	// (predictSplit), so it counts in the prefill ahead but not in the prefill share. legAt is when its decode
+	// leg is expected there (its KV cache pulled), and legBy when its first token is due, at its TTFT target.
+	remote       bool
+	legAt, legBy time.Time
 	// counted: its tokens are among the known ones prefilled (engineCounts.prefilledKnown).
 	counted bool
 	// id is another replica's message id (Placement.ID), by which a replay is dropped.
@@ -145,9 +153,16 @@ func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
 }
 
 // prefilledRemotely marks the send to ep that pd predicted as a split request's booking at its decoder, whose
-// prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share.
-func (p *predictor) prefilledRemotely(ep string, pd Prediction) {
-	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) { m.engine.sentRemote(s) })
+// prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share. Its decode leg is
+// expected there at legAt and its first token due by legBy (see legsLate).
+func (p *predictor) prefilledRemotely(ep string, pd Prediction, legAt, legBy time.Time) {
+	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) {
+		m.engine.sentRemote(s)
+		s.legAt, s.legBy = legAt, legBy
+		if legBy.After(m.legsBy) {
+			m.legsBy = legBy
+		}
+	})
 }
 
 // onSend applies f to the send to ep that pd predicted, while the endpoint's recent sends still hold it.
@@ -216,6 +231,39 @@ func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) floa
 		sinceReading, pending = sinceReading+othersSince, pending+othersPending
 	}
 	return max(float64(c.queue)*mean+sinceReading, pending)
+}
+
+// legsLate counts the split requests' decode legs awaited at the endpoint (prefilledRemotely) that a prompt
+// predicted pd there would hold past their first-token targets. An engine runs the prefills it has started before
+// it admits a waiting request, so a leg that arrives while the prompt prefills waits for the prefill to end, and
+// is late when it ends after the leg's first token was due. The prompt's prefill starts once the prefill ahead of
+// it is done — decodeLeg, the prediction without the prompt, less the splits' bookings in the prefill ahead
+// (aheadTokens), which the engine does not prefill, at speed tokens a second — and lasts what the prompt adds to
+// the prediction (TTFT − decodeLeg, at least its tokens at speed). A leg whose first token is out (prefilled) is
+// no longer awaited.
+func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (n int) {
+	if !now.Before(m.legsBy) {
+		return 0
+	}
+	var booked float64
+	for i := range m.recent {
+		if s := &m.recent[i]; s.remote && now.Before(s.firstBy) {
+			booked += s.uncached
+		}
+	}
+	own := max(pd.TTFT-pd.decodeLeg, seconds(pd.uncached/speed))
+	start := now.Add(max(0, pd.decodeLeg-seconds(booked/speed)))
+	end := start.Add(own)
+	for i := range m.recent {
+		s := &m.recent[i]
+		if s.legBy.IsZero() || s.firstBy.IsZero() {
+			continue
+		}
+		if !s.legAt.Before(start) && s.legAt.Before(end) && s.legAt.Before(s.legBy) && end.After(s.legBy) {
+			n++
+		}
+	}
+	return n
 }
 
 // heardOthers says whether another replica ever published a prompt sent here: with one replica the others' ring
@@ -497,6 +545,7 @@ func (p *predictor) predictLocked(c *scored, pr *prompt, outTokens, z float64, n
 	pd := Prediction{ttftX: x, uncached: uncached, set: true}
 	pd.TTFT, pd.idle = m.predictTTFT(pd.ttftX), m.predictTTFT([fitDims]float64{1, uncached / speed})
 	pd.decodeLeg = m.predictTTFT(features(c, ahead/speed))
+	pd.legsLate = m.legsLate(&pd, speed, now)
 	pd.tail = m.tail(c, z, p.spreadOfLocked(c))
 	if m.engine.fresh(c) {
 		m.settleOthers(c.readAt)

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/infergate/infergate/contract"
@@ -63,9 +64,10 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective, d.now)
 	for i := range eligible {
 		eligible[i].addRTT()
+		d.prefillsElsewhere(&eligible[i])
 	}
 	d.predicted = eligible
-	nGood := d.judge(eligible)
+	nGood := spareLegs(eligible, d.judge(eligible))
 	if !d.trustPredictions() {
 		// The predictions are not to be relied on: rank as placement: affinity does, in the nearest region; the
 		// chosen endpoint still carries its prediction, so that the models learn and trust can return.
@@ -168,6 +170,28 @@ func (d *decision) judge(eligible []scored) (nGood int) {
 	return d.judgeAt(eligible)
 }
 
+// spareLegs takes out of the nGood candidates judged to meet the targets those where the request's prefill would
+// hold a split request's decode leg past its first-token target (Prediction.legsLate), while another meets them
+// without: placed there, the request is in time and the split it overtakes is not. It returns how many still
+// meet. Where every meeting candidate would, they stay as judged.
+func spareLegs(eligible []scored, nGood int) int {
+	harming := 0
+	for i := range eligible {
+		if eligible[i].meets && eligible[i].pred.legsLate > 0 {
+			harming++
+		}
+	}
+	if harming == 0 || harming == nGood {
+		return nGood
+	}
+	for i := range eligible {
+		if eligible[i].meets && eligible[i].pred.legsLate > 0 {
+			eligible[i].meets = false
+		}
+	}
+	return nGood - harming
+}
+
 // judgeAt marks and counts the candidates whose predictions, at the tail they carry, meet the targets.
 func (d *decision) judgeAt(eligible []scored) (nGood int) {
 	in, margin := d.in, d.routing.SLOMargin
@@ -243,10 +267,13 @@ func (d *decision) noneInTime(late, all []scored) (Decision, error) {
 const lateTolerance = 0.25
 
 // fastest orders late candidates (sorted by rankBySLO) when none meets the targets: those within lateTolerance
-// of the fastest, and as late in TPOT, by affinity and load, then the others as sorted.
+// of the fastest, as late in TPOT and as harmful to awaited decode legs (spareLegsLate puts one that is not
+// first), by affinity and load, then the others as sorted.
 func (d *decision) fastest(late, all []scored) []scored {
+	spareLegsLate(late)
 	n := 1
 	for n < len(late) && late[n].pred.decodesLate() == late[0].pred.decodesLate() &&
+		(late[n].pred.legsLate > 0) == (late[0].pred.legsLate > 0) &&
 		float64(late[n].pred.atTail()) <= float64(late[0].pred.atTail())*(1+lateTolerance) {
 		n++
 	}
@@ -276,6 +303,33 @@ func (d *decision) overloaded(late []scored) bool {
 	d.busy = len(late) > 0 && anyIdleWithin(late, limit, 1, false) &&
 		(late[0].pred.TTFT > limit || late[0].pred.decodesLate() && anyIdleDecodesWithin(late, d.targets.TPOT))
 	return d.busy && (d.saturated > 0 || d.model.pressure > max(1-d.targets.Objective, minPressure))
+}
+
+// legsTolerance is how much slower than the fastest a late candidate may be and still take a request the fastest
+// would prefill past an awaited decode leg's first-token target (Prediction.legsLate): the leg is a request lost;
+// a long prompt moved to a replica much slower to prefill it holds that replica's waiting requests and running
+// decodes as much longer (make bench-pd's family: on one H200 and two L40S pairs at 36 chat requests a second, past
+// their capacity, the per-request choice served 2.5 % fewer requests in time when long prompts were moved off
+// the H200 whatever the cost).
+const legsTolerance = 1.0
+
+// spareLegsLate moves first, keeping their order, the late candidates (sorted by rankBySLO) within legsTolerance
+// of the fastest, and as late in TPOT, that would make no awaited decode leg late, when the fastest would.
+func spareLegsLate(late []scored) {
+	if len(late) == 0 || late[0].pred.legsLate == 0 {
+		return
+	}
+	m := 1
+	for m < len(late) && late[m].pred.decodesLate() == late[0].pred.decodesLate() &&
+		float64(late[m].pred.atTail()) <= float64(late[0].pred.atTail())*(1+legsTolerance) {
+		m++
+	}
+	slices.SortStableFunc(late[:m], func(a, b scored) int {
+		if (a.pred.legsLate == 0) == (b.pred.legsLate == 0) {
+			return 0
+		}
+		return trueFirst(a.pred.legsLate == 0)
+	})
 }
 
 // peersOf is every candidate of all in the pools of cands, for placeNew's group bound: all itself when they
