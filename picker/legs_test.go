@@ -84,7 +84,7 @@ func TestLegsLate(t *testing.T) {
 		prefilled       bool
 		decodeLeg, ttft time.Duration // the prompt's prediction there: 24,000 tokens at 24,000 a second
 		booked          float64       // the leg's own booking, in the prefill ahead
-		want            int
+		want            int32
 	}{
 		{name: "the leg arrives during the prefill, which ends past its target", legAt: ms(300), legBy: ms(800), ttft: ms(1000), want: 1},
 		{name: "the leg arrives before the prefill starts", legAt: ms(300), legBy: ms(800), decodeLeg: ms(400), ttft: ms(1400)},
@@ -115,7 +115,7 @@ func TestLegsLate(t *testing.T) {
 // the targets while another meets them without (spareLegs); among the late ones, for one at most legsTolerance
 // slower at the tail of its spread (spareLegsLate).
 func TestSLOPlacementSparesLegs(t *testing.T) {
-	cand := func(ep string, meets bool, legs int, ttft time.Duration) scored {
+	cand := func(ep string, meets bool, legs int32, ttft time.Duration) scored {
 		return scored{endpoint: ep, meets: meets, pred: Prediction{set: true, TTFT: ttft, legsLate: legs}}
 	}
 	good := []scored{cand("a", true, 1, time.Second), cand("b", true, 0, 2*time.Second)}
@@ -150,7 +150,7 @@ func TestPrefillsElsewhere(t *testing.T) {
 		pool     *policies.Pool
 		dg       *policies.Disaggregation
 		uncached float64
-		want     int
+		want     int32
 	}{
 		{"a pool that does both, split when it pays", both, pays, 20000, 1},
 		{"a decode pool's replica", decode, pays, 20000, 0},

@@ -37,9 +37,6 @@ type Prediction struct {
 	// decodeLeg is the TTFT a split's decode leg would see there, its KV cache pulled: the prefill ahead and
 	// the batch's slots awaited, not its own prompt (see worthSplitting).
 	decodeLeg time.Duration
-	// legsLate counts the split requests' decode legs awaited there that the request's prefill would hold past
-	// their first-token targets (see legsLate).
-	legsLate int
 	// sentAt is when the request was sent (SLO placement's clock), which finds it among its endpoint's recent
 	// sends once it finishes.
 	sentAt time.Time
@@ -48,8 +45,11 @@ type Prediction struct {
 	// and margin the policy's routing.sloMargin (see Calibration).
 	factor, objective, margin float64
 	limit, tpotLimit          time.Duration
-	inTime                    bool
-	set                       bool
+	// legsLate counts the split requests' decode legs awaited there that the request's prefill would hold past
+	// their first-token targets (see legsLate).
+	legsLate int32
+	inTime   bool
+	set      bool
 }
 
 // The TTFT model of one endpoint. Before it has observations, the prediction is
@@ -119,10 +119,16 @@ type endpointModel struct {
 	// others[othersNext−1] (otherprefill.go).
 	others     [recentSends]sentPrompt
 	othersNext int
-	// legsBy is the latest first-token target of the split requests' decode legs booked here (legsLate): past
-	// it, none can be made late.
+	// legs are the decode legs of the split requests among the recent sends (legs[i] is recent[i]'s), and legsBy
+	// the latest first-token target among them: past it, none can be made late (legsLate). Beside the ring, not
+	// in it: every walk of the ring for a decision's candidates reads each of its entries.
+	legs   [recentSends]awaitedLeg
 	legsBy time.Time
 }
+
+// awaitedLeg is a split request's decode leg at its decoder: when it is expected there (its KV cache pulled) and
+// when its first token is due, at its TTFT target (zero: none).
+type awaitedLeg struct{ at, by time.Time }
 
 // sentPrompt is one request this gateway (or, among an endpoint's others, another replica) sent an endpoint:
 // when (heard of, for another's), its uncached tokens, and when its first token was due at the tail of its
@@ -131,10 +137,8 @@ type sentPrompt struct {
 	at, firstBy time.Time
 	uncached    float64
 	// remote marks a split request's booking at its decoder: its prefill runs on the prefiller
-	// (predictSplit), so it counts in the prefill ahead but not in the prefill share. legAt is when its decode
-	// leg is expected there (its KV cache pulled), and legBy when its first token is due, at its TTFT target.
-	remote       bool
-	legAt, legBy time.Time
+	// (predictSplit), so it counts in the prefill ahead but not in the prefill share.
+	remote bool
 	// counted: its tokens are among the known ones prefilled (engineCounts.prefilledKnown).
 	counted bool
 	// id is another replica's message id (Placement.ID), by which a replay is dropped.
@@ -158,7 +162,10 @@ func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
 func (p *predictor) prefilledRemotely(ep string, pd Prediction, legAt, legBy time.Time) {
 	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) {
 		m.engine.sentRemote(s)
-		s.legAt, s.legBy = legAt, legBy
+		if legBy.IsZero() {
+			return
+		}
+		m.legs[m.indexOf(s)] = awaitedLeg{at: legAt, by: legBy}
 		if legBy.After(m.legsBy) {
 			m.legsBy = legBy
 		}
@@ -194,9 +201,19 @@ func (m *endpointModel) prefilled(s *sentPrompt) {
 // remember adds a send to the recent ones, in place of the oldest.
 func (m *endpointModel) remember(s sentPrompt) {
 	m.engine.prefilledKnown(&m.recent[m.next])
-	m.recent[m.next] = s
+	m.recent[m.next], m.legs[m.next] = s, awaitedLeg{}
 	m.engine.sentKnown(&s)
 	m.next = (m.next + 1) % recentSends
+}
+
+// indexOf is the place of s, one of the recent sends, in the ring.
+func (m *endpointModel) indexOf(s *sentPrompt) int {
+	for i := range m.recent {
+		if &m.recent[i] == s {
+			return i
+		}
+	}
+	return 0
 }
 
 // sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
@@ -241,7 +258,7 @@ func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) floa
 // (aheadTokens), which the engine does not prefill, at speed tokens a second — and lasts what the prompt adds to
 // the prediction (TTFT − decodeLeg, at least its tokens at speed). A leg whose first token is out (prefilled) is
 // no longer awaited.
-func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (n int) {
+func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (n int32) {
 	if !now.Before(m.legsBy) {
 		return 0
 	}
@@ -256,10 +273,11 @@ func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (
 	end := start.Add(own)
 	for i := range m.recent {
 		s := &m.recent[i]
-		if s.legBy.IsZero() || s.firstBy.IsZero() {
+		leg := &m.legs[i]
+		if leg.by.IsZero() || s.firstBy.IsZero() {
 			continue
 		}
-		if !s.legAt.Before(start) && s.legAt.Before(end) && s.legAt.Before(s.legBy) && end.After(s.legBy) {
+		if !leg.at.Before(start) && leg.at.Before(end) && leg.at.Before(leg.by) && end.After(leg.by) {
 			n++
 		}
 	}
