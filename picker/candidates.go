@@ -44,14 +44,17 @@ type scored struct {
 	region int
 	rtt    time.Duration
 	// parts are the table's scores, total their weighted sum, fit that of the hardware-fit scorers (score).
-	parts       [scorers.Max]float64
-	total, fit  float64
-	pred        Prediction   // SLO placement
-	grp         groupFigures // SLO placement of a prompt that starts a group
-	meets       bool         // pred is within the request's targets (SLO placement)
-	lastStarted uint64       // when this gateway last sent the endpoint a request (placement of unshared prompts)
-	groups      int          // conversation groups the index holds there (placement of shared prompts)
-	agedOut     bool         // the index aged this prompt's group out there (placement of shared prompts)
+	parts      [scorers.Max]float64
+	total, fit float64
+	pred       Prediction   // SLO placement
+	grp        groupFigures // SLO placement of a prompt that starts a group
+	meets      bool         // pred is within the request's targets (SLO placement)
+	// harmsLegs: placed there, the request would prefill there and make awaited decode legs late (pred.legsLate,
+	// SLO placement; see prefillsHere).
+	harmsLegs   bool
+	lastStarted uint64 // when this gateway last sent the endpoint a request (placement of unshared prompts)
+	groups      int    // conversation groups the index holds there (placement of shared prompts)
+	agedOut     bool   // the index aged this prompt's group out there (placement of shared prompts)
 }
 
 // candidates is the first stage: it lists the endpoints that may take the request (d.all) — the pools of the

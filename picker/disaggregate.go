@@ -59,20 +59,20 @@ func minUncached(dg *policies.Disaggregation) int {
 	return dg.MinUncachedTokens
 }
 
-// prefillsElsewhere clears what candidate c's prediction says the request's prefill would do to the decode legs
-// awaited there (Prediction.legsLate) where it would mostly not prefill there: on a replica of a decode pool,
-// which takes a request whole only when a split does not pay (weighing the legs there moved long prompts, split
-// after all, to slower decoders: make bench-pd's prefill-only row served 74.5 % of requests in time at 36 chat
-// requests a second, 77.1 % without), or when the request will be split whatever the predictions (split:
-// threshold, its uncached prompt past the floor).
-func (d *decision) prefillsElsewhere(c *scored) {
+// prefillsHere says whether the request, placed at candidate c, would mostly prefill there, so that what its
+// prefill does to the decode legs awaited there (Prediction.legsLate) counts in its placement: not on a replica of
+// a decode pool, which takes a request whole only when a split does not pay (weighing the legs there moved long
+// prompts, split after all, to slower decoders: make bench-pd's prefill-only row served 74.5 % of requests in
+// time at 36 chat requests a second, 77.1 % without), nor when split: threshold splits it (its uncached prompt,
+// as disaggregate estimates it, past the floor) — unless no prefiller can take it then. Where it would prefill
+// a split's prefill leg, the legs there count as they are (prefiller, worthSplitting).
+func (d *decision) prefillsHere(c *scored) bool {
 	dg := d.in.Model.Disaggregation
-	if c.pred.legsLate == 0 || dg == nil {
-		return
+	if dg == nil {
+		return true
 	}
-	if c.pool.Role == policies.RoleDecode || dg.Split == policies.SplitPastThreshold && c.pred.uncached >= float64(minUncached(dg)) {
-		c.pred.legsLate = 0
-	}
+	return c.pool.Role != policies.RoleDecode &&
+		(dg.Split != policies.SplitPastThreshold || int(c.pred.uncached*d.prompt.scale) < minUncached(dg))
 }
 
 // predictPrefillers predicts, under SLO placement, a prefill leg on every replica of the model's prefill-only
@@ -150,7 +150,8 @@ func (d *decision) predictSplit(dec *Decision, ttft time.Duration) {
 // prefiller chooses among the endpoints of the model's pools of a role ("both" includes pools that state none),
 // other than the decoder, that may take a prefill leg (canPrefill). Under SLO placement, among those it
 // predicts for (pools that also take whole requests), the one predicted to prefill the prompt soonest, its
-// queue and cached prefix counted; otherwise by rendezvous on the prompt's first block: a prefix keeps its
+// queue and cached prefix counted, among those that would make no awaited decode leg late if any
+// (Prediction.legsLate); otherwise by rendezvous on the prompt's first block: a prefix keeps its
 // prefiller, whose cache holds it, and prefixes spread over the pool. Only pools of the decoder's region
 // prefill for it: a KV cache does not cross regions.
 func (d *decision) prefiller(role, decoder, region string) (string, *policies.Pool) {

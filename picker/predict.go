@@ -160,16 +160,22 @@ func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
 // prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share. Its decode leg is
 // expected there at legAt and its first token due by legBy (see legsLate).
 func (p *predictor) prefilledRemotely(ep string, pd Prediction, legAt, legBy time.Time) {
-	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) {
-		m.engine.sentRemote(s)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.eps[ep]
+	if m == nil {
+		return
+	}
+	if i := m.slotOf(pd); i >= 0 {
+		m.engine.sentRemote(&m.recent[i])
 		if legBy.IsZero() {
 			return
 		}
-		m.legs[m.indexOf(s)] = awaitedLeg{at: legAt, by: legBy}
+		m.legs[i] = awaitedLeg{at: legAt, by: legBy}
 		if legBy.After(m.legsBy) {
 			m.legsBy = legBy
 		}
-	})
+	}
 }
 
 // onSend applies f to the send to ep that pd predicted, while the endpoint's recent sends still hold it.
@@ -206,24 +212,22 @@ func (m *endpointModel) remember(s sentPrompt) {
 	m.next = (m.next + 1) % recentSends
 }
 
-// indexOf is the place of s, one of the recent sends, in the ring.
-func (m *endpointModel) indexOf(s *sentPrompt) int {
+// sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
+func (m *endpointModel) sendOf(pd Prediction) *sentPrompt {
+	if i := m.slotOf(pd); i >= 0 {
+		return &m.recent[i]
+	}
+	return nil
+}
+
+// slotOf is the place in the ring of the send pd predicted, −1 once newer sends have taken it.
+func (m *endpointModel) slotOf(pd Prediction) int {
 	for i := range m.recent {
-		if &m.recent[i] == s {
+		if s := &m.recent[i]; s.at.Equal(pd.sentAt) && s.uncached == pd.uncached && !s.at.IsZero() {
 			return i
 		}
 	}
-	return 0
-}
-
-// sendOf is the send pd predicted among the endpoint's recent ones, nil once newer sends have taken its place.
-func (m *endpointModel) sendOf(pd Prediction) *sentPrompt {
-	for i := range m.recent {
-		if s := &m.recent[i]; s.at.Equal(pd.sentAt) && s.uncached == pd.uncached && !s.at.IsZero() {
-			return s
-		}
-	}
-	return nil
+	return -1
 }
 
 // recentSends is how many of an endpoint's last sends the picker remembers: more than one replica prefills
@@ -251,13 +255,14 @@ func (m *endpointModel) aheadTokens(c *scored, mean float64, now time.Time) floa
 }
 
 // legsLate counts the split requests' decode legs awaited at the endpoint (prefilledRemotely) that a prompt
-// predicted pd there would hold past their first-token targets. An engine runs the prefills it has started before
-// it admits a waiting request, so a leg that arrives while the prompt prefills waits for the prefill to end, and
-// is late when it ends after the leg's first token was due. The prompt's prefill starts once the prefill ahead of
-// it is done — decodeLeg, the prediction without the prompt, less the splits' bookings in the prefill ahead
-// (aheadTokens), which the engine does not prefill, at speed tokens a second — and lasts what the prompt adds to
-// the prediction (TTFT − decodeLeg, at least its tokens at speed). A leg whose first token is out (prefilled) is
-// no longer awaited.
+// predicted pd there now would hold past their first-token targets. Engines admit waiting requests first come,
+// first served, and run the prefills they have started before they admit another, so a leg that arrives after
+// the prompt waits for the prompt's prefill to end, and is late when it ends after the leg's first token was due
+// and the leg was expected in time. The prompt's prefill starts once the prefill ahead of it is done — decodeLeg,
+// the prediction without the prompt, less this gateway's splits' bookings in the prefill ahead (aheadTokens),
+// which the engine does not prefill, at speed tokens a second — and lasts what the prompt adds to the prediction
+// (TTFT − decodeLeg, at least its tokens at speed). A leg whose first token is out (prefilled) is no longer
+// awaited.
 func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (n int32) {
 	if !now.Before(m.legsBy) {
 		return 0
@@ -269,15 +274,13 @@ func (m *endpointModel) legsLate(pd *Prediction, speed float64, now time.Time) (
 		}
 	}
 	own := max(pd.TTFT-pd.decodeLeg, seconds(pd.uncached/speed))
-	start := now.Add(max(0, pd.decodeLeg-seconds(booked/speed)))
-	end := start.Add(own)
+	end := now.Add(max(0, pd.decodeLeg-seconds(booked/speed)) + own)
 	for i := range m.recent {
-		s := &m.recent[i]
 		leg := &m.legs[i]
-		if leg.by.IsZero() || s.firstBy.IsZero() {
+		if leg.by.IsZero() || m.recent[i].firstBy.IsZero() {
 			continue
 		}
-		if !leg.at.Before(start) && leg.at.Before(end) && leg.at.Before(leg.by) && end.After(leg.by) {
+		if !leg.at.Before(now) && leg.at.Before(end) && leg.at.Before(leg.by) && end.After(leg.by) {
 			n++
 		}
 	}

@@ -64,7 +64,7 @@ func (d *decision) placeBySLO(eligible, all []scored) (Decision, error) {
 	d.model = p.pred.predictAll(in.Model.Name, eligible, &d.prompt, d.out, plan, d.targets.Objective, d.now)
 	for i := range eligible {
 		eligible[i].addRTT()
-		d.prefillsElsewhere(&eligible[i])
+		eligible[i].harmsLegs = eligible[i].pred.legsLate > 0 && d.prefillsHere(&eligible[i])
 	}
 	d.predicted = eligible
 	nGood := spareLegs(eligible, d.judge(eligible))
@@ -177,7 +177,7 @@ func (d *decision) judge(eligible []scored) (nGood int) {
 func spareLegs(eligible []scored, nGood int) int {
 	harming := 0
 	for i := range eligible {
-		if eligible[i].meets && eligible[i].pred.legsLate > 0 {
+		if eligible[i].meets && eligible[i].harmsLegs {
 			harming++
 		}
 	}
@@ -185,7 +185,7 @@ func spareLegs(eligible []scored, nGood int) int {
 		return nGood
 	}
 	for i := range eligible {
-		if eligible[i].meets && eligible[i].pred.legsLate > 0 {
+		if eligible[i].meets && eligible[i].harmsLegs {
 			eligible[i].meets = false
 		}
 	}
@@ -273,7 +273,7 @@ func (d *decision) fastest(late, all []scored) []scored {
 	spareLegsLate(late)
 	n := 1
 	for n < len(late) && late[n].pred.decodesLate() == late[0].pred.decodesLate() &&
-		(late[n].pred.legsLate > 0) == (late[0].pred.legsLate > 0) &&
+		late[n].harmsLegs == late[0].harmsLegs &&
 		float64(late[n].pred.atTail()) <= float64(late[0].pred.atTail())*(1+lateTolerance) {
 		n++
 	}
@@ -313,22 +313,31 @@ func (d *decision) overloaded(late []scored) bool {
 // the H200 whatever the cost).
 const legsTolerance = 1.0
 
-// spareLegsLate moves first, keeping their order, the late candidates (sorted by rankBySLO) within legsTolerance
-// of the fastest, and as late in TPOT, that would make no awaited decode leg late, when the fastest would.
+// spareLegsLate moves first, keeping their order, the late candidates (sorted by rankBySLO) as late in TPOT as
+// the fastest and close to it that would make no awaited decode leg late (scored.harmsLegs): within
+// legsTolerance of it when it would, within lateTolerance (fastest's band) when it would not.
 func spareLegsLate(late []scored) {
-	if len(late) == 0 || late[0].pred.legsLate == 0 {
+	if len(late) == 0 {
 		return
 	}
-	m := 1
+	tolerance := lateTolerance
+	if late[0].harmsLegs {
+		tolerance = legsTolerance
+	}
+	m, harming := 1, late[0].harmsLegs
 	for m < len(late) && late[m].pred.decodesLate() == late[0].pred.decodesLate() &&
-		float64(late[m].pred.atTail()) <= float64(late[0].pred.atTail())*(1+legsTolerance) {
+		float64(late[m].pred.atTail()) <= float64(late[0].pred.atTail())*(1+tolerance) {
+		harming = harming || late[m].harmsLegs
 		m++
 	}
+	if !harming {
+		return
+	}
 	slices.SortStableFunc(late[:m], func(a, b scored) int {
-		if (a.pred.legsLate == 0) == (b.pred.legsLate == 0) {
+		if a.harmsLegs == b.harmsLegs {
 			return 0
 		}
-		return trueFirst(a.pred.legsLate == 0)
+		return trueFirst(!a.harmsLegs)
 	})
 }
 
