@@ -64,8 +64,9 @@ func minUncached(dg *policies.Disaggregation) int {
 // a decode pool, which takes a request whole only when a split does not pay (weighing the legs there moved long
 // prompts, split after all, to slower decoders: make bench-pd's prefill-only row served 74.5 % of requests in
 // time at 36 chat requests a second, 77.1 % without), nor when split: threshold splits it (its uncached prompt,
-// as disaggregate estimates it, past the floor) — unless no prefiller can take it then. Where it would prefill
-// a split's prefill leg, the legs there count as they are (prefiller, worthSplitting).
+// as disaggregate estimates it, past the floor; it runs whole after all, the legs unweighed, when no prefiller
+// can take it). Where it would prefill a split's prefill leg, the legs there count as they are (prefiller,
+// worthSplitting).
 func (d *decision) prefillsHere(c *scored) bool {
 	dg := d.in.Model.Disaggregation
 	if dg == nil {
