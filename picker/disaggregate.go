@@ -245,11 +245,13 @@ func (d *decision) worthSplitting(decoder, prefiller string, prefillPool *polici
 			return false, 0
 		}
 	}
-	if pf != nil && pf.pred.legsLate > c.pred.legsLate {
-		return false, 0
-	}
-	if pf != nil && c.pred.legsLate > pf.pred.legsLate && d.splitInTime(pf, ttft) {
-		return true, ttft
+	if pf != nil && pf.pred.legsLate != c.pred.legsLate {
+		if pf.pred.legsLate > c.pred.legsLate {
+			return false, 0
+		}
+		if d.splitInTime(pf, ttft) {
+			return true, ttft
+		}
 	}
 	if split < whole || pf != nil && d.cheaperInTime(c, pf, uncached, ttft) {
 		return true, ttft

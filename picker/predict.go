@@ -149,9 +149,9 @@ type sentPrompt struct {
 // whether it was still there: the director reports a request prefilled at its first token and again as it
 // settles.
 func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
-	p.onSend(ep, pd, func(m *endpointModel, s *sentPrompt) {
-		released = !s.firstBy.IsZero()
-		m.prefilled(s)
+	p.onSend(ep, pd, func(m *endpointModel, i int) {
+		released = !m.recent[i].firstBy.IsZero()
+		m.prefilled(&m.recent[i])
 	})
 	return released
 }
@@ -160,13 +160,7 @@ func (p *predictor) prefilled(ep string, pd Prediction) (released bool) {
 // prefill runs on its prefiller: it stays in the prefill ahead, and leaves the prefill share. Its decode leg is
 // expected there at legAt and its first token due by legBy (see legsLate).
 func (p *predictor) prefilledRemotely(ep string, pd Prediction, legAt, legBy time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m := p.eps[ep]
-	if m == nil {
-		return
-	}
-	if i := m.slotOf(pd); i >= 0 {
+	p.onSend(ep, pd, func(m *endpointModel, i int) {
 		m.engine.sentRemote(&m.recent[i])
 		if legBy.IsZero() {
 			return
@@ -175,16 +169,17 @@ func (p *predictor) prefilledRemotely(ep string, pd Prediction, legAt, legBy tim
 		if legBy.After(m.legsBy) {
 			m.legsBy = legBy
 		}
-	}
+	})
 }
 
-// onSend applies f to the send to ep that pd predicted, while the endpoint's recent sends still hold it.
-func (p *predictor) onSend(ep string, pd Prediction, f func(*endpointModel, *sentPrompt)) {
+// onSend applies f to the send to ep that pd predicted, at its place i in the ring of recent sends, while the
+// ring still holds it.
+func (p *predictor) onSend(ep string, pd Prediction, f func(m *endpointModel, i int)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if m := p.eps[ep]; m != nil {
-		if s := m.sendOf(pd); s != nil {
-			f(m, s)
+		if i := m.slotOf(pd); i >= 0 {
+			f(m, i)
 		}
 	}
 }
